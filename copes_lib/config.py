@@ -1,0 +1,236 @@
+"""Typed, validated parameters for every notebook and profile.
+
+A notebook's parameters cell holds flat typed scalars (``NAME: type = value  # help``). The cell
+after it calls :func:`load_params`, which turns them into a frozen dataclass and fails at once, with
+the parameter's name and the valid names or range, on an unknown name, a wrong type or an
+out-of-range value (papermill alone only warns about unknown names).
+
+Precedence of values: the dataclass default (the ``cpu`` profile's value) < the value in
+``profiles/<PROFILE>.yaml`` for that notebook < a value set explicitly in the notebook or with
+``papermill -p`` that differs from the default.
+
+Each notebook's parameter class lives next to the concept it configures (``copes_lib.es`` for the
+ES notebooks, ...); :data:`NOTEBOOKS` maps a notebook to that class by import path, so this module
+imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import math
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PROFILES = ("smoke", "cpu", "gpu")
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PROFILE_DIR = REPO_ROOT / "profiles"
+
+# notebook stem -> "module:ClassName" of its parameter dataclass.
+NOTEBOOKS: dict[str, str] = {
+    "00_suite_overview": "copes_lib.config:OverviewParams",
+    "01_substrate_and_agent": "copes_lib.substrate:SubstrateNotebookParams",
+    "02_standard_es": "copes_lib.es:StandardESNotebookParams",
+    "03_copes": "copes_lib.es:CoPESNotebookParams",
+    "04_grpo": "copes_lib.grpo:GRPONotebookParams",
+    "05_fixed_budget_math": "copes_lib.experiments:FixedBudgetParams",
+    "06_copes_ablations": "copes_lib.experiments:AblationParams",
+    "07_multihop_qa": "copes_lib.experiments:MultihopQAParams",
+    "08_memory_and_gpu_hours": "copes_lib.budget:BudgetNotebookParams",
+    "10_molora_substrate": "copes_lib.molora.notebook_params:MoloraSubstrateParams",
+    "11_molora_router": "copes_lib.molora.notebook_params:MoloraRouterParams",
+    "12_molora_factorial": "copes_lib.molora.notebook_params:MoloraFactorialParams",
+    "13_molora_sandbox": "copes_lib.molora.sandbox:SandboxNotebookParams",
+    "99_summary": "copes_lib.config:SummaryParams",
+}
+
+
+class ConfigError(ValueError):
+    """A parameter is unknown, of the wrong type, or out of range. The message says how to fix it."""
+
+
+def param(
+    default: Any,
+    help: str,
+    *,
+    choices: tuple | None = None,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    lt: float | None = None,
+) -> Any:
+    """A dataclass field with help text and declarative range checks (run by :class:`Config`)."""
+    meta = {"help": help, "choices": choices, "ge": ge, "gt": gt, "le": le, "lt": lt}
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _check_value(cls_name: str, name: str, value: Any, tp: Any, meta: dict) -> Any:
+    """Return ``value`` (ints widened to float where a float is expected) or raise ConfigError."""
+    where = f"{cls_name}.{name}"
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        tp = next(t for t in options if t is not type(None))
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    ok = isinstance(value, tp) and not (tp is int and isinstance(value, bool))
+    if not ok:
+        raise ConfigError(
+            f"{where} must be {_type_name(tp)}, got {value!r} ({type(value).__name__}). "
+            f"{meta.get('help', '')}".strip()
+        )
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{where} must be finite, got {value!r}")
+    if meta.get("choices") is not None and value not in meta["choices"]:
+        raise ConfigError(f"{where} = {value!r} is not valid; valid values: {list(meta['choices'])}")
+    bounds = [("ge", ">=", lambda a, b: a >= b), ("gt", ">", lambda a, b: a > b),
+              ("le", "<=", lambda a, b: a <= b), ("lt", "<", lambda a, b: a < b)]
+    for key, symbol, holds in bounds:
+        bound = meta.get(key)
+        if bound is not None and not holds(value, bound):
+            raise ConfigError(f"{where} = {value!r} is out of range; it must be {symbol} {bound}")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Base of every config: checks types and declared ranges, then calls :meth:`check`.
+
+    Subclasses add cross-field invariants in ``check`` (raise :class:`ConfigError`).
+    """
+
+    def __post_init__(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            value = _check_value(type(self).__name__, f.name, getattr(self, f.name), hints[f.name], f.metadata)
+            object.__setattr__(self, f.name, value)
+        self.check()
+
+    def check(self) -> None:
+        """Cross-field invariants; override in subclasses."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def help_text(cls) -> dict[str, str]:
+        return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(cls)}
+
+
+def build(cls: type[Config], values: dict[str, Any], source: str = "parameters") -> Config:
+    """Instantiate ``cls`` from ``values``; an unknown name fails with the list of valid names."""
+    valid = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(values) - set(valid))
+    if unknown:
+        raise ConfigError(
+            f"unknown {source} {unknown} for {cls.__name__}; valid names: {valid}"
+        )
+    return cls(**values)
+
+
+@dataclasses.dataclass(frozen=True)
+class NotebookParams(Config):
+    """Parameters every notebook has. Subclasses add their own (UPPER_CASE, flat scalars)."""
+
+    PROFILE: str = param("cpu", "suite profile: sizes and paths", choices=PROFILES)
+    SEED: int = param(0, "base random seed of this notebook", ge=0)
+    FORCE: bool = param(False, "recompute even when a cached result with the same key exists")
+
+
+@dataclasses.dataclass(frozen=True)
+class OverviewParams(NotebookParams):
+    """Parameters of 00_suite_overview."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SummaryParams(NotebookParams):
+    """Parameters of 99_summary."""
+
+    WRITE_README: bool = param(True, "rewrite the README's generated results section from the claims table")
+
+
+def params_class(notebook: str) -> type[NotebookParams]:
+    """The parameter dataclass of ``notebook`` (its file stem, e.g. ``"02_standard_es"``)."""
+    if notebook not in NOTEBOOKS:
+        raise ConfigError(f"unknown notebook {notebook!r}; valid notebooks: {list(NOTEBOOKS)}")
+    module_name, class_name = NOTEBOOKS[notebook].split(":")
+    return getattr(importlib.import_module(module_name), class_name)
+
+
+def load_profile(profile: str) -> dict[str, dict[str, Any]]:
+    """``profiles/<profile>.yaml`` as {notebook: {PARAM: value}}; unknown notebooks fail loudly."""
+    if profile not in PROFILES:
+        raise ConfigError(f"PROFILE = {profile!r} is not valid; valid values: {list(PROFILES)}")
+    path = PROFILE_DIR / f"{profile}.yaml"
+    data = yaml.safe_load(path.read_text()) if path.exists() else None
+    data = data or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must map notebook names to parameter mappings")
+    for notebook, values in data.items():
+        if notebook not in NOTEBOOKS:
+            raise ConfigError(f"{path}: unknown notebook {notebook!r}; valid notebooks: {list(NOTEBOOKS)}")
+        if values is not None and not isinstance(values, dict):
+            raise ConfigError(f"{path}: {notebook} must map parameter names to values")
+    return {nb: dict(values or {}) for nb, values in data.items()}
+
+
+def profile_params(profile: str, notebook: str) -> dict[str, Any]:
+    """The profile's values for one notebook, checked against the notebook's parameter class."""
+    values = load_profile(profile).get(notebook, {})
+    cls = params_class(notebook)
+    valid = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - valid)
+    if unknown:
+        raise ConfigError(
+            f"profiles/{profile}.yaml: {notebook} has unknown parameters {unknown}; "
+            f"valid names: {sorted(valid)}"
+        )
+    return values
+
+
+def validate_profile(profile: str) -> None:
+    """Build every notebook's parameters under ``profile``: any bad key or value raises."""
+    for notebook in load_profile(profile):
+        build(params_class(notebook), {**profile_params(profile, notebook), "PROFILE": profile},
+              source=f"parameters in profiles/{profile}.yaml")
+
+
+_NOT_PARAMS = {"In", "Out", "exit", "quit", "get_ipython", "open"}
+_SCALARS = (bool, int, float, str, type(None))
+
+
+def _notebook_values(namespace: dict[str, Any]) -> dict[str, Any]:
+    """Plain-scalar globals of a notebook: its parameters plus anything papermill injected."""
+    return {
+        k: v for k, v in namespace.items()
+        if not k.startswith("_") and k not in _NOT_PARAMS and isinstance(v, _SCALARS)
+    }
+
+
+def load_params(notebook: str, namespace: dict[str, Any]) -> NotebookParams:
+    """Validate a notebook's parameters; call as ``P = load_params("02_standard_es", globals())``.
+
+    Every plain-scalar global defined so far counts as a parameter, so a misspelt ``papermill -p``
+    name stops the notebook with the list of valid names instead of being silently ignored.
+    """
+    cls = params_class(notebook)
+    given = _notebook_values(namespace)
+    defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+    profile = given.get("PROFILE", defaults["PROFILE"])
+    if profile not in PROFILES:
+        raise ConfigError(f"PROFILE = {profile!r} is not valid; valid values: {list(PROFILES)}")
+    values = {**profile_params(profile, notebook)}
+    for name, value in given.items():
+        if name not in defaults or value != defaults[name] or name not in values:
+            values[name] = value
+    return build(cls, values)

@@ -1,0 +1,324 @@
+"""Run folders, manifests, atomic writes, caching and checkpoints.
+
+Layout (DESIGN.md, "Results contract")::
+
+    results/<profile>/<NN_topic>/summary.json    flat JSON, numbers as numbers
+                                 metrics.jsonl   one object per step, fixed namespaces
+                                 config.json     the resolved parameters
+                                 manifest.json   git sha + dirty flag, versions, device, seeds, times
+    figures/<profile>/<NN>_<what>.png (+ .svg)
+    cache/<profile>/<name>-<key>/                reusable work (checkpoints, trained substrates)
+
+A run writes into ``results/<profile>/<NN_topic>/.partial/`` and only :meth:`Run.finish` moves the
+files into place, each with an atomic rename, so a run that fails or is interrupted keeps the
+previous good results. Every file is written to a temporary name and renamed, so a crash never
+leaves a truncated file.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import math
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from copes_lib import __version__
+from copes_lib.config import REPO_ROOT, Config
+
+RESULTS_ROOT = REPO_ROOT / "results"
+FIGURES_ROOT = REPO_ROOT / "figures"
+CACHE_ROOT = REPO_ROOT / "cache"
+
+TRACKED_PACKAGES = ("torch", "transformers", "tokenizers", "peft", "numpy", "scipy", "bm25s",
+                    "math-verify", "ray", "papermill", "cma")
+
+
+# --------------------------------------------------------------------------- atomic writes
+def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` through a temporary file in the same folder and an atomic rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def _json_default(obj: Any) -> Any:
+    if hasattr(obj, "item"):  # numpy / torch scalars
+        return obj.item()
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, Config):
+        return obj.to_dict()
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def atomic_write_json(path: str | Path, obj: Any) -> Path:
+    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n")
+
+
+def read_json(path: str | Path) -> Any:
+    return json.loads(Path(path).read_text())
+
+
+def atomic_torch_save(obj: Any, path: str | Path) -> Path:
+    """``torch.save`` through a temporary file and an atomic rename."""
+    import io
+
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return atomic_write_bytes(path, buffer.getvalue())
+
+
+# --------------------------------------------------------------------------- provenance
+def git_state() -> dict[str, Any]:
+    """The repository's HEAD sha and whether the work tree differs from it ("unknown" outside git)."""
+    def _git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+    try:
+        sha = _git("rev-parse", "HEAD") or "unknown"
+        dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
+    except (OSError, subprocess.SubprocessError):
+        sha, dirty = "unknown", False
+    return {"git_sha": sha, "git_dirty": dirty}
+
+
+def package_versions(names: Iterable[str] = TRACKED_PACKAGES) -> dict[str, str]:
+    versions = {}
+    for name in names:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+def device_info() -> dict[str, Any]:
+    info: dict[str, Any] = {"platform": platform.platform(), "python": platform.python_version(),
+                            "cpu_count": os.cpu_count()}
+    try:
+        import torch
+
+        info["torch_threads"] = torch.get_num_threads()
+        info["cuda_available"] = torch.cuda.is_available()
+        if torch.cuda.is_available():
+            info["cuda_devices"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    except ImportError:
+        pass
+    return info
+
+
+# --------------------------------------------------------------------------- cache keys
+def cache_key(config: Any, data_ids: Iterable[Any] | None = None, version: str = __version__) -> str:
+    """A short hash of (config, data ids, library version): equal keys mean reusable work."""
+    payload = {
+        "config": config.to_dict() if isinstance(config, Config) else config,
+        "data_ids": list(data_ids) if data_ids is not None else None,
+        "library_version": version,
+    }
+    blob = json.dumps(payload, sort_keys=True, default=_json_default).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def cache_dir(profile: str, name: str, key: str) -> Path:
+    """``cache/<profile>/<name>-<key>/`` (created)."""
+    path = CACHE_ROOT / profile / f"{name}-{key}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def cached(
+    path: str | Path,
+    compute: Callable[[], Any],
+    *,
+    force: bool = False,
+    save: Callable[[Any, Path], Any] | None = None,
+    load: Callable[[Path], Any] | None = None,
+) -> Any:
+    """Return the object stored at ``path``, or compute it, store it atomically and return it.
+
+    ``save``/``load`` default to JSON; pass ``atomic_torch_save`` / ``torch.load`` for tensors.
+    """
+    path = Path(path)
+    save = save or (lambda obj, p: atomic_write_json(p, obj))
+    load = load or read_json
+    if path.exists() and not force:
+        return load(path)
+    obj = compute()
+    save(obj, path)
+    return obj
+
+
+# --------------------------------------------------------------------------- checkpoints
+def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
+    """Atomically save a training state (model/optimizer state dicts, step, RNG states, ...)."""
+    return atomic_torch_save(state, path)
+
+
+def load_checkpoint(path: str | Path, map_location: str = "cpu") -> dict[str, Any] | None:
+    """The state saved at ``path``, or None if there is none (a fresh start)."""
+    import torch
+
+    path = Path(path)
+    if not path.exists():
+        return None
+    return torch.load(path, map_location=map_location, weights_only=False)
+
+
+# --------------------------------------------------------------------------- summaries
+def check_summary(summary: dict[str, Any]) -> None:
+    """A summary is flat: str keys; values are finite numbers, bools, strings or None."""
+    for key, value in summary.items():
+        if not isinstance(key, str):
+            raise ValueError(f"summary key {key!r} must be a string")
+        if isinstance(value, bool) or value is None or isinstance(value, str):
+            continue
+        if isinstance(value, (int, float)):
+            if not math.isfinite(value):
+                raise ValueError(f"summary[{key!r}] = {value!r} is not finite")
+            continue
+        if isinstance(value, list) and all(isinstance(v, (int, float, str)) for v in value):
+            continue  # e.g. "seeds": [0, 1, 2]
+        raise ValueError(f"summary[{key!r}] has type {type(value).__name__}; summaries are flat")
+
+
+class Run:
+    """One execution of one notebook under one profile.
+
+    >>> run = Run("smoke", "00_suite_overview", config={"SEED": 0}, seeds=[0])  # doctest: +SKIP
+    >>> run.log(0, {"reward/mean": 0.1})                                           # doctest: +SKIP
+    >>> run.finish({"val_accuracy": 0.5})                                          # doctest: +SKIP
+    """
+
+    def __init__(self, profile: str, notebook: str, config: Any, seeds: Iterable[int] = (),
+                 root: str | Path | None = None):
+        self.profile, self.notebook = profile, notebook
+        self.config = config.to_dict() if isinstance(config, Config) else dict(config)
+        self.seeds = list(seeds)
+        self.dir = Path(root or RESULTS_ROOT) / profile / notebook
+        self.partial = self.dir / ".partial"
+        shutil.rmtree(self.partial, ignore_errors=True)
+        self.partial.mkdir(parents=True)
+        self.started = _dt.datetime.now(_dt.UTC)
+        self._t0 = time.perf_counter()
+        self._metrics = open(self.partial / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        """Append one step's metrics (namespaced keys such as ``reward/mean``) to metrics.jsonl."""
+        row = {"step": step, **metrics}
+        self._metrics.write(json.dumps(row, default=_json_default) + "\n")
+        self._metrics.flush()
+
+    def log_rows(self, rows: Iterable[dict[str, Any]]) -> None:
+        for row in rows:
+            self._metrics.write(json.dumps(row, default=_json_default) + "\n")
+        self._metrics.flush()
+
+    def finish(self, summary: dict[str, Any], extra_manifest: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Check and write summary/config/manifest, then move every file into place atomically."""
+        self._metrics.close()
+        full = {
+            "profile": self.profile,
+            "notebook": self.notebook,
+            "seeds": self.seeds,
+            "library_version": __version__,
+            **git_state(),
+            **summary,
+        }
+        check_summary(full)
+        ended = _dt.datetime.now(_dt.UTC)
+        manifest = {
+            "profile": self.profile,
+            "notebook": self.notebook,
+            "config": self.config,
+            "seeds": self.seeds,
+            "library_version": __version__,
+            **git_state(),
+            "packages": package_versions(),
+            "device": device_info(),
+            "started": self.started.isoformat(),
+            "ended": ended.isoformat(),
+            "wall_time_s": time.perf_counter() - self._t0,
+            **(extra_manifest or {}),
+        }
+        atomic_write_json(self.partial / "config.json", self.config)
+        atomic_write_json(self.partial / "manifest.json", manifest)
+        atomic_write_json(self.partial / "summary.json", full)
+        # summary.json last: its presence marks a complete run.
+        for name in ("metrics.jsonl", "config.json", "manifest.json", "summary.json"):
+            os.replace(self.partial / name, self.dir / name)
+        for extra in sorted(self.partial.iterdir()):
+            os.replace(extra, self.dir / extra.name)
+        self.partial.rmdir()
+        return full
+
+    def write_table(self, name: str, frame: Any) -> Path:
+        """Stage a table (a pandas DataFrame) as CSV; it lands beside summary.json on finish."""
+        return atomic_write_text(self.partial / name, frame.to_csv(index=False))
+
+
+def load_summary(profile: str, notebook: str, root: str | Path | None = None) -> dict[str, Any] | None:
+    path = Path(root or RESULTS_ROOT) / profile / notebook / "summary.json"
+    return read_json(path) if path.exists() else None
+
+
+def figure_path(profile: str, notebook: str, what: str, suffix: str = "png") -> Path:
+    """``figures/<profile>/<NN>_<what>.<suffix>`` (folder created)."""
+    number = notebook.split("_", 1)[0]
+    path = FIGURES_ROOT / profile / f"{number}_{what}.{suffix}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def save_figure(fig: Any, profile: str, notebook: str, what: str) -> list[Path]:
+    """Save a matplotlib figure as PNG and SVG atomically; return the paths."""
+    import io
+
+    paths = []
+    for suffix in ("png", "svg"):
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format=suffix, dpi=120, bbox_inches="tight")
+        paths.append(atomic_write_bytes(figure_path(profile, notebook, what, suffix), buffer.getvalue()))
+    return paths
+
+
+# --------------------------------------------------------------------------- progress
+def progress(iterable: Iterable[Any] | None = None, desc: str = "", total: int | None = None, **kw: Any):
+    """tqdm.auto with a minimum refresh interval, so papermill's ``--log-output`` stays readable."""
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, desc=desc, total=total, mininterval=kw.pop("mininterval", 10.0),
+                miniters=kw.pop("miniters", 1), **kw)
+
+
+def summary_line(prefix: str, step: int, metrics: dict[str, Any]) -> str:
+    """One readable line (``[es] step 8 reward/mean=0.412 eval/val_accuracy=0.455``), printed and returned."""
+    parts = [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()]
+    line = f"[{prefix}] step {step} " + " ".join(parts)
+    print(line, flush=True)
+    return line
