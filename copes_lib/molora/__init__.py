@@ -1,0 +1,2 @@
+"""Paper B: evolutionary mixture-of-LoRA (adapter pool, routers, fitness scopes, lifecycle) and its
+synthetic sandbox."""

@@ -1,0 +1,101 @@
+"""The papers' own numbers, for side-by-side tables. Every number here is the paper's, not ours.
+
+Source: ``shared/PAPERS.md`` (the fact sheet gathered from the papers' text). Paper A is CoPES
+(arXiv 2608.02391); paper B is the evolutionary mixture-of-LoRA decomposition (arXiv 2605.11153).
+"""
+
+from __future__ import annotations
+
+# ----------------------------------------------------------------------------- paper A, Table S6
+HYPERPARAMETERS_A = {
+    "prompt_batch": 64,
+    "population_n": 40,
+    "sigma": 1e-3,
+    "alpha": 5e-4,
+    "copes_k": 4,
+    "copes_n_k": 10,
+    "copes_sigma_k": 2e-3,
+    "full_grpo_lr": 1e-6,
+    "lora_grpo_lr": 5e-6,
+    "lora_r": 32,
+    "lora_alpha": 64,
+    "grpo_group_size": 8,
+    "grpo_mini_batch": 32,
+    "grpo_kl_coef": 1e-3,
+    "grpo_clip_low": 0.8,
+    "grpo_clip_high": 1.2,
+    "grpo_temperature": 1.0,
+}
+
+BENCHMARKS_MATH = ("AIME24", "AIME25", "GSM8K", "MATH-500", "MATH-Test")
+
+# Table 1: math pass@1 (%), steps, estimated GPU-hours, validation accuracy (%).
+TABLE1 = {
+    "base": {"pass1": (17.13, 35.04, 9.22, 57.44, 59.02), "steps": None, "gpu_hours": None, "val_acc": 49.20},
+    "full_grpo_best": {"pass1": (44.28, 58.68, 94.19, 89.71, 91.66), "steps": 16, "gpu_hours": 78.61,
+                       "val_acc": 91.47},
+    "lora_grpo_best": {"pass1": (41.86, 54.75, 94.38, 89.34, 91.40), "steps": 64, "gpu_hours": 314.45,
+                       "val_acc": 91.07},
+    "es_best": {"pass1": (45.26, 61.69, 94.02, 89.80, 91.47), "steps": 112, "gpu_hours": 480.60,
+                "val_acc": 91.73},
+    "lora_grpo_at_16": {"pass1": (28.14, 40.76, 47.49, 77.19, 79.18), "steps": 16, "gpu_hours": 78.61,
+                        "val_acc": 73.60},
+    "es_at_16": {"pass1": (31.33, 44.45, 46.88, 78.88, 80.43), "steps": 16, "gpu_hours": 68.65,
+                 "val_acc": 77.60},
+    "copes_at_16": {"pass1": (38.39, 52.75, 92.57, 88.29, 90.16), "steps": 16, "gpu_hours": 68.65,
+                    "val_acc": 88.00},
+}
+
+# Gain recovery at the 16-step budget relative to full GRPO's best validation gain.
+GAIN_RECOVERY = {"copes": 0.918, "es": 0.672, "lora_grpo": 0.577}
+ES_STEPS_TO_MATCH_COPES = 48  # vs CoPES's 16-step budget: 3x
+ES_BEST_STEP = 112
+GPU_HOURS_PER_STEP = {"es_class": 68.65 / 16, "grpo_class": 78.61 / 16}
+
+# Table 3: ablations after 16 steps, N = 40 (pass@1 %).
+TABLE3 = {
+    "k1": (31.33, 44.45, 46.88, 78.88, 80.43),
+    "k2": (34.48, 46.98, 82.07, 85.96, 87.70),
+    "k4": (38.39, 52.75, 92.57, 88.29, 90.16),
+    "k8": (16.61, 26.56, 37.32, 58.07, 59.38),
+    "indep_z_k4": (21.71, 30.30, 90.98, 87.68, 89.45),
+    "es_2sigma": (24.56, 41.28, 15.12, 65.28, 52.25),
+}
+
+# Table 4: multi-hop QA at a 48-step budget, (Acc, EM, F1) %.
+TABLE4 = {
+    "2Wiki": {"base": (23.41, 6.06, 8.68), "full_grpo": (60.95, 52.16, 58.49),
+              "es": (55.59, 45.28, 51.53), "copes": (59.06, 48.29, 55.50)},
+    "HotpotQA": {"base": (29.51, 8.27, 12.70), "full_grpo": (53.87, 47.33, 59.38),
+                 "es": (53.22, 46.52, 58.22), "copes": (53.30, 46.96, 58.83)},
+    "MuSiQue": {"base": (10.69, 2.67, 4.75), "full_grpo": (29.89, 23.07, 33.28),
+                "es": (29.07, 21.55, 31.70), "copes": (29.68, 23.34, 33.73)},
+}
+ES_STEPS_TO_MATCH_COPES_F1 = 64  # vs CoPES's 48-step budget
+
+# Table S7: analytic memory, GiB = intercept + slope * L (L in thousands of tokens); values at 128K.
+TABLE_S7 = {
+    "es": {"intercept_gib": 8.68, "slope_gib_per_k": 0.032, "at_128k_gib": 12.78},
+    "full_grpo": {"intercept_gib": 69.44, "slope_gib_per_k": 3.0, "at_128k_gib": 453.44},
+    "lora_grpo": {"intercept_gib": 18.55, "slope_gib_per_k": 3.0, "at_128k_gib": 402.55},
+}
+QWEN35_4B_PARAMS = 4_659_865_088
+
+# Table 2: which methods fit at 128K context.
+TABLE2_FITS_AT_128K = {
+    "es": {"1x24": True, "1x48": True, "4x48": True, "8x48": True},
+    "copes": {"1x24": True, "1x48": True, "4x48": True, "8x48": True},
+    "full_grpo": {"1x24": False, "1x48": False, "4x48": False, "8x48": True},
+    "lora_grpo": {"1x24": False, "1x48": False, "4x48": False, "8x48": True},
+}
+
+# ----------------------------------------------------------------------------- paper B, B2
+# Paired t-tests across 3 seeds (df = 2); Delta in nats of balanced log-PPL, positive = better.
+TABLE_B2 = {
+    "router": {"delta": 0.0426, "t": 12.86, "p": 0.006},
+    "full_vs_b3": {"delta": 0.015, "t": 1.94, "p": 0.19},
+    "eval_scope": {"delta": 0.0, "t": None, "p": None},
+    "lifecycle": {"delta": -0.028, "t": -4.46, "p": 0.047},
+}
+MONOPOLY_SLOTS_R0 = 4  # of 16: the old softmax router's collapse
+N_SLOTS = 16

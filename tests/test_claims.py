@@ -1,0 +1,67 @@
+"""The claims table: missing results never count as agreement; verdict rules; README regeneration."""
+
+from copes_lib import claims
+
+
+def _summaries(**by_notebook):
+    return {nb: dict(values) for nb, values in by_notebook.items()}
+
+
+def test_every_claim_is_missing_without_results():
+    rows = claims.judge_claims({})
+    assert rows and all(r["verdict"] == claims.MISSING for r in rows)
+
+
+def test_partial_keys_are_missing_not_agreement():
+    rows = claims.judge_claims(_summaries(**{"05_fixed_budget_math": {"gain_recovery_copes": 0.9}}))
+    row = next(r for r in rows if r["claim"] == "A1")
+    assert row["verdict"] == claims.MISSING
+    assert "gain_recovery_es" in row["ours"]
+
+
+def test_direction_and_significance_rules():
+    base = {"gain_recovery_copes": 0.8, "gain_recovery_es": 0.6}
+    row = lambda s: next(r for r in claims.judge_claims({"05_fixed_budget_math": s}) if r["claim"] == "A1")  # noqa: E731
+    assert row(base)["verdict"] == claims.AGREES
+    assert row({**base, "copes_minus_es_significant": False})["verdict"] == claims.PARTLY
+    assert row({"gain_recovery_copes": 0.5, "gain_recovery_es": 0.6})["verdict"] == claims.DISAGREES
+
+
+def test_router_claim_needs_sign_and_significance():
+    def verdict(delta, p):
+        rows = claims.judge_claims({"12_molora_factorial": {"delta_router": delta, "p_router": p}})
+        return next(r for r in rows if r["claim"] == "B2")["verdict"]
+
+    assert verdict(0.01, 0.01) == claims.AGREES
+    assert verdict(0.01, 0.3) == claims.PARTLY
+    assert verdict(-0.01, 0.01) == claims.DISAGREES
+
+
+def test_memory_claim_within_one_percent():
+    s = {"qwen35_4b_es_gib_at_128k": 12.78, "qwen35_4b_full_grpo_gib_at_128k": 453.44,
+         "qwen35_4b_lora_grpo_gib_at_128k": 402.55}
+    rows = claims.judge_claims({"08_memory_and_gpu_hours": s})
+    assert next(r for r in rows if r["claim"] == "A9")["verdict"] == claims.AGREES
+    s["qwen35_4b_es_gib_at_128k"] = 20.0
+    rows = claims.judge_claims({"08_memory_and_gpu_hours": s})
+    assert next(r for r in rows if r["claim"] == "A9")["verdict"] == claims.PARTLY
+
+
+def test_update_readme_replaces_only_the_marked_section(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# title\nkeep me\n{claims.README_START}\nold table\n{claims.README_END}\ntail\n")
+    assert claims.update_readme(readme, "new table\n")
+    text = readme.read_text()
+    assert "old table" not in text and "new table" in text
+    assert text.startswith("# title\nkeep me\n") and text.endswith("tail\n")
+    plain = tmp_path / "PLAIN.md"
+    plain.write_text("no markers\n")
+    assert not claims.update_readme(plain, "x")
+    assert plain.read_text() == "no markers\n"
+
+
+def test_markdown_lists_every_claim_with_a_link():
+    md = claims.to_markdown(claims.judge_claims({}), "cpu")
+    for claim in claims.CLAIMS:
+        assert f"| {claim.claim_id} |" in md
+        assert f"notebooks/{claim.notebook}.ipynb" in md
