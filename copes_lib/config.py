@@ -205,23 +205,46 @@ def validate_profile(profile: str) -> None:
               source=f"parameters in profiles/{profile}.yaml")
 
 
+def profile_problems(profile: str, notebooks: list[str] | None = None) -> dict[str, str]:
+    """``{notebook: what is wrong}`` for each of ``notebooks`` (default: every registered one) whose
+    parameters under ``profile`` do not validate, or whose parameter class cannot be imported yet.
+    An empty dict means the profile is valid for them."""
+    sections = load_profile(profile)
+    problems = {}
+    for notebook in notebooks if notebooks is not None else list(NOTEBOOKS):
+        try:
+            if notebook not in NOTEBOOKS:
+                raise ConfigError(f"unknown notebook {notebook!r}; valid notebooks: {list(NOTEBOOKS)}")
+            values = profile_params(profile, notebook) if notebook in sections else {}
+            build(params_class(notebook), {**values, "PROFILE": profile},
+                  source=f"parameters in profiles/{profile}.yaml")
+        except (ConfigError, ImportError, AttributeError) as exc:
+            problems[notebook] = f"{type(exc).__name__}: {exc}"
+    return problems
+
+
 _NOT_PARAMS = {"In", "Out", "exit", "quit", "get_ipython", "open"}
 _SCALARS = (bool, int, float, str, type(None))
 
 
 def _notebook_values(namespace: dict[str, Any]) -> dict[str, Any]:
-    """Plain-scalar globals of a notebook: its parameters plus anything papermill injected."""
+    """UPPER_CASE plain-scalar globals of a notebook: its parameters plus anything papermill injected.
+
+    Lower-case globals are the notebook's own variables, so re-running the validation cell in
+    JupyterLab after later cells have run still works.
+    """
     return {
         k: v for k, v in namespace.items()
-        if not k.startswith("_") and k not in _NOT_PARAMS and isinstance(v, _SCALARS)
+        if not k.startswith("_") and k not in _NOT_PARAMS and k.isupper() and isinstance(v, _SCALARS)
     }
 
 
 def load_params(notebook: str, namespace: dict[str, Any]) -> NotebookParams:
     """Validate a notebook's parameters; call as ``P = load_params("02_standard_es", globals())``.
 
-    Every plain-scalar global defined so far counts as a parameter, so a misspelt ``papermill -p``
-    name stops the notebook with the list of valid names instead of being silently ignored.
+    Every UPPER_CASE plain-scalar global defined so far counts as a parameter, so a misspelt
+    ``papermill -p`` name stops the notebook with the list of valid names instead of being silently
+    ignored.
     """
     cls = params_class(notebook)
     given = _notebook_values(namespace)

@@ -75,8 +75,8 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
 
 
-def atomic_write_json(path: str | Path, obj: Any) -> Path:
-    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n")
+def atomic_write_json(path: str | Path, obj: Any, sort_keys: bool = True) -> Path:
+    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=sort_keys, default=_json_default) + "\n")
 
 
 def read_json(path: str | Path) -> Any:
@@ -268,7 +268,8 @@ class Run:
         }
         atomic_write_json(self.partial / "config.json", self.config)
         atomic_write_json(self.partial / "manifest.json", manifest)
-        atomic_write_json(self.partial / "summary.json", full)
+        # In the notebook's own key order: the first keys are the headline numbers of reports/index.html.
+        atomic_write_json(self.partial / "summary.json", full, sort_keys=False)
         # summary.json last: its presence marks a complete run.
         for name in ("metrics.jsonl", "config.json", "manifest.json", "summary.json"):
             os.replace(self.partial / name, self.dir / name)

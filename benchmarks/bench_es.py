@@ -1,0 +1,179 @@
+"""ES / CoPES engine performance: ratios against baselines measured in the same run.
+
+Measures (saved to results/bench/es.json):
+- step overhead: (ES step time) / (the same N rollouts on the unperturbed model), goal <= 1.10;
+- distance to the compute limit: the FLOP/s of the step's rollouts / the FLOP/s of a large fp32
+  matmul (FLOPs of a rollout estimated as 2 x matmul parameters x tokens through the model, attention
+  ignored), goal >= 0.5;
+- population-batched vs sequential evaluation of the same step (and whether their rewards agree);
+- noise-generation time per member, CoPES (K = 4) vs ES (K = 1), expected about 1/K.
+
+Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_es.py --profile smoke``. With the agent
+stack (``copes_lib.substrate`` / ``copes_lib.rollout``) present it uses the profile's warm-started
+substrate and real agent rollouts; otherwise a tiny Qwen3 with plain greedy decoding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import time
+
+import numpy as np
+import torch
+
+from copes_lib import runs
+from copes_lib.es import ES, ESConfig, es_step, make_backend
+
+
+class GreedyObjective:
+    """Fallback fitness without the agent stack: share of greedy tokens equal to token 3."""
+
+    def __init__(self, prompts: torch.Tensor, new_tokens: int):
+        self.prompts, self.new_tokens, self.tokens = prompts, new_tokens, 0
+
+    def rows_per_member(self, step):
+        return len(self.prompts)
+
+    @torch.no_grad()
+    def _generate(self, model, ids, row_hook=None):
+        out = model(input_ids=ids, use_cache=True) if row_hook is None else None
+        if row_hook is not None:
+            row_hook(list(range(len(ids))))
+            out = model(input_ids=ids, use_cache=True)
+        cache, new = out.past_key_values, [out.logits[:, -1].argmax(-1, keepdim=True)]
+        self.tokens += ids.numel()
+        for _ in range(self.new_tokens - 1):
+            if row_hook is not None:
+                row_hook(list(range(len(ids))))
+            out = model(input_ids=new[-1], past_key_values=cache, use_cache=True)
+            cache = out.past_key_values
+            new.append(out.logits[:, -1].argmax(-1, keepdim=True))
+            self.tokens += len(ids)
+        return torch.cat(new, 1)
+
+    def fitness(self, model, step):
+        return float((self._generate(model, self.prompts) == 3).float().mean())
+
+    def population_fitness(self, model, step, n_members, row_hook):
+        tokens = self._generate(model, self.prompts.repeat(n_members, 1), row_hook)
+        return [float((t == 3).float().mean()) for t in tokens.split(len(self.prompts))]
+
+    def validate(self, model):
+        return {"accuracy": self.fitness(model, 0)}
+
+
+def setup(profile: str, batch: int):
+    try:
+        from copes_lib.es import AgentObjective
+        from copes_lib.rollout import make_env
+        from copes_lib.substrate import substrate_params, warm_rollout_config, warm_start
+        from copes_lib.tasks import load_tasks
+    except ImportError:
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+
+        torch.manual_seed(0)
+        config = Qwen3Config(vocab_size=32, hidden_size=192, intermediate_size=512, num_hidden_layers=3,
+                             num_attention_heads=4, num_key_value_heads=4, head_dim=48,
+                             tie_word_embeddings=True, max_position_embeddings=128,
+                             rope_parameters={"rope_type": "default", "rope_theta": 1e4})
+        model = Qwen3ForCausalLM(config).eval()
+        prompts = torch.randint(0, 32, (batch, 12), generator=torch.Generator().manual_seed(0))
+        return model, GreedyObjective(prompts, new_tokens=11), "tiny qwen3 (1.3M), plain greedy"
+    model, tokenizer, _ = warm_start(profile, "math", seed=0)
+    env = make_env("math", profile)
+    objective = AgentObjective(tokenizer, env, load_tasks(profile, "math", "train"),
+                               load_tasks(profile, "math", "val")[:8],
+                               warm_rollout_config(substrate_params(profile)), batch, 1088)
+    return model, objective, f"{profile} substrate, agent rollouts"
+
+
+def matmul_flops(n: int = 1024, repeats: int = 5) -> float:
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    return 2 * n**3 * repeats / (time.perf_counter() - t0)
+
+
+def matmul_params(model) -> int:
+    """Parameters that take part in matmuls per token (every Linear, incl. a tied lm_head)."""
+    return sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--profile", default="smoke", choices=("smoke", "cpu"))
+    parser.add_argument("--population", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=16)
+    args = parser.parse_args()
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    model, objective, what = setup(args.profile, args.batch)
+    result: dict = {"substrate": what, "population": args.population, "batch": args.batch,
+                    "threads": torch.get_num_threads(),
+                    "parameters": sum(p.numel() for p in model.parameters())}
+
+    # 1. a full sequential ES step vs the rollouts inside it (time spent in the objective's calls)
+    config = ESConfig(population=args.population, subspaces=1, sigma=1e-2, alpha=5e-3, chunk_size=4096)
+    objective.fitness(model, 1)  # warm up
+    objective.tokens = 0
+    step = es_step(ES(copy.deepcopy(model), config), 1, objective)
+    result["rollouts_alone_s"] = step.fitness_s
+    result["es_step_s"] = step.step_s
+    result["step_overhead_ratio"] = step.step_s / step.fitness_s
+    result["noise_share_of_step"] = step.noise_s / step.step_s
+    result["step_overhead_goal"] = 1.10
+
+    # 2. FLOP/s of those rollouts vs a large matmul (2 x matmul parameters x tokens through the model)
+    peak = matmul_flops()
+    flops = 2 * matmul_params(model) * objective.tokens
+    result["matmul_gflops"] = peak / 1e9
+    result["rollout_gflops"] = flops / step.fitness_s / 1e9
+    result["rollout_fraction_of_matmul"] = flops / step.fitness_s / peak
+    result["compute_fraction_goal"] = 0.5
+
+    # 3. batched vs sequential evaluation of the same step
+    timings = {}
+    rewards = {}
+    for backend_name in ("sequential", "batched"):
+        cfg = ESConfig(**{**config.to_dict(), "backend": backend_name})
+        bench_model = copy.deepcopy(model)
+        bench_es = ES(bench_model, cfg)
+        backend = make_backend(bench_es)
+        res = es_step(bench_es, 2, objective, backend)
+        timings[backend_name], rewards[backend_name] = res.rollout_s, res.rewards
+    result["sequential_eval_s"] = timings["sequential"]
+    result["batched_eval_s"] = timings["batched"]
+    result["batched_speedup"] = timings["sequential"] / timings["batched"]
+    result["batched_rewards_equal"] = bool(np.array_equal(rewards["sequential"], rewards["batched"]))
+
+    # 4. noise time per member: CoPES K = 4 vs ES K = 1 (perturb + restore of every member)
+    per_member = {}
+    for k in (1, 4):
+        cfg = ESConfig(**{**config.to_dict(), "subspaces": k, "population": 8})
+        noise_es = ES(copy.deepcopy(model), cfg)
+        plan = noise_es.plan(3)
+        backup = noise_es.backup()
+        repeats = []
+        for _ in range(5):  # the minimum of 5 repeats: the machine is shared
+            noise_es.noise_s = 0.0
+            for kk, i in plan.members():
+                noise_es.perturb(plan, kk, i)
+                noise_es.restore(plan, kk, i, backup)
+            repeats.append(noise_es.noise_s / cfg.population)
+        per_member[k] = min(repeats)
+    result["noise_s_per_member_es"] = per_member[1]
+    result["noise_s_per_member_copes_k4"] = per_member[4]
+    result["noise_ratio_copes_over_es"] = per_member[4] / per_member[1]
+    result["noise_ratio_expected"] = 0.25
+
+    path = runs.atomic_write_json(runs.RESULTS_ROOT / "bench" / "es.json", result)
+    print(json.dumps(result, indent=1))
+    print(f"saved {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""Python-sandbox throughput: calls/s against a fresh interpreter per call, measured in the same run.
+
+Measures (saved to results/bench/sandbox.json):
+- baseline: ``subprocess.run([python, "-c", code])`` one call after another (no limits, no isolation
+  beyond the process: the cheapest way to get a separate process per call);
+- ``PythonSandbox.run`` one call after another (latency p50 / p95, calls/s);
+- ``PythonSandbox.run_many`` over the pool (calls/s), memo off;
+- an ES-like batch in which members repeat each other's code (``--repeat`` copies of each distinct
+  code), with the memo on;
+- CPU time per call (baseline: the children of this process; sandbox: the zygotes and their
+  children), which depends much less on the machine's load than wall-clock rates.
+
+The codes are short agent-style snippets (arithmetic and a print). Every number is a ratio against
+the baseline measured in this run, because absolute timings depend on the machine and its load.
+
+Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_sandbox.py [--calls 300] [--workers 2]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+from copes_lib import runs
+from copes_lib.tools import PythonSandbox, SandboxConfig
+
+
+def agent_code(i: int) -> str:
+    return f"price = {i} * 17 + 3\ntotal = price * 4 - {i % 7}\nprint(total // 3, total % 3)"
+
+
+def expected_output(i: int) -> str:
+    total = (i * 17 + 3) * 4 - i % 7
+    return f"{total // 3} {total % 3}\n"
+
+
+def children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds of a process and its reaped children (utime + stime + cutime + cstime)."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def bench_baseline(n: int) -> tuple[float, float]:
+    """(calls/s, CPU ms per call) of a fresh interpreter per call."""
+    cpu0, start = children_cpu_s(), time.perf_counter()
+    for i in range(n):
+        done = subprocess.run([sys.executable, "-c", agent_code(i)], capture_output=True, text=True, timeout=30)
+        assert done.stdout == expected_output(i), done
+    return n / (time.perf_counter() - start), 1000 * (children_cpu_s() - cpu0) / n
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--calls", type=int, default=300, help="sandbox calls per measurement")
+    parser.add_argument("--baseline-calls", type=int, default=40, help="subprocess calls for the baseline")
+    parser.add_argument("--workers", type=int, default=2, help="sandbox workers (SandboxConfig.workers)")
+    parser.add_argument("--repeat", type=int, default=8, help="copies of each code in the ES-like batch")
+    args = parser.parse_args()
+
+    baseline_cps, baseline_cpu_ms = bench_baseline(args.baseline_calls)
+
+    config = SandboxConfig(workers=args.workers, memo_size=0)
+    with PythonSandbox(config) as box:
+        box.run_many([agent_code(i) for i in range(2 * args.workers)])  # warm up
+        latencies = []
+        cpu0 = sum(process_cpu_s(pid) for pid in box.worker_pids())
+        start = time.perf_counter()
+        for i in range(args.calls):
+            t0 = time.perf_counter()
+            result = box.run(agent_code(i))
+            latencies.append(time.perf_counter() - t0)
+            assert result.output == expected_output(i), result
+        serial_cps = args.calls / (time.perf_counter() - start)
+        sandbox_cpu_ms = 1000 * (sum(process_cpu_s(pid) for pid in box.worker_pids()) - cpu0) / args.calls
+
+        start = time.perf_counter()
+        results = box.run_many([agent_code(i) for i in range(args.calls)])
+        parallel_cps = args.calls / (time.perf_counter() - start)
+        assert [r.output for r in results] == [expected_output(i) for i in range(args.calls)]
+
+    distinct = max(1, args.calls // args.repeat)
+    batch = [agent_code(i % distinct) for i in range(distinct * args.repeat)]
+    with PythonSandbox(SandboxConfig(workers=args.workers, memo_size=4096)) as box:
+        box.run_many([agent_code(-1 - i) for i in range(2 * args.workers)])  # warm up, other codes
+        start = time.perf_counter()
+        results = box.run_many(batch)
+        memo_cps = len(batch) / (time.perf_counter() - start)
+        hit_rate = sum(r.cached for r in results) / len(results)
+        assert [r.output for r in results] == [expected_output(i % distinct) for i in range(len(batch))]
+
+    latencies_ms = sorted(1000 * t for t in latencies)
+    record = {
+        "baseline_subprocess_calls_per_s": baseline_cps,
+        "sandbox_run_calls_per_s": serial_cps,
+        "sandbox_run_many_calls_per_s": parallel_cps,
+        "sandbox_run_many_memo_calls_per_s": memo_cps,
+        "memo_hit_rate": hit_rate,
+        "speedup_run_vs_baseline": serial_cps / baseline_cps,
+        "speedup_run_many_vs_baseline": parallel_cps / baseline_cps,
+        "speedup_run_many_memo_vs_baseline": memo_cps / baseline_cps,
+        "baseline_cpu_ms_per_call": baseline_cpu_ms,
+        "sandbox_cpu_ms_per_call": sandbox_cpu_ms,
+        "cpu_ratio_baseline_vs_sandbox": baseline_cpu_ms / sandbox_cpu_ms,
+        "run_latency_ms_p50": statistics.median(latencies_ms),
+        "run_latency_ms_p95": latencies_ms[int(0.95 * (len(latencies_ms) - 1))],
+        "calls": args.calls,
+        "baseline_calls": args.baseline_calls,
+        "workers": args.workers,
+        "repeat": args.repeat,
+        "load_average_1min": os.getloadavg()[0],
+        "device": runs.device_info(),
+        **runs.git_state(),
+    }
+    path = runs.RESULTS_ROOT / "bench" / "sandbox.json"
+    runs.atomic_write_json(path, record)
+    for key, value in record.items():
+        if isinstance(value, float):
+            print(f"{key:40s} {value:10.2f}")
+    print(f"saved {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,265 @@
+"""Command line of the suite: run the notebooks under a profile, or validate a profile.
+
+    python -m copes_lib.cli run --profile cpu [--only 02,03] [--force] [--rerun-failed]
+    python -m copes_lib.cli validate --profile smoke
+
+``run`` validates the profile's parameters for every selected notebook before anything runs, then
+executes each ``notebooks/NN_*.ipynb`` in order with papermill (kernel ``python3``, working directory
+``notebooks/``, parameters = the profile's section + ``PROFILE`` (+ ``FORCE``)). Executed notebooks
+and their HTML land in ``reports/<profile>/``; a failing notebook does not stop the others. Each
+notebook's status, duration and failing cell go to ``reports/<profile>/status.json`` (written
+atomically after every notebook), and ``reports/<profile>/index.html`` links everything. The exit
+status is 1 if any notebook failed.
+
+Statuses: ``ok``, ``failed``, and ``running`` (left behind by an interrupted run; ``--rerun-failed``
+treats it as failed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import logging
+import os
+import re
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from copes_lib import config, report, runs
+
+NOTEBOOK_PATTERN = re.compile(r"^(\d{2})_[A-Za-z0-9_]+\.ipynb$")
+KERNEL = "python3"
+
+
+def discover_notebooks(notebooks_dir: Path) -> list[Path]:
+    """``NN_topic.ipynb`` files of ``notebooks_dir`` in suite order."""
+    return sorted(p for p in Path(notebooks_dir).iterdir() if NOTEBOOK_PATTERN.match(p.name))
+
+
+def select(notebooks: list[Path], only: str | None) -> list[Path]:
+    """Keep the notebooks named by ``only``: comma-separated numbers (``02,03``) or stems."""
+    if not only:
+        return notebooks
+    wanted = [w.strip() for w in only.split(",") if w.strip()]
+    chosen = [p for p in notebooks if any(p.stem == w or p.stem.split("_", 1)[0] == w.zfill(2) for w in wanted)]
+    matched = {w for w in wanted for p in chosen if p.stem == w or p.stem.split("_", 1)[0] == w.zfill(2)}
+    missing = [w for w in wanted if w not in matched]
+    if missing:
+        raise config.ConfigError(
+            f"--only {only}: no notebook matches {missing}; notebooks: {[p.stem for p in notebooks]}"
+        )
+    return chosen
+
+
+def notebook_parameters(profile: str, stem: str, force: bool) -> dict[str, Any]:
+    """The parameters injected into ``stem``, validated. Unregistered notebooks get PROFILE only."""
+    values: dict[str, Any] = {}
+    if stem in config.NOTEBOOKS:
+        try:
+            cls = config.params_class(stem)
+        except (ImportError, AttributeError) as exc:
+            raise config.ConfigError(
+                f"{stem}: its parameter class {config.NOTEBOOKS[stem]} cannot be imported ({exc})"
+            ) from exc
+        values = dict(config.profile_params(profile, stem))
+        config.build(cls, {**values, "PROFILE": profile}, source=f"parameters in profiles/{profile}.yaml")
+    values["PROFILE"] = profile
+    if force:
+        values["FORCE"] = True
+    return values
+
+
+def load_status(path: Path) -> dict[str, Any]:
+    if path.exists():
+        try:
+            data = runs.read_json(path)
+            if isinstance(data, dict) and isinstance(data.get("notebooks"), dict):
+                return data
+        except ValueError:
+            pass  # a status file from an older layout: start afresh
+    return {"notebooks": {}}
+
+
+def _failure(exc: BaseException) -> dict[str, Any]:
+    """What to record about a failed notebook; papermill's error names the failing cell."""
+    from papermill.exceptions import PapermillExecutionError
+
+    if isinstance(exc, PapermillExecutionError):
+        first_line = next((ln for ln in (exc.source or "").splitlines() if ln.strip()), "")
+        return {"cell_index": exc.cell_index, "exec_count": exc.exec_count, "ename": exc.ename,
+                "evalue": str(exc.evalue)[:2000], "cell_source": first_line[:200]}
+    return {"cell_index": None, "exec_count": None, "ename": type(exc).__name__,
+            "evalue": str(exc)[:2000] or "".join(traceback.format_exception_only(exc)).strip(),
+            "cell_source": ""}
+
+
+def export_html(executed: Path, html_path: Path) -> None:
+    """nbconvert HTML of an executed notebook, written atomically."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    body, _ = HTMLExporter().from_notebook_node(nbformat.read(executed, as_version=4))
+    runs.atomic_write_text(html_path, body)
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+
+
+def run_one(path: Path, parameters: dict[str, Any], reports_dir: Path, cwd: Path) -> dict[str, Any]:
+    """Execute one notebook with papermill; return its status record (never raises on notebook errors)."""
+    import papermill
+
+    executed = reports_dir / path.name
+    record: dict[str, Any] = {"status": "running", "started": _now(), "parameters": parameters,
+                              "executed": executed.name, "html": None, "error": None}
+    for stale in (executed, executed.with_suffix(".html")):  # never show a previous run's output
+        stale.unlink(missing_ok=True)
+    t0 = time.perf_counter()
+    try:
+        papermill.execute_notebook(
+            str(path), str(executed), parameters=parameters, kernel_name=KERNEL, cwd=str(cwd),
+            log_output=True, progress_bar=False,
+        )
+        record["status"] = "ok"
+    except Exception as exc:  # noqa: BLE001 - a failing notebook must not stop the suite
+        record["status"] = "failed"
+        record["error"] = _failure(exc)
+    record["duration_s"] = round(time.perf_counter() - t0, 2)
+    record["ended"] = _now()
+    if executed.exists():
+        try:
+            export_html(executed, executed.with_suffix(".html"))
+            record["html"] = executed.with_suffix(".html").name
+        except Exception as exc:  # noqa: BLE001 - a report problem must not hide the run's status
+            print(f"  (HTML export of {executed.name} failed: {type(exc).__name__}: {exc})", flush=True)
+    return record
+
+
+def run_suite(
+    profile: str,
+    only: str | None = None,
+    force: bool = False,
+    rerun_failed: bool = False,
+    notebooks_dir: str | Path | None = None,
+    reports_dir: str | Path | None = None,
+    results_root: str | Path | None = None,
+    figures_root: str | Path | None = None,
+) -> int:
+    """Run the selected notebooks under ``profile``; return the exit status (1 if any failed)."""
+    notebooks_dir = Path(notebooks_dir or config.REPO_ROOT / "notebooks").resolve()
+    reports_dir = Path(reports_dir or config.REPO_ROOT / "reports" / profile).resolve()
+    config.load_profile(profile)  # unknown profile or unknown notebook sections fail here
+    discovered = discover_notebooks(notebooks_dir)
+    notebooks = select(discovered, only)
+    status_path = reports_dir / "status.json"
+    status = load_status(status_path)
+    if rerun_failed:
+        previous = status["notebooks"]
+        notebooks = [p for p in notebooks if previous.get(p.stem, {}).get("status") in ("failed", "running")]
+        if not notebooks:
+            print(f"[suite] --rerun-failed: no failed notebook in {status_path}; nothing to run", flush=True)
+
+    # Validate everything first, so a typo in a profile fails before an hour of work.
+    parameters = {p.stem: notebook_parameters(profile, p.stem, force) for p in notebooks}
+    for p in notebooks:
+        if p.stem not in config.NOTEBOOKS:
+            print(f"[suite] warning: {p.stem} is not registered in copes_lib.config.NOTEBOOKS; "
+                  "its parameters are not validated here", flush=True)
+
+    reports_dir.mkdir(parents=True, exist_ok=True)
+    status.update(profile=profile, notebooks_dir=str(notebooks_dir))
+    total = len(notebooks)
+    suite_t0 = time.perf_counter()
+    for i, path in enumerate(notebooks, 1):
+        tag = f"[suite {i}/{total}] {path.stem}"
+        print(f"{tag} start ({profile})", flush=True)
+        status["notebooks"][path.stem] = {"status": "running", "started": _now()}
+        runs.atomic_write_json(status_path, status)
+        record = run_one(path, parameters[path.stem], reports_dir, cwd=notebooks_dir)
+        status["notebooks"][path.stem] = record
+        status["updated"] = _now()
+        runs.atomic_write_json(status_path, status)
+        line = f"{tag} {record['status']} in {record['duration_s']:.1f}s"
+        if record["error"]:
+            err = record["error"]
+            first = err["evalue"].splitlines()[0][:200] if err["evalue"] else ""
+            line += f" (cell {err['cell_index']}, In [{err['exec_count']}]: {err['ename']}: {first})"
+        print(line, flush=True)
+
+    index = report.render_index(profile, reports_dir, status, results_root=results_root,
+                                figures_root=figures_root, notebooks=[p.stem for p in discovered])
+    failed = [p.stem for p in notebooks if status["notebooks"][p.stem]["status"] != "ok"]
+    print(f"[suite] {total} notebook(s) run in {time.perf_counter() - suite_t0:.1f}s; "
+          f"report: {index}", flush=True)
+    if failed:
+        print(f"[suite] FAILED: {', '.join(failed)} (details in {status_path}; "
+              "rerun them with --rerun-failed / RERUN_FAILED=1)", flush=True)
+        return 1
+    return 0
+
+
+class _QuietCellMarkers(logging.Filter):
+    """Shorten papermill's ``Executing Cell 3-----`` banners to ``-- cell 3``; drop ``Ending Cell``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message.startswith("Ending Cell"):
+            return False
+        if message.startswith("Executing Cell"):
+            record.msg, record.args = "-- cell " + message.removeprefix("Executing Cell").strip(" -"), ()
+        return True
+
+
+def _setup_logging() -> None:
+    # papermill's --log-output goes through the "papermill" logger at INFO.
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    handler.addFilter(_QuietCellMarkers())
+    logger = logging.getLogger("papermill")
+    logger.handlers[:] = [handler]
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m copes_lib.cli", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the notebooks under a profile and render reports/<profile>/")
+    run.add_argument("--profile", default="cpu", choices=config.PROFILES)
+    run.add_argument("--only", default=None, help="comma-separated notebook numbers or names, e.g. 02,03")
+    run.add_argument("--force", action="store_true", help="pass FORCE=True: ignore cached work")
+    run.add_argument("--rerun-failed", action="store_true",
+                     help="run only the notebooks whose last status in status.json is failed")
+    run.add_argument("--notebooks-dir", default=None, help="default: notebooks/")
+    run.add_argument("--reports-dir", default=None, help="default: reports/<profile>/")
+    validate = sub.add_parser("validate", help="check profiles/<profile>.yaml against every notebook")
+    validate.add_argument("--profile", default="cpu", choices=config.PROFILES)
+    args = parser.parse_args(argv)
+
+    # Prefer the venv's kernelspec over a user-level "python3" that may point at another Python.
+    os.environ.setdefault("JUPYTER_PREFER_ENV_PATH", "1")
+    os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
+    try:
+        if args.command == "validate":
+            sections = list(config.load_profile(args.profile))
+            problems = config.profile_problems(args.profile, sections)
+            for notebook, problem in problems.items():
+                print(f"error: {notebook}: {problem}", file=sys.stderr)
+            if problems:
+                return 2
+            print(f"profiles/{args.profile}.yaml is valid for its {len(sections)} notebook section(s)")
+            return 0
+        _setup_logging()
+        return run_suite(args.profile, only=args.only, force=args.force, rerun_failed=args.rerun_failed,
+                         notebooks_dir=args.notebooks_dir, reports_dir=args.reports_dir)
+    except config.ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,891 @@
+"""Standard ES (Qiu et al. 2025) and CoPES (Algorithm 1): ONE code path; CoPES with K = 1 is ES.
+
+One training step, read next to PAPERS.md A2 (Algorithm 1):
+
+1. partition: a fresh random partition of all parameter CHUNKS into K subspaces S_1..S_K, drawn from
+   the step's partition seed (``ES.plan``);
+2. members: N_k = N / K per subspace, each with its own noise seed; sigma_k = sqrt(K) * sigma;
+3. evaluate: member (k, i) is theta + sigma_k * P_k eps_{k,i}; every member answers the same prompt
+   batch, fitness r_{k,i} = mean reward (``evaluate_*`` backends; the model is restored after each);
+4. z-score the N rewards jointly (one mean, population std), or per subspace (the ablation);
+5. update: g_k = (1/N_k) sum_i r_hat_{k,i} eps_{k,i};  theta <- theta + alpha * sum_k P_k g_k
+   (``ES.update``), zero when the std is 0.
+
+Noise is never stored: member (k, i)'s noise on chunk c is regenerated from a seed derived from
+(run seed, step, k, i, tensor, chunk) whenever it is needed (perturb, restore, update).
+
+How this departs from the paper (and why):
+- Chunks are cut per tensor (``chunk_size`` elements; the last chunk of a tensor is shorter, the
+  paper's chunk size is unstated) and dealt to subspaces in a random order, each chunk to the subspace
+  with the fewest elements so far, so subspaces are equal in size up to one chunk.
+- ``noise="iid"`` (default) seeds every chunk of every tensor differently; ``"paper_correlated"``
+  reproduces Qiu's flaw: the seed ignores the tensor, so same-shaped tensors get identical noise.
+- ``restore="backup"`` (the paper's; default) copies the perturbed chunks back from a copy of theta
+  held on the CPU; ``"subtract"`` (Qiu) regenerates and subtracts the noise (not bit-exact in float).
+- "std == 0" is taken as std <= 1e-12 * max(1, |mean|): equal float rewards can give a tiny std.
+- Backends: sequential (the model plus one chunk of noise), population-batched (``population.py``:
+  members x prompts in one forward) and Ray (workers hold replicas, get seeds, return scalars, and
+  replay every update from the seeds). All give the same update for the same seeds.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import resource
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch import nn
+
+from copes_lib.config import Config, ConfigError, NotebookParams, param
+
+_MASK64 = (1 << 64) - 1
+
+
+def mix_seed(*values: int) -> int:
+    """A 63-bit seed from integers (splitmix64 mixing): distinct inputs give unrelated streams."""
+    h = 0x9E3779B97F4A7C15
+    for v in values:
+        h = (h ^ (int(v) & _MASK64)) & _MASK64
+        h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9 & _MASK64
+        h = (h ^ (h >> 27)) * 0x94D049BB133111EB & _MASK64
+        h ^= h >> 31
+    return h & ((1 << 63) - 1)
+
+
+_PARTITION_TAG = 0x5EED_0001
+_MEMBER_TAG = 0x5EED_0002
+
+
+# =========================================================================== config
+@dataclass(frozen=True)
+class ESConfig(Config):
+    """The ES / CoPES algorithm. Defaults are the paper's (PAPERS.md A3, Table S6)."""
+
+    population: int = param(40, "N, model evaluations per step (paper: 40; Qiu et al.: 30)", ge=1)
+    subspaces: int = param(4, "K, parameter subspaces per step; K = 1 is standard ES (paper CoPES: 4)", ge=1)
+    sigma: float = param(1e-3, "sigma, noise scale of standard ES; CoPES uses sigma_k = sqrt(K) sigma "
+                         "(paper: 1e-3)", gt=0.0)
+    alpha: float = param(5e-4, "alpha, step size; 1/sigma folded in (paper: 5e-4)", gt=0.0)
+    chunk_size: int = param(2**20, "elements per parameter chunk dealt to subspaces (paper: unstated; "
+                            "an independent reimplementation used 2^20)", ge=1)
+    noise: str = param("iid", "iid: every tensor its own noise; paper_correlated: Qiu's same seed for "
+                       "every tensor (same-shaped tensors get identical noise)",
+                       choices=("iid", "paper_correlated"))
+    zscore: str = param("joint", "joint: one mean/std over all N rewards (paper); independent: per "
+                        "subspace (the paper's worse ablation)", choices=("joint", "independent"))
+    restore: str = param("backup", "backup: copy theta back from a CPU copy (paper); subtract: "
+                         "subtract the regenerated noise (Qiu)", choices=("backup", "subtract"))
+    backend: str = param("sequential", "how members are evaluated: sequential in-process, batched "
+                         "(members x prompts in one forward), ray (workers hold replicas)",
+                         choices=("sequential", "batched", "ray"))
+    members_per_batch: int = param(0, "batched backend: members per batched forward (0 = all N)", ge=0)
+    ray_workers: int = param(2, "ray backend: number of worker replicas", ge=1)
+    seed: int = param(33, "seed of noise and partitions (paper's ES runs: 33)", ge=0)
+
+    def check(self) -> None:
+        if self.population % self.subspaces:
+            raise ConfigError(
+                f"ESConfig.population = {self.population} is not divisible by subspaces = "
+                f"{self.subspaces}; choose N a multiple of K (paper: N = 40, K = 4)"
+            )
+        if self.population // self.subspaces < 2:
+            raise ConfigError(
+                f"ESConfig: N_k = population / subspaces = {self.population}/{self.subspaces} = "
+                f"{self.population // self.subspaces} < 2; a z-score needs at least 2 members per "
+                "subspace (the paper recommends N_k >= 10)"
+            )
+
+    @property
+    def members_per_subspace(self) -> int:
+        return self.population // self.subspaces
+
+    @property
+    def sigma_k(self) -> float:
+        """Dimension-aware noise scale: keeps E||delta||^2 equal to full-space ES (PAPERS.md A2)."""
+        return math.sqrt(self.subspaces) * self.sigma
+
+
+# =========================================================================== chunks and plans
+@dataclass(frozen=True)
+class Chunk:
+    tensor: int  # index into ES.params
+    start: int  # element range in the flattened tensor
+    stop: int
+
+    @property
+    def size(self) -> int:
+        return self.stop - self.start
+
+
+def make_chunks(params: Sequence[torch.Tensor], chunk_size: int) -> list[Chunk]:
+    return [Chunk(j, a, min(a + chunk_size, p.numel()))
+            for j, p in enumerate(params) for a in range(0, p.numel(), chunk_size)]
+
+
+def check_partition(partition: Sequence[Sequence[int]], n_chunks: int, subspaces: int) -> None:
+    """K non-empty, disjoint subspaces that together cover every chunk exactly once."""
+    if len(partition) != subspaces:
+        raise ConfigError(f"partition has {len(partition)} subspaces, expected subspaces = {subspaces}")
+    for k, members in enumerate(partition):
+        if len(members) == 0:
+            raise ConfigError(
+                f"partition: subspace {k} is empty ({n_chunks} chunks for K = {subspaces}); lower "
+                "ESConfig.chunk_size or subspaces"
+            )
+    flat = sorted(c for members in partition for c in members)
+    if flat != list(range(n_chunks)):
+        raise ConfigError(f"partition must cover each of the {n_chunks} chunks exactly once")
+
+
+def random_partition(chunks: Sequence[Chunk], subspaces: int, seed: int) -> list[list[int]]:
+    """Deal the chunks, in a random order, each to the currently smallest subspace (ties: lowest k)."""
+    if len(chunks) < subspaces:
+        raise ConfigError(
+            f"partition with an empty subspace: only {len(chunks)} chunks for subspaces = {subspaces}; "
+            "lower ESConfig.chunk_size"
+        )
+    order = torch.randperm(len(chunks), generator=torch.Generator().manual_seed(seed)).tolist()
+    sizes = [0] * subspaces
+    partition: list[list[int]] = [[] for _ in range(subspaces)]
+    for c in order:
+        k = min(range(subspaces), key=lambda s: sizes[s])
+        partition[k].append(c)
+        sizes[k] += chunks[c].size
+    return [sorted(members) for members in partition]
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """Everything a step's randomness depends on; rebuilt from (config, step) anywhere (Ray workers)."""
+
+    step: int
+    partition: list[list[int]]  # chunk indices of S_1..S_K
+    seeds: list[list[int]]  # seeds[k][i]: noise seed of member i of subspace k
+    sigma_k: float
+
+    def members(self) -> list[tuple[int, int]]:
+        """(k, i) of every member, in evaluation order (subspace-major)."""
+        return [(k, i) for k in range(len(self.seeds)) for i in range(len(self.seeds[k]))]
+
+
+@dataclass
+class StepResult:
+    step: int
+    rewards: np.ndarray  # (K, N_k)
+    update_norms: list[float]  # ||alpha P_k g_k|| per subspace
+    update_norm: float
+    rollout_s: float  # the evaluation phase (perturb + rollouts + restore)
+    noise_s: float
+    step_s: float
+    fitness_s: float = 0.0  # time inside the objective's calls (the rollouts alone)
+
+
+# =========================================================================== the engine
+class ES:
+    """Seed-replayed ES/CoPES over all parameters of ``model`` (tied parameters counted once)."""
+
+    def __init__(self, model: nn.Module, config: ESConfig):
+        self.model, self.config = model, config
+        self.params = [p.data for p in model.parameters()]
+        for p in self.params:
+            if not p.is_contiguous():
+                raise ConfigError("ES needs contiguous parameters (flat views per tensor)")
+        self.chunks = make_chunks(self.params, config.chunk_size)
+        self.noise_s = 0.0  # time spent generating noise (benchmarks read it)
+        self.fitness_s = 0.0  # time spent inside the objective (the rollouts alone)
+        self._generator: dict[torch.device, torch.Generator] = {}
+
+    # ------------------------------------------------------------------ seeds and noise
+    def plan(self, step: int, partition: Sequence[Sequence[int]] | None = None) -> StepPlan:
+        c = self.config
+        if partition is None:
+            partition = random_partition(self.chunks, c.subspaces, mix_seed(c.seed, _PARTITION_TAG, step))
+        check_partition(partition, len(self.chunks), c.subspaces)
+        seeds = [[mix_seed(c.seed, _MEMBER_TAG, step, k, i) for i in range(c.members_per_subspace)]
+                 for k in range(c.subspaces)]
+        return StepPlan(step, [list(s) for s in partition], seeds, c.sigma_k)
+
+    def noise(self, seed: int, chunk: Chunk) -> torch.Tensor:
+        """eps of one member on one chunk, regenerated from the member's seed (never stored)."""
+        t0 = time.perf_counter()
+        target = self.params[chunk.tensor]
+        # paper_correlated drops the tensor index: same-shaped tensors get identical noise (Qiu's flaw)
+        tensor_key = chunk.tensor if self.config.noise == "iid" else 0
+        device = target.device
+        if device not in self._generator:
+            self._generator[device] = torch.Generator(device=device)
+        gen = self._generator[device].manual_seed(mix_seed(seed, tensor_key, chunk.start))
+        eps = torch.randn(chunk.size, generator=gen, device=device, dtype=torch.float32).to(target.dtype)
+        self.noise_s += time.perf_counter() - t0
+        return eps
+
+    # ------------------------------------------------------------------ perturb / restore
+    def backup(self) -> list[torch.Tensor]:
+        """theta copied to the CPU (the paper's restore source)."""
+        return [p.detach().to("cpu", copy=True) for p in self.params]
+
+    def perturb(self, plan: StepPlan, k: int, i: int) -> None:
+        for c in plan.partition[k]:
+            chunk = self.chunks[c]
+            self.params[chunk.tensor].view(-1)[chunk.start:chunk.stop].add_(
+                self.noise(plan.seeds[k][i], chunk), alpha=plan.sigma_k)
+
+    def restore(self, plan: StepPlan, k: int, i: int, backup: list[torch.Tensor] | None) -> None:
+        for c in plan.partition[k]:
+            chunk = self.chunks[c]
+            flat = self.params[chunk.tensor].view(-1)[chunk.start:chunk.stop]
+            if backup is not None:
+                flat.copy_(backup[chunk.tensor].view(-1)[chunk.start:chunk.stop])
+            else:
+                flat.sub_(self.noise(plan.seeds[k][i], chunk), alpha=plan.sigma_k)
+
+    def member_weights(self, plan: StepPlan, members: Sequence[tuple[int, int]]) -> dict[int, torch.Tensor]:
+        """Stacked full parameter copies, one per member, keyed by id of the model's Parameter
+        (what the patched modules of the population-batched backend look up)."""
+        stacked = [p.detach().unsqueeze(0).repeat(len(members), *([1] * p.dim())) for p in self.params]
+        for g, (k, i) in enumerate(members):
+            for c in plan.partition[k]:
+                chunk = self.chunks[c]
+                stacked[chunk.tensor][g].view(-1)[chunk.start:chunk.stop].add_(
+                    self.noise(plan.seeds[k][i], chunk), alpha=plan.sigma_k)
+        return {id(param_obj): s for param_obj, s in zip(self.model.parameters(), stacked)}
+
+    # ------------------------------------------------------------------ z-score and update
+    def standardize(self, rewards: np.ndarray) -> np.ndarray:
+        """Joint (paper) or per-subspace z-scores with the population std; zeros where std is 0."""
+        rewards = np.asarray(rewards, dtype=np.float64)
+        groups = [rewards] if self.config.zscore == "joint" else list(rewards)
+        out = []
+        for group in groups:
+            mean, std = group.mean(), group.std()  # population std (1/N)
+            if std <= 1e-12 * max(1.0, abs(mean)):
+                out.append(np.zeros_like(group))
+            else:
+                out.append((group - mean) / std)
+        return out[0] if self.config.zscore == "joint" else np.stack(out)
+
+    def update(self, plan: StepPlan, rhat: np.ndarray) -> list[float]:
+        """theta += alpha * sum_k P_k g_k, chunk by chunk; returns ||alpha P_k g_k|| per subspace."""
+        alpha, norms = self.config.alpha, []
+        for k, chunk_ids in enumerate(plan.partition):
+            n_k = len(plan.seeds[k])
+            sq = 0.0
+            if not np.any(rhat[k]):
+                norms.append(0.0)
+                continue
+            for c in chunk_ids:
+                chunk = self.chunks[c]
+                target = self.params[chunk.tensor]
+                g = torch.zeros(chunk.size, device=target.device, dtype=torch.float32)
+                for i in range(n_k):
+                    if rhat[k][i] != 0.0:
+                        g.add_(self.noise(plan.seeds[k][i], chunk).float(), alpha=float(rhat[k][i]))
+                step = g.mul_(alpha / n_k)
+                sq += float(step.pow(2).sum())
+                target.view(-1)[chunk.start:chunk.stop].add_(step.to(target.dtype))
+            norms.append(math.sqrt(sq))
+        return norms
+
+
+def check_rewards(rewards: np.ndarray) -> None:
+    bad = np.argwhere(~np.isfinite(rewards))
+    if len(bad):
+        k, i = bad[0]
+        raise ConfigError(
+            f"fitness of member (k={k}, i={i}) is {rewards[k, i]!r}: rewards must be finite; the update "
+            "was not applied (the model is unchanged)"
+        )
+
+
+# =========================================================================== objectives
+class Objective(Protocol):
+    """What ES optimises. ``fitness`` sees the model as it is (one member); ``population_fitness``
+    (needed only by the batched backend) runs a batch of ``n_members`` x prompts, rows ordered
+    member-major, calling ``row_hook(rows)`` before every forward."""
+
+    def fitness(self, model: nn.Module, step: int) -> float: ...
+
+    def population_fitness(self, model: nn.Module, step: int, n_members: int,
+                           row_hook: Callable[[list[int]], None]) -> list[float]: ...
+
+    def rows_per_member(self, step: int) -> int: ...
+
+    def validate(self, model: nn.Module) -> dict[str, float]: ...
+
+
+class QuadraticObjective:
+    """Synthetic fitness -mean((theta - target)^2) for tests and benchmarks (sequential/ray only)."""
+
+    def __init__(self, target: list[torch.Tensor]):
+        self.target = target
+
+    def fitness(self, model: nn.Module, step: int) -> float:
+        sq = sum(float((p.detach() - t).pow(2).sum()) for p, t in zip(model.parameters(), self.target))
+        return -sq / sum(t.numel() for t in self.target)
+
+    def validate(self, model: nn.Module) -> dict[str, float]:
+        return {"accuracy": self.fitness(model, 0)}
+
+
+class _ToyModel(nn.Module):
+    def __init__(self, shapes: Sequence[tuple[int, ...]]):
+        super().__init__()
+        self.tensors = nn.ParameterList([nn.Parameter(torch.zeros(s)) for s in shapes])
+
+
+def toy_quadratic(seed: int = 0, shapes: Sequence[tuple[int, ...]] = ((16, 16), (16, 16), (16,))):
+    """(model at 0, QuadraticObjective with a seeded N(0, 1) target): picklable for Ray workers."""
+    gen = torch.Generator().manual_seed(seed)
+    model = _ToyModel(shapes)
+    return model, QuadraticObjective([torch.randn(s, generator=gen) for s in shapes])
+
+
+# =========================================================================== backends
+class SequentialBackend:
+    """One member at a time, in place: perturb, evaluate, restore."""
+
+    def evaluate(self, es: ES, plan: StepPlan, objective: Objective) -> np.ndarray:
+        backup = es.backup() if es.config.restore == "backup" else None
+        rewards = np.zeros((len(plan.seeds), len(plan.seeds[0])))
+        for k, i in plan.members():
+            es.perturb(plan, k, i)
+            try:
+                t0 = time.perf_counter()
+                rewards[k, i] = objective.fitness(es.model, plan.step)
+                es.fitness_s += time.perf_counter() - t0
+            finally:
+                es.restore(plan, k, i, backup)
+        return rewards
+
+    def after_update(self, es: ES, plan: StepPlan, rhat: np.ndarray) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class BatchedBackend:
+    """Members x prompts in one batched forward (``population.Population``), groups of G members."""
+
+    def evaluate(self, es: ES, plan: StepPlan, objective: Objective) -> np.ndarray:
+        from copes_lib.population import Population
+
+        members = plan.members()
+        group = es.config.members_per_batch or len(members)
+        rewards = np.zeros((len(plan.seeds), len(plan.seeds[0])))
+        for start in range(0, len(members), group):
+            chunk = members[start:start + group]
+            stacked = es.member_weights(plan, chunk)
+            with Population(es.model, stacked, objective.rows_per_member(plan.step)) as pop:
+                t0 = time.perf_counter()
+                values = objective.population_fitness(es.model, plan.step, len(chunk), pop.row_hook)
+                es.fitness_s += time.perf_counter() - t0
+            for (k, i), value in zip(chunk, values):
+                rewards[k, i] = value
+            del stacked
+        return rewards
+
+    def after_update(self, es: ES, plan: StepPlan, rhat: np.ndarray) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class _RayWorker:
+    """A replica: builds (model, objective) from a factory, gets theta ONCE, then only seeds."""
+
+    def __init__(self, factory: Callable[[], tuple[nn.Module, Objective]], state: dict, config: ESConfig):
+        torch.set_num_threads(1)
+        self.model, self.objective = factory()
+        self.model.load_state_dict(state)
+        self.es = ES(self.model, config)
+
+    def evaluate(self, step: int, partition: list[list[int]], members: list[tuple[int, int]]) -> list[float]:
+        plan = self.es.plan(step, partition)
+        backup = self.es.backup() if self.es.config.restore == "backup" else None
+        out = []
+        for k, i in members:
+            self.es.perturb(plan, k, i)
+            try:
+                out.append(float(self.objective.fitness(self.model, step)))
+            finally:
+                self.es.restore(plan, k, i, backup)
+        return out
+
+    def update(self, step: int, partition: list[list[int]], rhat: list[list[float]]) -> float:
+        self.es.update(self.es.plan(step, partition), np.asarray(rhat))
+        return checksum(self.model)
+
+
+def checksum(model: nn.Module) -> float:
+    """A cheap fingerprint of the weights (replicas compare it after every update)."""
+    return float(sum(p.detach().double().sum() * (j + 1) for j, p in enumerate(model.parameters())))
+
+
+class RayBackend:
+    """Workers hold replicas; per step they receive (step, partition, member ids), return scalars,
+    and replay the update from the seeds. Only the initial weights travel, once, at start."""
+
+    def __init__(self, es: ES, worker_factory: Callable[[], tuple[nn.Module, Objective]]):
+        import ray
+
+        if not ray.is_initialized():
+            raise ConfigError("backend='ray' needs ray.init(...) first (e.g. ray.init(num_cpus=2))")
+        state = {k: v.detach().cpu() for k, v in es.model.state_dict().items()}
+        state_ref = ray.put(state)
+        actor = ray.remote(num_cpus=1)(_RayWorker)
+        self.workers = [actor.remote(worker_factory, state_ref, es.config) for _ in range(es.config.ray_workers)]
+        self.ray = ray
+
+    def evaluate(self, es: ES, plan: StepPlan, objective: Objective) -> np.ndarray:
+        members = plan.members()
+        shares = [members[w::len(self.workers)] for w in range(len(self.workers))]
+        futures = [w.evaluate.remote(plan.step, plan.partition, share) for w, share in zip(self.workers, shares)]
+        rewards = np.zeros((len(plan.seeds), len(plan.seeds[0])))
+        for share, values in zip(shares, self.ray.get(futures)):
+            for (k, i), value in zip(share, values):
+                rewards[k, i] = value
+        return rewards
+
+    def after_update(self, es: ES, plan: StepPlan, rhat: np.ndarray) -> None:
+        sums = self.ray.get([w.update.remote(plan.step, plan.partition, rhat.tolist()) for w in self.workers])
+        mine = checksum(es.model)
+        if any(abs(s - mine) > 1e-9 * max(1.0, abs(mine)) for s in sums):
+            raise RuntimeError(f"Ray replicas diverged from the driver: {sums} vs {mine}")
+
+    def close(self) -> None:
+        for w in self.workers:
+            self.ray.kill(w)
+        self.workers = []
+
+
+def make_backend(es: ES, worker_factory: Callable[[], tuple[nn.Module, Objective]] | None = None):
+    if es.config.backend == "sequential":
+        return SequentialBackend()
+    if es.config.backend == "batched":
+        return BatchedBackend()
+    if worker_factory is None:
+        raise ConfigError("backend='ray' needs worker_factory: a picklable () -> (model, objective)")
+    return RayBackend(es, worker_factory)
+
+
+# =========================================================================== one step
+def es_step(es: ES, step: int, objective: Objective, backend=None,
+            partition: Sequence[Sequence[int]] | None = None) -> StepResult:
+    """One synchronous ES/CoPES step (Algorithm 1). On bad input nothing is written to the model."""
+    t0 = time.perf_counter()
+    backend = backend or SequentialBackend()
+    es.noise_s = es.fitness_s = 0.0
+    plan = es.plan(step, partition)                              # 1. partition + member seeds
+    t_roll = time.perf_counter()
+    rewards = backend.evaluate(es, plan, objective)              # 2-3. evaluate every member
+    rollout_s = time.perf_counter() - t_roll
+    check_rewards(rewards)
+    rhat = es.standardize(rewards)                               # 4. z-score (joint or per subspace)
+    norms = es.update(plan, rhat)                                # 5. theta += alpha sum_k P_k g_k
+    backend.after_update(es, plan, rhat)
+    return StepResult(step, rewards, norms, math.sqrt(sum(n * n for n in norms)), rollout_s,
+                      es.noise_s, time.perf_counter() - t0, es.fitness_s)
+
+
+# =========================================================================== training loop
+def peak_memory_gib(device: torch.device | str = "cpu") -> float:
+    if torch.device(device).type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+@dataclass
+class TrainState:
+    step: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+    best_step: int = 0
+    best_val: float = -math.inf
+
+
+def train_es(model: nn.Module, objective: Objective, config: ESConfig, *, steps: int, val_every: int,
+             run_dir: str | Path, worker_factory=None, on_step: Callable[[int, dict], None] | None = None,
+             run=None, log_prefix: str = "es", resume: bool = True,
+             base_validation: dict[str, float] | None = None) -> list[dict[str, Any]]:
+    """Train ``model`` in place for ``steps`` ES/CoPES steps; returns one metrics row per step.
+
+    Validation (``objective.validate``, temperature 0) at step 0 and every ``val_every`` steps and at
+    the end; the best validated weights go to ``run_dir/best.pt``; ``run_dir/state.pt`` is written
+    after every step, and a rerun resumes from it (all randomness is a function of the step, so the
+    resumed run is identical to an uninterrupted one). ``on_step(step, row)`` runs after each step's
+    checkpoint. ``run`` (a ``runs.Run``) receives every row. Device-hours count step time only
+    (validation excluded, as in PAPERS.md A5). ``base_validation``: the starting model's
+    ``objective.validate`` result when already known (runs from the same start share it).
+    """
+    from copes_lib import runs
+
+    if steps < 0 or val_every < 1:
+        raise ConfigError(f"train_es: steps = {steps} must be >= 0 and val_every = {val_every} >= 1")
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    device = next(model.parameters()).device
+    state_path, best_path = run_dir / "state.pt", run_dir / "best.pt"
+    state = TrainState()
+    saved = runs.load_checkpoint(state_path) if resume else None
+    if saved is not None:
+        if saved["config"] != config.to_dict():
+            raise ConfigError(f"{state_path} was written with a different ESConfig; delete it or use "
+                              "another run_dir")
+        model.load_state_dict(saved["model"])
+        state = TrainState(saved["step"], saved["history"], saved["best_step"], saved["best_val"])
+
+    def validate(step: int, known: dict[str, float] | None = None) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        result = known if known is not None else objective.validate(model)
+        row = {f"eval/val_{k}": float(v) for k, v in result.items()}
+        row["time/val_s"] = time.perf_counter() - t0
+        if row["eval/val_accuracy"] > state.best_val:
+            state.best_val, state.best_step = row["eval/val_accuracy"], step
+            runs.save_checkpoint(best_path, {"model": model.state_dict(), "step": step})
+        return row
+
+    def checkpoint() -> None:
+        runs.save_checkpoint(state_path, {"model": model.state_dict(), "step": state.step,
+                                          "history": state.history, "best_step": state.best_step,
+                                          "best_val": state.best_val, "config": config.to_dict()})
+
+    if not state.history:
+        row = {"step": 0, "time/device_hours": 0.0, **validate(0, base_validation)}
+        state.history.append(row)
+        if run is not None:
+            run.log(0, {k: v for k, v in row.items() if k != "step"})
+        checkpoint()
+
+    es = ES(model, config)
+    backend = make_backend(es, worker_factory)
+    try:
+        while state.step < steps:
+            step = state.step + 1
+            result = es_step(es, step, objective, backend)
+            hours = state.history[-1]["time/device_hours"] + result.step_s / 3600
+            row = {"step": step, "reward/mean": float(result.rewards.mean()),
+                   "reward/std": float(result.rewards.std()), "es/update_norm": result.update_norm,
+                   **{f"es/update_norm_k{k}": n for k, n in enumerate(result.update_norms)},
+                   **{f"reward/mean_k{k}": float(r.mean()) for k, r in enumerate(result.rewards)},
+                   "time/step_s": result.step_s, "time/rollout_s": result.rollout_s,
+                   "time/noise_s": result.noise_s, "time/fitness_s": result.fitness_s,
+                   "time/device_hours": hours,
+                   "mem/peak_gib": peak_memory_gib(device)}
+            if step % val_every == 0 or step == steps:
+                row.update(validate(step))
+            state.step = step
+            state.history.append(row)
+            checkpoint()
+            if run is not None:
+                run.log(step, {k: v for k, v in row.items() if k != "step"})
+            if step % val_every == 0 or step == steps:
+                runs.summary_line(log_prefix, step, {k: row[k] for k in ("reward/mean", "eval/val_accuracy")})
+            if on_step is not None:
+                on_step(step, row)
+    finally:
+        backend.close()
+    return state.history
+
+
+def summarize(history: list[dict[str, Any]], budget_step: int = 16) -> dict[str, Any]:
+    """The summary keys of notebooks 02/03 from a training history."""
+    vals = [(r["step"], r["eval/val_accuracy"]) for r in history if "eval/val_accuracy" in r]
+    best_step, best = max(vals, key=lambda sv: (sv[1], -sv[0]))
+    at_budget = [v for s, v in vals if s == budget_step]
+    return {
+        "base_val_accuracy": vals[0][1],
+        "best_val_accuracy": best,
+        "best_step": best_step,
+        f"val_accuracy_at_{budget_step}": at_budget[0] if at_budget else None,
+        "final_val_accuracy": vals[-1][1],
+        "device_hours": history[-1]["time/device_hours"],
+        "steps": history[-1]["step"],
+    }
+
+
+# =========================================================================== the agent objective
+class AgentObjective:
+    """fitness = mean paper reward over the step's shared prompt batch, greedy (PAPERS.md A1, A4).
+
+    The batch of step s is drawn from ``train_tasks`` by ``batch_seed`` and s only, so every method
+    and every sigma sees the same batches (paired comparisons). Validation is greedy on ``val_tasks``.
+    """
+
+    def __init__(self, tokenizer, env, train_tasks, val_tasks, rollout_config, batch_size: int,
+                 batch_seed: int):
+        if batch_size > len(train_tasks):
+            raise ConfigError(f"batch_size = {batch_size} exceeds the {len(train_tasks)} training tasks")
+        self.tokenizer, self.env, self.rollout_config = tokenizer, env, rollout_config
+        self.train_tasks, self.val_tasks = list(train_tasks), list(val_tasks)
+        self.batch_size, self.batch_seed = batch_size, batch_seed
+        self.tokens = 0  # tokens through the model in training rollouts (prompt + completion; benchmarks)
+
+    def _count(self, out) -> None:
+        self.tokens += sum(len(p) + len(c) for p, c in zip(out.prompt_ids, out.completion_ids))
+
+    def with_val(self, n: int) -> AgentObjective:
+        """A copy that validates on the first ``n`` validation tasks only (sweeps)."""
+        other = copy.copy(self)
+        other.val_tasks = self.val_tasks[:n]
+        return other
+
+    def batch(self, step: int) -> list:
+        rng = np.random.default_rng(mix_seed(self.batch_seed, step))
+        return [self.train_tasks[j] for j in rng.choice(len(self.train_tasks), self.batch_size, replace=False)]
+
+    def rows_per_member(self, step: int) -> int:
+        return self.batch_size
+
+    def fitness(self, model: nn.Module, step: int) -> float:
+        from copes_lib.rollout import rollout
+
+        with torch.no_grad():
+            out = rollout(model, self.tokenizer, self.batch(step), self.env, self.rollout_config, seed=step)
+        self._count(out)
+        return float(np.mean(out.rewards))
+
+    def population_fitness(self, model: nn.Module, step: int, n_members: int,
+                           row_hook: Callable[[list[int]], None]) -> list[float]:
+        from copes_lib.rollout import rollout
+
+        tasks = self.batch(step) * n_members  # member-major: rows [m * B, (m + 1) * B) are member m
+        with torch.no_grad():
+            out = rollout(model, self.tokenizer, tasks, self.env, self.rollout_config, seed=step,
+                          row_hook=row_hook)
+        self._count(out)
+        return np.asarray(out.rewards, dtype=np.float64).reshape(n_members, self.batch_size).mean(1).tolist()
+
+    def validate(self, model: nn.Module) -> dict[str, float]:
+        from copes_lib.rollout import evaluate
+
+        with torch.no_grad():
+            result = evaluate(model, self.tokenizer, self.val_tasks, self.env, self.rollout_config, seed=0)
+        accuracy = result.get("accuracy", result.get("f1"))
+        return {"accuracy": float(accuracy), "mean_reward": float(result.get("mean_reward", float("nan")))}
+
+
+def cached_es_run(profile: str, name: str, model: nn.Module, objective: Objective, config: ESConfig, *,
+                  steps: int, val_every: int, key_extra: dict[str, Any], force: bool = False,
+                  log_prefix: str = "es", **kw: Any) -> tuple[list[dict[str, Any]], Path]:
+    """``train_es`` in ``cache/<profile>/<name>-<key>/``: a finished run is reused, an interrupted
+    one resumes. ``model`` is trained in place (pass a copy); returns (history, run folder)."""
+    import shutil
+
+    from copes_lib import runs
+
+    key = runs.cache_key({"es": config.to_dict(), "steps": steps, "val_every": val_every, **key_extra})
+    folder = runs.cache_dir(profile, name, key)
+    if force:
+        shutil.rmtree(folder)
+        folder.mkdir(parents=True)
+    history = train_es(model, objective, config, steps=steps, val_every=val_every, run_dir=folder,
+                       log_prefix=log_prefix, **kw)
+    runs.atomic_write_json(folder / "history.json", history)
+    return history, folder
+
+
+# =========================================================================== notebook helpers
+@dataclass
+class AgentSetup:
+    """The warm-started substrate and the agent objective of a notebook, plus their cache identity."""
+
+    model: nn.Module
+    objective: AgentObjective
+    key: dict[str, Any]
+    base_validation: dict[tuple, dict[str, float]] = field(default_factory=dict)  # by validation ids
+
+
+def load_agent(params: StandardESNotebookParams) -> AgentSetup:
+    """Warm-started substrate (cached by the substrate module), tools and tasks of ``params``."""
+    from copes_lib.rollout import make_env
+    from copes_lib.substrate import substrate_params, warm_rollout_config, warm_start
+    from copes_lib.tasks import load_tasks
+
+    model, tokenizer, _ = warm_start(params.PROFILE, params.TASK_KIND, seed=params.SEED)
+    env = make_env(params.TASK_KIND, params.PROFILE)
+    val = load_tasks(params.PROFILE, params.TASK_KIND, "val")
+    val = val[:params.VAL_PROBLEMS] if params.VAL_PROBLEMS else val
+    rollout_config = warm_rollout_config(substrate_params(params.PROFILE))  # the substrate's settings
+    objective = AgentObjective(tokenizer, env, load_tasks(params.PROFILE, params.TASK_KIND, "train"), val,
+                               rollout_config, params.BATCH_SIZE, params.BATCH_SEED)
+    key = {"profile": params.PROFILE, "kind": params.TASK_KIND, "substrate_checksum": checksum(model),
+           "batch_size": params.BATCH_SIZE, "batch_seed": params.BATCH_SEED,
+           "rollout": rollout_config.to_dict()}
+    return AgentSetup(model, objective, key)
+
+
+def run_arm(params: StandardESNotebookParams, agent: AgentSetup, config: ESConfig, *, steps: int,
+            val_every: int, val_problems: int | None = None, prefix: str = "es") -> list[dict[str, Any]]:
+    """One cached training run on a copy of the warm-started model; returns its history."""
+    objective = agent.objective if val_problems is None else agent.objective.with_val(val_problems)
+    val_ids = [t.id for t in objective.val_tasks]
+    key = {**agent.key, "val_ids": val_ids}
+    factory = None
+    if config.backend == "ray":
+        import functools
+
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(num_cpus=config.ray_workers, include_dashboard=False, log_to_driver=False)
+        factory = functools.partial(agent_worker, type(params), params.to_dict())
+    history, _ = cached_es_run(params.PROFILE, "es_runs", copy.deepcopy(agent.model), objective, config,
+                               steps=steps, val_every=val_every, key_extra=key, force=params.FORCE,
+                               log_prefix=prefix, worker_factory=factory,
+                               base_validation=agent.base_validation.get(tuple(val_ids)))
+    agent.base_validation[tuple(val_ids)] = {k[len("eval/val_"):]: v for k, v in history[0].items()
+                                             if k.startswith("eval/val_")}
+    return history
+
+
+def agent_worker(params_class: type, values: dict[str, Any]) -> tuple[nn.Module, AgentObjective]:
+    """Ray worker factory: rebuild the notebook's substrate and objective inside the worker."""
+    agent = load_agent(params_class(**values))
+    return agent.model, agent.objective
+
+
+def plot_learning_curves(histories: dict[str, list[dict[str, Any]]]):
+    """2 x 2 figure: validation accuracy vs steps and vs device-hours, reward mean +- std (spread of
+    the population) vs steps, update norm per subspace vs steps."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+    for label, history in histories.items():
+        val = [r for r in history if "eval/val_accuracy" in r]
+        train = [r for r in history if "reward/mean" in r]
+        axes[0, 0].plot([r["step"] for r in val], [r["eval/val_accuracy"] for r in val], "o-", label=label)
+        axes[0, 1].plot([r["time/device_hours"] for r in val], [r["eval/val_accuracy"] for r in val], "o-",
+                        label=label)
+        steps = np.array([r["step"] for r in train])
+        mean = np.array([r["reward/mean"] for r in train])
+        std = np.array([r["reward/std"] for r in train])
+        (line,) = axes[1, 0].plot(steps, mean, label=label)
+        axes[1, 0].fill_between(steps, mean - std, mean + std, color=line.get_color(), alpha=0.2)
+        k = 0
+        while train and f"es/update_norm_k{k}" in train[0]:
+            axes[1, 1].plot(steps, [r[f"es/update_norm_k{k}"] for r in train], color=line.get_color(),
+                            alpha=0.4 + 0.6 / (k + 1), label=f"{label} k={k}")
+            k += 1
+    titles = [("step", "validation accuracy (greedy)"), ("device-hours (measured, steps only)", "validation accuracy"),
+              ("step", "population reward: mean +- std"), ("step", "update norm ||alpha P_k g_k||")]
+    for ax, (xlabel, ylabel) in zip(axes.ravel(), titles):
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def run_sweep(params: StandardESNotebookParams, agent: AgentSetup, subspaces: int) -> list[dict[str, Any]]:
+    """The sigma sweep (alpha = SWEEP_ALPHA_RATIO * sigma) for one K; one row per setting."""
+    rows = []
+    for sigma in sweep_values(params.SWEEP_SIGMAS, "SWEEP_SIGMAS"):
+        alpha = params.SWEEP_ALPHA_RATIO * sigma
+        config = es_config_from(params, subspaces=subspaces, sigma=sigma, alpha=alpha)
+        history = run_arm(params, agent, config, steps=params.SWEEP_STEPS, val_every=params.SWEEP_STEPS,
+                          val_problems=params.SWEEP_VAL_PROBLEMS, prefix=f"sweep K={subspaces} sigma={sigma:g}")
+        rows.append({"subspaces": subspaces, "sigma": sigma, "alpha": alpha,
+                     "base_val_accuracy": history[0]["eval/val_accuracy"],
+                     "final_val_accuracy": history[-1]["eval/val_accuracy"],
+                     "final_reward_mean": history[-1]["reward/mean"],
+                     "mean_update_norm": float(np.mean([r["es/update_norm"] for r in history[1:]])),
+                     "device_hours": history[-1]["time/device_hours"]})
+    return rows
+
+
+def best_setting(sweep: list[dict[str, Any]], fallback: tuple[float, float]) -> tuple[float, float]:
+    """(sigma, alpha) with the highest final validation accuracy (ties: the smaller sigma)."""
+    if not sweep:
+        return fallback
+    best = max(sweep, key=lambda r: (r["final_val_accuracy"], -r["sigma"]))
+    return best["sigma"], best["alpha"]
+
+
+def binomial_se(accuracy: float, n: int) -> float:
+    """Standard error of an accuracy measured on n problems."""
+    return math.sqrt(max(accuracy * (1 - accuracy), 0.0) / max(n, 1))
+
+
+# =========================================================================== notebook parameters
+@dataclass(frozen=True)
+class StandardESNotebookParams(NotebookParams):
+    """Parameters of 02_standard_es (defaults = the cpu profile)."""
+
+    STEPS: int = param(24, "ES steps of the main run (paper: best checkpoint at 112; budget 16)", ge=0)
+    POPULATION: int = param(40, "N, members per step (paper: 40)", ge=2)
+    SIGMA: float = param(1e-2, "sigma of the main run (paper: 1e-3; chosen for this substrate by the "
+                         "sweep, FINDINGS.md)", gt=0.0)
+    ALPHA: float = param(5e-3, "alpha of the main run (paper: 5e-4)", gt=0.0)
+    BATCH_SIZE: int = param(64, "prompts per step, shared by all members (paper: 64)", ge=1)
+    VAL_EVERY: int = param(8, "validate every this many steps (paper: 8)", ge=1)
+    VAL_PROBLEMS: int = param(512, "validation problems (0 = all of the val split; paper: 750)", ge=0)
+    CHUNK_SIZE: int = param(4096, "elements per chunk (paper: unstated)", ge=1)
+    BACKEND: str = param("sequential", "member evaluation backend",
+                         choices=("sequential", "batched", "ray"))
+    NOISE: str = param("iid", "noise seeding (iid or paper_correlated)", choices=("iid", "paper_correlated"))
+    ES_SEED: int = param(33, "seed of noise and partitions (paper: 33)", ge=0)
+    BATCH_SEED: int = param(1088, "seed of the per-step prompt batches, shared by every method", ge=0)
+    SWEEP_SIGMAS: str = param("0.005,0.01,0.02", "comma-separated sigmas of the sweep ('' = no sweep)")
+    SWEEP_ALPHA_RATIO: float = param(0.5, "sweep uses alpha = ratio * sigma (paper: 0.5)", gt=0.0)
+    SWEEP_STEPS: int = param(8, "steps per sweep run", ge=1)
+    SWEEP_VAL_PROBLEMS: int = param(256, "validation problems for sweep runs", ge=1)
+    TASK_KIND: str = param("math", "task family", choices=("math", "qa"))
+    MAIN_FROM_SWEEP: bool = param(True, "main run at the sweep's best (sigma, alpha); False: SIGMA, ALPHA")
+
+    def check(self) -> None:
+        sweep_values(self.SWEEP_SIGMAS, "SWEEP_SIGMAS")
+
+
+@dataclass(frozen=True)
+class CoPESNotebookParams(StandardESNotebookParams):
+    """Parameters of 03_copes (defaults = the cpu profile)."""
+
+    SUBSPACES: int = param(4, "K (paper: 4)", ge=1)
+    ZSCORE: str = param("joint", "z-score over all N (paper) or per subspace (ablation)",
+                        choices=("joint", "independent"))
+    SIGMA: float = param(1e-2, "sigma (sigma_k = sqrt(K) sigma); the paper's protocol shares ES's sigma",
+                         gt=0.0)
+    SWEEP_SIGMAS: str = param("0.0025,0.005,0.01", "comma-separated sigmas of the CoPES sweep "
+                              "('' = no sweep)")
+    STEP_CONTROL: bool = param(False, "also run ES with sqrt(K) x alpha (CoPES's update size; FINDINGS.md)")
+
+    def check(self) -> None:
+        super().check()
+        if self.POPULATION % self.SUBSPACES or self.POPULATION // self.SUBSPACES < 2:
+            raise ConfigError(f"POPULATION = {self.POPULATION} must be a multiple of SUBSPACES = "
+                              f"{self.SUBSPACES} with at least 2 members per subspace")
+
+
+def sweep_values(text: str, name: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError as err:
+        raise ConfigError(f"{name} = {text!r} must be comma-separated numbers, e.g. '0.005,0.01'") from err
+    if any(not math.isfinite(v) or v <= 0 for v in values):
+        raise ConfigError(f"{name} = {text!r}: every value must be finite and > 0")
+    return values
+
+
+def es_config_from(params: StandardESNotebookParams, **overrides: Any) -> ESConfig:
+    """The ESConfig of a notebook's main run (K = 1 for 02, SUBSPACES for 03)."""
+    values = dict(population=params.POPULATION, subspaces=getattr(params, "SUBSPACES", 1),
+                  sigma=params.SIGMA, alpha=params.ALPHA, chunk_size=params.CHUNK_SIZE,
+                  noise=params.NOISE, zscore=getattr(params, "ZSCORE", "joint"), backend=params.BACKEND,
+                  seed=params.ES_SEED)
+    values.update(overrides)
+    return ESConfig(**values)
+
+
+__all__ = ["ES", "ESConfig", "StepPlan", "StepResult", "Chunk", "Objective", "SequentialBackend",
+           "BatchedBackend", "RayBackend", "es_step", "train_es", "summarize", "mix_seed", "make_chunks",
+           "random_partition", "check_partition", "StandardESNotebookParams", "CoPESNotebookParams",
+           "es_config_from"]

@@ -1,0 +1,662 @@
+"""GRPO: paper A's reinforcement-learning baseline, full-parameter and LoRA, on the shared agent stack.
+
+The paper trained its GRPO baselines with VeRL 0.8.0 (hyperparameters in PAPERS.md A3, Table S6).
+This module is the same algorithm written out in one place, on the same rollout engine, tools,
+rewards and splits as ES and CoPES (``copes_lib.rollout``), so the comparison is like for like.
+
+One training step, next to the equations:
+
+1. Sample a batch of B prompts; roll out G trajectories per prompt at temperature 1 (a trajectory is
+   the model's tokens interleaved with tool observations; ``model_mask`` marks the model's tokens).
+2. Group-relative advantage of trajectory i of prompt q, broadcast to every token of it::
+
+       A_i = (r_i - mean_g(r)) / (std_g(r) + eps)          eps = 1e-6, std over the G rewards
+
+3. Per-token log-probabilities of the completion under the policy pi_theta, the policy that sampled
+   it pi_old (computed once before the first update, so the ratio of the first mini-batch is exactly
+   1) and a frozen reference pi_ref (the warm-start model; for LoRA the same model with its adapters
+   switched off, so no second copy is kept).
+4. Per model token t the PPO clipped surrogate plus a k3 KL penalty::
+
+       rho_t   = exp(log pi_theta(o_t) - log pi_old(o_t))
+       l_t     = max(-A rho_t, -A clip(rho_t, 1 - eps_low, 1 + eps_high))     eps = 0.2, 0.2
+       kl_t    = exp(log pi_ref - log pi_theta) - (log pi_ref - log pi_theta) - 1   ("low_var_kl" = k3)
+       loss    = agg_t(l_t + beta * kl_t)                                    beta = 1e-3
+
+   ``agg`` is "token-mean": the mean over every MODEL token of the mini-batch; tool observations and
+   padding contribute nothing (their mask is 0).
+5. The B*G trajectories are cut into mini-batches of ``mini_batch_size`` prompts (VeRL's
+   ``ppo_mini_batch_size``, counted in prompts, i.e. ``mini_batch_size * G`` trajectories); one AdamW
+   step with gradient-norm clipping per mini-batch; ``ppo_epochs`` passes (1, as VeRL's default).
+
+How it departs from the paper / VeRL 0.8.0:
+- Scale: the cpu profile trains a ~1-10M parameter Qwen3 model built by the suite on synthetic tool
+  tasks, with fewer prompts per step, fewer steps and a larger learning rate chosen by a small sweep
+  (notebook 04); the gpu profile keeps the paper's values (the dataclass defaults below).
+- Gradient accumulation is exact: every micro-batch's loss is divided by the token count (or sequence
+  count) of the whole mini-batch, so the result does not depend on ``micro_batch_size``. VeRL scales
+  per-micro-batch means, which equals this only when micro-batches hold equal token counts.
+- No dual-clip (VeRL's ``clip_ratio_c`` for negative advantages), no entropy bonus (VeRL's default
+  ``entropy_coeff`` is 0 in recent versions), no dynamic batch sizing or sequence packing.
+- The best checkpoint is chosen among trained steps only (step 0, the base model, is reported
+  separately), by strict improvement of validation accuracy, the earliest step winning ties.
+- Log-probabilities are computed on left-padded prompts with explicit position ids; logits are
+  divided by the sampling temperature as in VeRL.
+- Peak memory: ``torch.cuda.max_memory_allocated`` on GPU; on CPU the process's peak resident set
+  size (``resource.getrusage``), which never decreases within a process, so it bounds rather than
+  isolates one run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import math
+import random
+import resource
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from copes_lib import runs
+from copes_lib.config import Config, ConfigError, NotebookParams, param
+
+KL_ESTIMATORS = ("low_var_kl", "k3", "k1", "k2")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+QWEN3_LINEAR_MODULES = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+
+
+# --------------------------------------------------------------------------- configuration
+@dataclasses.dataclass(frozen=True)
+class GRPOConfig(Config):
+    """GRPO hyperparameters. Defaults are the paper's (Table S6, PAPERS.md A3) unless stated."""
+
+    group_size: int = param(8, "G: sampled trajectories per prompt (paper: 8). Advantages need G >= 2.", ge=2)
+    prompt_batch_size: int = param(64, "prompts per training step (paper: 64 for all methods)", ge=1)
+    mini_batch_size: int = param(
+        32, "prompts per optimizer step, VeRL's ppo_mini_batch_size (paper: 32, i.e. 32*G trajectories); "
+        "must divide prompt_batch_size", ge=1)
+    micro_batch_size: int = param(
+        16, "trajectories per forward/backward pass (gradient accumulation; memory only, the loss is exact)",
+        ge=1)
+    ppo_epochs: int = param(1, "passes over each step's rollouts (VeRL ppo_epochs, default 1)", ge=1)
+    lr: float = param(1e-6, "AdamW learning rate (paper: 1e-6 full-parameter, 5e-6 LoRA)", gt=0)
+    weight_decay: float = param(0.01, "AdamW weight decay (VeRL actor default 0.01)", ge=0)
+    max_grad_norm: float = param(1.0, "gradient-norm clip per optimizer step (VeRL grad_clip 1.0)", gt=0)
+    clip_ratio_low: float = param(0.2, "PPO clip: ratio >= 1 - clip_ratio_low (paper range [0.8, 1.2])",
+                                  gt=0, lt=1)
+    clip_ratio_high: float = param(0.2, "PPO clip: ratio <= 1 + clip_ratio_high (paper range [0.8, 1.2])",
+                                   gt=0)
+    kl_coef: float = param(1e-3, "beta, the KL-to-reference loss coefficient (paper: 1e-3; 0 disables "
+                                 "the reference pass)", ge=0)
+    kl_estimator: str = param(
+        "low_var_kl", "KL estimator (VeRL kl_loss_type): low_var_kl = k3 clamped to [-10, 10] (paper), "
+        "k3, k1 = log-ratio, k2 = half squared log-ratio", choices=KL_ESTIMATORS)
+    loss_agg_mode: str = param("token-mean", "loss aggregation over model tokens (VeRL loss_agg_mode; paper "
+                                             "token-mean)", choices=LOSS_AGG_MODES)
+    norm_adv_by_std: bool = param(True, "divide group-centred rewards by the group std (VeRL "
+                                        "norm_adv_by_std_in_grpo; TRL scale_rewards='group'); False = Dr. GRPO")
+    adv_eps: float = param(1e-6, "epsilon in (r - mean_g) / (std_g + eps) (paper: 1e-6)", gt=0)
+    temperature: float = param(1.0, "sampling temperature of training rollouts (paper: 1.0)", gt=0)
+    top_p: float = param(1.0, "nucleus sampling of training rollouts (VeRL default 1.0)", gt=0, le=1)
+    use_lora: bool = param(False, "train LoRA adapters (peft) instead of every parameter")
+    lora_r: int = param(32, "LoRA rank (paper: 32)", ge=1)
+    lora_alpha: int = param(64, "LoRA alpha (paper: 64)", ge=1)
+    lora_target_modules: str = param(
+        QWEN3_LINEAR_MODULES, "comma-separated module names given LoRA adapters, or 'all-linear' "
+                              "(VeRL's default: every linear layer but the output head)")
+    amp_dtype: str = param(
+        "none", "autocast dtype of the update's forward passes; 'bfloat16' with an fp32 model keeps fp32 "
+                "master weights as VeRL's FSDP mixed precision does (a pure-bf16 model cannot resolve lr "
+                "1e-6 updates)", choices=("none", "bfloat16", "float16"))
+    total_steps: int = param(16, "training steps (paper: full GRPO best at 16, LoRA-GRPO at 64)", ge=1)
+    val_every: int = param(8, "validate (temperature 0) every this many steps (paper: 8)", ge=1)
+    save_every: int = param(1, "write the resumable checkpoint every this many steps", ge=1)
+    seed: int = param(42, "seed of prompt order, sampling and LoRA init (paper GRPO runs: 42)", ge=0)
+
+    def check(self) -> None:
+        if self.prompt_batch_size % self.mini_batch_size:
+            raise ConfigError(
+                f"GRPOConfig.prompt_batch_size = {self.prompt_batch_size} is not divisible by "
+                f"mini_batch_size = {self.mini_batch_size}; choose a mini_batch_size that divides it "
+                f"(divisors: {[d for d in range(1, self.prompt_batch_size + 1) if self.prompt_batch_size % d == 0]})")
+        if not self.lora_target_modules.strip():
+            raise ConfigError("GRPOConfig.lora_target_modules is empty; give names such as "
+                              f"{QWEN3_LINEAR_MODULES!r} or 'all-linear'")
+
+    @property
+    def mini_batches_per_step(self) -> int:
+        return self.prompt_batch_size // self.mini_batch_size
+
+
+# --------------------------------------------------------------------------- advantages
+def group_advantages(rewards: torch.Tensor, group_size: int, *, norm_by_std: bool = True,
+                     eps: float = 1e-6) -> torch.Tensor:
+    """Per-trajectory advantage (r - mean_g) / (std_g + eps); rows of a group are consecutive.
+
+    The std is the unbiased one (``torch.std``), as in VeRL and TRL.
+
+    >>> group_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), 2).tolist()
+    [0.7071062922477722, -0.7071062922477722, 0.0, 0.0]
+    """
+    if group_size < 2:
+        raise ConfigError(f"group_size = {group_size}: group-relative advantages need group_size >= 2")
+    rewards = torch.as_tensor(rewards, dtype=torch.float32)
+    if rewards.ndim != 1 or rewards.numel() % group_size:
+        raise ValueError(f"rewards has shape {tuple(rewards.shape)}; expected a flat vector whose length is a "
+                         f"multiple of group_size = {group_size}")
+    bad = (~torch.isfinite(rewards)).nonzero().flatten().tolist()
+    if bad:
+        raise ValueError(f"rewards must be finite; got {rewards[bad[0]].item()} at trajectory indices {bad[:10]}")
+    groups = rewards.view(-1, group_size)
+    centred = groups - groups.mean(dim=1, keepdim=True)
+    if norm_by_std:
+        centred = centred / (groups.std(dim=1, keepdim=True) + eps)
+    return centred.flatten()
+
+
+# --------------------------------------------------------------------------- loss
+def kl_penalty(logps: torch.Tensor, ref_logps: torch.Tensor, estimator: str) -> torch.Tensor:
+    """Per-token estimate of KL(pi_theta || pi_ref) from tokens sampled by pi_theta (J. Schulman's k1/k2/k3)."""
+    log_ratio = ref_logps - logps
+    if estimator == "k1":
+        return -log_ratio
+    if estimator == "k2":
+        return 0.5 * log_ratio.square()
+    if estimator in ("k3", "low_var_kl"):
+        kl = log_ratio.exp() - log_ratio - 1
+        # VeRL clamps k3 so one very unlikely token cannot dominate the mini-batch.
+        return kl.clamp(-10.0, 10.0) if estimator == "low_var_kl" else kl
+    raise ConfigError(f"kl_estimator = {estimator!r} is not valid; valid values: {list(KL_ESTIMATORS)}")
+
+
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, *,
+              num_tokens: float | None = None, num_seqs: float | None = None) -> torch.Tensor:
+    """Reduce a (sequences, tokens) loss over masked tokens; ``num_tokens``/``num_seqs`` are the whole
+    mini-batch's counts when this is one micro-batch of it (defaults: this tensor's own counts)."""
+    mask = mask.to(per_token.dtype)
+    if mode == "token-mean":
+        total = mask.sum() if num_tokens is None else torch.tensor(num_tokens, dtype=per_token.dtype)
+        return (per_token * mask).sum() / total.clamp(min=1.0)
+    seq_sums = (per_token * mask).sum(dim=1)
+    if mode == "seq-mean-token-mean":
+        seq_sums = seq_sums / mask.sum(dim=1).clamp(min=1.0)
+    elif mode != "seq-mean-token-sum":
+        raise ConfigError(f"loss_agg_mode = {mode!r} is not valid; valid values: {list(LOSS_AGG_MODES)}")
+    return seq_sums.sum() / (per_token.shape[0] if num_seqs is None else num_seqs)
+
+
+def grpo_loss(logps: torch.Tensor, old_logps: torch.Tensor, ref_logps: torch.Tensor | None,
+              advantages: torch.Tensor, mask: torch.Tensor, config: GRPOConfig, *,
+              num_tokens: float | None = None, num_seqs: float | None = None
+              ) -> tuple[torch.Tensor, dict[str, float]]:
+    """The GRPO loss of step 4 (module docstring) over ``mask == 1`` tokens, and its statistics.
+
+    ``logps``, ``old_logps``, ``ref_logps`` and ``mask`` are (sequences, tokens); ``advantages`` is
+    one value per sequence. ``ref_logps`` may be None when ``config.kl_coef == 0``.
+    """
+    mask = mask.to(logps.dtype)
+    # Clamp the log-ratio as VeRL does, so one diverged token cannot overflow exp().
+    log_ratio = (logps - old_logps).clamp(-20.0, 20.0)
+    ratio = log_ratio.exp()
+    adv = advantages.to(logps.dtype).unsqueeze(1)
+    unclipped = -adv * ratio
+    clipped = -adv * ratio.clamp(1.0 - config.clip_ratio_low, 1.0 + config.clip_ratio_high)
+    policy_loss = torch.maximum(unclipped, clipped)
+    per_token = policy_loss
+    kl = torch.zeros_like(logps)
+    if config.kl_coef > 0:
+        if ref_logps is None:
+            raise ValueError("ref_logps is None but kl_coef > 0; pass reference log-probabilities or set kl_coef = 0")
+        kl = kl_penalty(logps, ref_logps, config.kl_estimator)
+        per_token = per_token + config.kl_coef * kl
+    loss = aggregate(per_token, mask, config.loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs)
+    with torch.no_grad():
+        n = mask.sum().clamp(min=1.0)
+        stats = {
+            "kl": float((kl * mask).sum() / n),
+            "clip_frac": float(((clipped > unclipped).to(mask.dtype) * mask).sum() / n),
+            "ratio_mean": float((ratio * mask).sum() / n),
+            "policy_loss": float((policy_loss * mask).sum() / n),
+            "tokens": float(mask.sum()),
+        }
+    return loss, stats
+
+
+# --------------------------------------------------------------------------- log-probabilities
+@dataclasses.dataclass
+class PackedBatch:
+    """Trajectories laid out as [left padding | prompt | completion | right padding].
+
+    Every completion starts at column ``prompt_width``, so the logits that predict completion token j
+    of every row sit in one column, ``prompt_width - 1 + j``.
+    """
+
+    input_ids: torch.Tensor       # (N, prompt_width + completion_width)
+    attention_mask: torch.Tensor  # (N, prompt_width + completion_width), 1 on prompt and completion
+    position_ids: torch.Tensor    # (N, prompt_width + completion_width), 0 at each prompt's first token
+    completion_mask: torch.Tensor  # (N, completion_width), 1 on MODEL tokens only (tool output = 0)
+    prompt_width: int
+
+    def rows(self, index: slice | torch.Tensor) -> PackedBatch:
+        return PackedBatch(self.input_ids[index], self.attention_mask[index], self.position_ids[index],
+                           self.completion_mask[index], self.prompt_width)
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+
+def pack(prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]],
+         model_mask: Sequence[Sequence[int]], pad_id: int, device: torch.device | str = "cpu") -> PackedBatch:
+    """Pad a rollout batch's token lists into tensors (see :class:`PackedBatch`)."""
+    if not (len(prompt_ids) == len(completion_ids) == len(model_mask)):
+        raise ValueError(f"prompt_ids, completion_ids and model_mask have lengths {len(prompt_ids)}, "
+                         f"{len(completion_ids)}, {len(model_mask)}; they must be equal")
+    for i, (comp, m) in enumerate(zip(completion_ids, model_mask)):
+        if len(comp) != len(m):
+            raise ValueError(f"row {i}: completion_ids has {len(comp)} tokens but model_mask has {len(m)}")
+    n = len(prompt_ids)
+    pw = max(len(p) for p in prompt_ids)
+    cw = max(1, max(len(c) for c in completion_ids))
+    ids = torch.full((n, pw + cw), pad_id, dtype=torch.long)
+    attn = torch.zeros((n, pw + cw), dtype=torch.long)
+    cmask = torch.zeros((n, cw), dtype=torch.float32)
+    for i, (p, c, m) in enumerate(zip(prompt_ids, completion_ids, model_mask)):
+        ids[i, pw - len(p):pw] = torch.tensor(p, dtype=torch.long)
+        ids[i, pw:pw + len(c)] = torch.tensor(c, dtype=torch.long)
+        attn[i, pw - len(p):pw + len(c)] = 1
+        cmask[i, :len(m)] = torch.tensor(m, dtype=torch.float32)
+    positions = (attn.cumsum(dim=1) - 1).clamp(min=0)
+    dev = torch.device(device)
+    return PackedBatch(ids.to(dev), attn.to(dev), positions.to(dev), cmask.to(dev), pw)
+
+
+def autocast(batch: PackedBatch, amp_dtype: str = "none"):
+    """``torch.autocast`` to ``amp_dtype`` on the batch's device, or a no-op for "none"."""
+    if amp_dtype == "none":
+        return contextlib.nullcontext()
+    return torch.autocast(batch.input_ids.device.type, dtype=getattr(torch, amp_dtype))
+
+
+def completion_logprobs(model: torch.nn.Module, batch: PackedBatch, temperature: float = 1.0,
+                        with_entropy: bool = False, amp_dtype: str = "none") -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log pi(o_t | prefix) of every completion token, (N, completion_width), in fp32; optionally the
+    policy's per-token entropy (no gradient)."""
+    with autocast(batch, amp_dtype):
+        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                    position_ids=batch.position_ids, use_cache=False)
+    pw = batch.prompt_width
+    logits = out.logits[:, pw - 1:-1].float() / temperature
+    targets = batch.input_ids[:, pw:]
+    log_norm = logits.logsumexp(dim=-1)
+    logps = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_norm
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            probs = (logits - log_norm.unsqueeze(-1)).exp()
+            entropy = log_norm - (probs * logits).sum(dim=-1)
+    return logps, entropy
+
+
+@torch.no_grad()
+def batched_logprobs(model: torch.nn.Module, batch: PackedBatch, micro_batch_size: int,
+                     temperature: float, amp_dtype: str = "none") -> torch.Tensor:
+    """:func:`completion_logprobs` without gradient, in micro-batches."""
+    parts = [completion_logprobs(model, batch.rows(slice(i, i + micro_batch_size)), temperature,
+                                 amp_dtype=amp_dtype)[0]
+             for i in range(0, len(batch), micro_batch_size)]
+    return torch.cat(parts)
+
+
+# --------------------------------------------------------------------------- policy / reference
+def attach_lora(model: torch.nn.Module, config: GRPOConfig) -> torch.nn.Module:
+    """Wrap ``model`` with peft LoRA adapters (B = 0 at init, so the policy starts equal to the base)."""
+    from peft import LoraConfig, get_peft_model
+
+    targets: str | list[str] = config.lora_target_modules
+    if targets != "all-linear":
+        targets = [t.strip() for t in targets.split(",") if t.strip()]
+    lora = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=0.0,
+                      target_modules=targets, bias="none")
+    torch.manual_seed(config.seed)  # LoRA A matrices are drawn from torch's global generator
+    return get_peft_model(model, lora)
+
+
+class Reference:
+    """pi_ref: a frozen copy of the starting model, or (LoRA) the policy with its adapters disabled."""
+
+    def __init__(self, policy: torch.nn.Module, use_lora: bool, needed: bool = True):
+        self.policy = policy
+        self.use_lora = use_lora
+        self.frozen = None
+        if needed and not use_lora:
+            self.frozen = copy.deepcopy(policy).eval()
+            for p in self.frozen.parameters():
+                p.requires_grad_(False)
+
+    @torch.no_grad()
+    def logprobs(self, batch: PackedBatch, micro_batch_size: int, temperature: float,
+                 amp_dtype: str = "none") -> torch.Tensor:
+        if self.use_lora:
+            with self.policy.disable_adapter():
+                return batched_logprobs(self.policy, batch, micro_batch_size, temperature, amp_dtype)
+        if self.frozen is None:
+            raise RuntimeError("reference requested but none was built (kl_coef == 0)")
+        return batched_logprobs(self.frozen, batch, micro_batch_size, temperature, amp_dtype)
+
+
+def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The parameters the optimizer updates (all of them, or only the LoRA adapters), detached copies."""
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def load_trainable_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    params = dict(model.named_parameters())
+    missing = sorted(set(n for n, p in params.items() if p.requires_grad) - set(state))
+    if missing:
+        raise ValueError(f"checkpoint lacks trainable parameters {missing[:5]} (LoRA vs full mismatch?)")
+    with torch.no_grad():
+        for name, value in state.items():
+            params[name].copy_(value)
+
+
+# --------------------------------------------------------------------------- one update
+def grpo_update(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: PackedBatch,
+                advantages: torch.Tensor, config: GRPOConfig, reference: Reference | None) -> dict[str, float]:
+    """Steps 3-5 of the module docstring on one step's rollouts; returns mean statistics."""
+    trajectories_per_mini = config.mini_batch_size * config.group_size
+    if len(batch) % trajectories_per_mini:
+        raise ValueError(f"{len(batch)} trajectories cannot be cut into mini-batches of mini_batch_size * "
+                         f"group_size = {config.mini_batch_size} * {config.group_size} = {trajectories_per_mini}")
+    advantages = advantages.to(batch.input_ids.device)
+    mb = config.micro_batch_size
+    amp = config.amp_dtype
+    old_logps = batched_logprobs(policy, batch, mb, config.temperature, amp)
+    ref_logps = reference.logprobs(batch, mb, config.temperature, amp) if config.kl_coef > 0 else None
+    params = [p for p in policy.parameters() if p.requires_grad]
+    totals: dict[str, list[float]] = {}
+    for _ in range(config.ppo_epochs):
+        for start in range(0, len(batch), trajectories_per_mini):
+            mini = slice(start, start + trajectories_per_mini)
+            num_tokens = float(batch.completion_mask[mini].sum())
+            optimizer.zero_grad(set_to_none=True)
+            sums = {"kl": 0.0, "clip_frac": 0.0, "entropy": 0.0, "ratio_mean": 0.0, "loss": 0.0}
+            for m0 in range(start, start + trajectories_per_mini, mb):
+                micro = slice(m0, min(m0 + mb, start + trajectories_per_mini))
+                rows = batch.rows(micro)
+                logps, entropy = completion_logprobs(policy, rows, config.temperature, with_entropy=True,
+                                                     amp_dtype=amp)
+                loss, stats = grpo_loss(
+                    logps, old_logps[micro], None if ref_logps is None else ref_logps[micro],
+                    advantages[micro], rows.completion_mask, config,
+                    num_tokens=num_tokens, num_seqs=float(trajectories_per_mini))
+                loss.backward()
+                # token-weighted sums, so the mini-batch statistics are token means like the loss
+                for key in ("kl", "clip_frac", "ratio_mean"):
+                    sums[key] += stats[key] * stats["tokens"]
+                sums["entropy"] += float((entropy * rows.completion_mask).sum())
+                sums["loss"] += float(loss.detach())
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
+            if not torch.isfinite(grad_norm):
+                raise FloatingPointError(f"gradient norm is {float(grad_norm)}; lower GRPOConfig.lr = {config.lr}")
+            optimizer.step()
+            denom = max(num_tokens, 1.0)
+            row = {k: (v if k == "loss" else v / denom) for k, v in sums.items()}
+            row["grad_norm"] = float(grad_norm)
+            for k, v in row.items():
+                totals.setdefault(k, []).append(v)
+    return {k: sum(v) / len(v) for k, v in totals.items()}
+
+
+# --------------------------------------------------------------------------- training loop
+@dataclasses.dataclass
+class GRPOResult:
+    """What :func:`train_grpo` returns. ``history`` holds one metrics dict per step (step 0 = base)."""
+
+    policy: torch.nn.Module
+    history: list[dict[str, Any]]
+    val_by_step: dict[int, float]
+    base_val: float
+    best_step: int | None
+    best_val: float | None
+    best_path: Path | None
+    last_path: Path
+
+    def val_at(self, step: int) -> float | None:
+        return self.val_by_step.get(step)
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    """Peak accelerator memory allocated (GPU) or peak resident set size of this process (CPU), GiB."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return rss / (2**30 if sys.platform == "darwin" else 2**20)
+
+
+def prompt_batch(tasks: Sequence[Any], step: int, batch_size: int, seed: int) -> list[Any]:
+    """The prompts of training step ``step`` (1-based): epochs of seeded shuffles, consecutive slices.
+
+    Depends only on (seed, step), so a resumed run sees the same prompts as an uninterrupted one.
+    """
+    if len(tasks) < batch_size:
+        raise ValueError(f"{len(tasks)} training tasks < prompt_batch_size = {batch_size}; "
+                         "lower prompt_batch_size or load more tasks")
+    per_epoch = len(tasks) // batch_size
+    epoch, slot = divmod(step - 1, per_epoch)
+    order = list(range(len(tasks)))
+    random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    return [tasks[i] for i in order[slot * batch_size:(slot + 1) * batch_size]]
+
+
+def _val_metric(result: dict[str, Any]) -> float:
+    for key in ("accuracy", "f1"):
+        if key in result:
+            return float(result[key])
+    raise KeyError(f"evaluate() returned {sorted(result)}; expected an 'accuracy' or 'f1' entry")
+
+
+def _default_rollout_fns() -> tuple[Callable, Callable]:
+    from copes_lib import rollout as rollout_module
+
+    return rollout_module.rollout, rollout_module.evaluate
+
+
+def _pad_id(tokenizer: Any) -> int:
+    pad = getattr(tokenizer, "pad_token_id", None)
+    if pad is None:
+        pad = getattr(tokenizer, "eos_token_id", None)
+    return int(pad) if pad is not None else 0
+
+
+def train_grpo(model: torch.nn.Module, tokenizer: Any, env: Any, train_tasks: Sequence[Any],
+               val_tasks: Sequence[Any], config: GRPOConfig, run_dir: str | Path, *,
+               rollout_config: Any = None, resume: bool = True,
+               on_step: Callable[[int, dict[str, Any]], None] | None = None,
+               rollout_fn: Callable | None = None, evaluate_fn: Callable | None = None) -> GRPOResult:
+    """Train ``model`` with GRPO and return its history; checkpoints live in ``run_dir``.
+
+    ``model`` is trained in place (full) or wrapped with LoRA adapters (``config.use_lora``); the
+    trained policy is ``result.policy``. ``rollout_config`` is a ``copes_lib.rollout.RolloutConfig``
+    (turn and tool limits); its ``temperature``/``top_p`` are replaced by ``config``'s for training
+    rollouts and by temperature 0 for validation. ``rollout_fn(model, tokenizer, tasks, env, cfg, seed)``
+    and ``evaluate_fn`` default to ``copes_lib.rollout.rollout`` / ``evaluate``; tests pass stand-ins.
+
+    Validation (temperature 0) runs at step 0 (the base model), every ``val_every`` steps and at the
+    last step; the best validated step's trainable weights go to ``run_dir/best.pt``. ``run_dir/last.pt``
+    (weights, optimizer, history) is written every ``save_every`` steps, and with ``resume`` a rerun
+    continues from it; prompts and sampling seeds depend only on (seed, step), so a resumed run
+    equals an uninterrupted one.
+    """
+    if rollout_fn is None or evaluate_fn is None:
+        default_rollout, default_evaluate = _default_rollout_fns()
+        rollout_fn = rollout_fn or default_rollout
+        evaluate_fn = evaluate_fn or default_evaluate
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    last_path, best_path = run_dir / "last.pt", run_dir / "best.pt"
+    device = next(model.parameters()).device
+
+    sample_cfg = eval_cfg = rollout_config
+    if rollout_config is not None:
+        sample_cfg = dataclasses.replace(rollout_config, temperature=config.temperature, top_p=config.top_p)
+        eval_cfg = dataclasses.replace(rollout_config, temperature=0.0, top_p=1.0)
+
+    policy = attach_lora(model, config) if config.use_lora else model
+    policy.eval()  # no dropout: pi_old and pi_theta must be the same function before the first update
+    reference = Reference(policy, config.use_lora, needed=config.kl_coef > 0)
+    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=config.lr,
+                                  weight_decay=config.weight_decay)
+
+    history: list[dict[str, Any]] = []
+    val_by_step: dict[int, float] = {}
+    best_step, best_val, start = None, None, 0
+    state = runs.load_checkpoint(last_path, map_location=str(device)) if resume else None
+    if state is not None:
+        if state["config"] != config.to_dict():
+            raise ValueError(f"{last_path} was written with a different GRPOConfig; delete it or pass resume=False")
+        load_trainable_state(policy, state["trainable"])
+        optimizer.load_state_dict(state["optimizer"])
+        history, start = state["history"], state["step"]
+        val_by_step = {int(k): v for k, v in state["val_by_step"].items()}
+        best_step, best_val = state["best_step"], state["best_val"]
+
+    def validate(step: int) -> float:
+        value = _val_metric(evaluate_fn(policy, tokenizer, list(val_tasks), env, eval_cfg, config.seed))
+        val_by_step[step] = value
+        return value
+
+    if start == 0:
+        history = [{"step": 0, "eval/val_accuracy": validate(0)}]
+        if on_step:
+            on_step(0, history[0])
+    pad_id = _pad_id(tokenizer)
+    for step in range(start + 1, config.total_steps + 1):
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        t0 = time.perf_counter()
+        tasks = prompt_batch(train_tasks, step, config.prompt_batch_size, config.seed)
+        grouped = [t for t in tasks for _ in range(config.group_size)]
+        rb = rollout_fn(policy, tokenizer, grouped, env, sample_cfg, config.seed * 1_000_003 + step)
+        t1 = time.perf_counter()
+        rewards = torch.tensor(rb.rewards, dtype=torch.float32)
+        advantages = group_advantages(rewards, config.group_size, norm_by_std=config.norm_adv_by_std,
+                                      eps=config.adv_eps)
+        batch = pack(rb.prompt_ids, rb.completion_ids, rb.model_mask, pad_id, device)
+        stats = grpo_update(policy, optimizer, batch, advantages, config, reference)
+        t2 = time.perf_counter()
+        group_std = rewards.view(-1, config.group_size).std(dim=1)
+        metrics: dict[str, Any] = {
+            "step": step,
+            "reward/mean": float(rewards.mean()),
+            "reward/std": float(rewards.std()),
+            "score/mean": float(sum(rb.scores) / len(rb.scores)) if getattr(rb, "scores", None) else math.nan,
+            "grpo/kl": stats["kl"],
+            "grpo/clip_frac": stats["clip_frac"],
+            "grpo/entropy": stats["entropy"],
+            "grpo/ratio_mean": stats["ratio_mean"],
+            "grpo/loss": stats["loss"],
+            "grpo/grad_norm": stats["grad_norm"],
+            "grpo/zero_std_group_frac": float((group_std == 0).float().mean()),
+            "grpo/model_tokens_mean": float(batch.completion_mask.sum(dim=1).mean()),
+            "mem/peak_gib": peak_memory_gib(device),
+            "time/rollout_s": t1 - t0,
+            "time/update_s": t2 - t1,
+            "time/step_s": t2 - t0,
+        }
+        if step % config.val_every == 0 or step == config.total_steps:
+            metrics["eval/val_accuracy"] = value = validate(step)
+            if best_val is None or value > best_val:
+                best_step, best_val = step, value
+                runs.save_checkpoint(best_path, {"step": step, "val": value, "trainable": trainable_state(policy),
+                                                 "use_lora": config.use_lora})
+        history.append(metrics)
+        if step % config.save_every == 0 or step == config.total_steps:
+            runs.save_checkpoint(last_path, {
+                "config": config.to_dict(), "step": step, "trainable": trainable_state(policy),
+                "optimizer": optimizer.state_dict(), "history": history, "val_by_step": val_by_step,
+                "best_step": best_step, "best_val": best_val})
+        if on_step:
+            on_step(step, metrics)
+    return GRPOResult(policy=policy, history=history, val_by_step=val_by_step, base_val=val_by_step[0],
+                      best_step=best_step, best_val=best_val,
+                      best_path=best_path if best_step is not None else None, last_path=last_path)
+
+
+def load_best(policy: torch.nn.Module, result: GRPOResult) -> torch.nn.Module:
+    """Load the best validated weights into ``policy`` (the module ``train_grpo`` returned)."""
+    if result.best_path is None:
+        raise ValueError("no validated training step, so there is no best checkpoint")
+    load_trainable_state(policy, runs.load_checkpoint(result.best_path)["trainable"])
+    return policy
+
+
+def device_hours_per_step(history: Sequence[dict[str, Any]], devices: int = 1) -> float:
+    """Mean (rollout + update) wall time per step x devices, in hours; validation excluded (paper A5)."""
+    times = [row["time/step_s"] for row in history if "time/step_s" in row]
+    if not times:
+        raise ValueError("history has no timed training step")
+    return sum(times) / len(times) * devices / 3600.0
+
+
+# --------------------------------------------------------------------------- notebook parameters
+@dataclasses.dataclass(frozen=True)
+class GRPONotebookParams(NotebookParams):
+    """Parameters of notebooks/04_grpo.ipynb. Defaults are the cpu profile's values."""
+
+    STEPS: int = param(16, "GRPO training steps per run (paper: 16 for the fixed budget)", ge=1)
+    VAL_EVERY: int = param(4, "validate every this many steps (paper: 8)", ge=1)
+    PROMPT_BATCH: int = param(16, "prompts per step (paper: 64)", ge=1)
+    GROUP_SIZE: int = param(8, "G, trajectories per prompt (paper: 8)", ge=2)
+    MINI_BATCH: int = param(8, "prompts per optimizer step (paper: 32 of 64, i.e. 2 updates per step)", ge=1)
+    MICRO_BATCH: int = param(64, "trajectories per forward/backward (memory only)", ge=1)
+    FULL_LR: float = param(1e-4, "full-parameter learning rate (paper: 1e-6 on a 4B model)", gt=0)
+    LORA_LR: float = param(1e-3, "LoRA learning rate (paper: 5e-6 on a 4B model)", gt=0)
+    LORA_R: int = param(8, "LoRA rank (paper: 32)", ge=1)
+    LORA_ALPHA: int = param(16, "LoRA alpha (paper: 64; alpha / r = 2 as in the paper)", ge=1)
+    KL_COEF: float = param(1e-3, "k3 KL coefficient (paper: 1e-3)", ge=0)
+    SWEEP_LRS_FULL: str = param("", "comma-separated full-parameter learning rates to sweep first "
+                                    "(empty: no sweep, use FULL_LR)")
+    SWEEP_LRS_LORA: str = param("", "comma-separated LoRA learning rates to sweep first (empty: use LORA_LR)")
+    SWEEP_STEPS: int = param(4, "steps per sweep run; the best validation accuracy picks the rate", ge=1)
+    N_VAL: int = param(128, "validation problems (paper: 750)", ge=1)
+    GRPO_SEED: int = param(42, "GRPO seed (paper: 42)", ge=0)
+    AMP: str = param("none", "autocast dtype of GRPO updates; with 'bfloat16' the model is trained in fp32 "
+                             "(master weights) under bf16 autocast (gpu profile)", choices=("none", "bfloat16"))
+
+    def check(self) -> None:
+        if self.PROMPT_BATCH % self.MINI_BATCH:
+            raise ConfigError(f"PROMPT_BATCH = {self.PROMPT_BATCH} is not divisible by MINI_BATCH = "
+                              f"{self.MINI_BATCH}; choose a MINI_BATCH that divides it")
+        for name in ("SWEEP_LRS_FULL", "SWEEP_LRS_LORA"):
+            for item in filter(None, (s.strip() for s in getattr(self, name).split(","))):
+                try:
+                    ok = float(item) > 0
+                except ValueError:
+                    ok = False
+                if not ok:
+                    raise ConfigError(f"{name} = {getattr(self, name)!r}: {item!r} is not a positive number")
+
+    def sweep(self, which: str) -> list[float]:
+        text = self.SWEEP_LRS_FULL if which == "full" else self.SWEEP_LRS_LORA
+        return [float(s) for s in text.split(",") if s.strip()]
+
+    def grpo_config(self, use_lora: bool, lr: float | None = None, steps: int | None = None) -> GRPOConfig:
+        return GRPOConfig(
+            group_size=self.GROUP_SIZE, prompt_batch_size=self.PROMPT_BATCH, mini_batch_size=self.MINI_BATCH,
+            micro_batch_size=self.MICRO_BATCH, lr=lr if lr is not None else (self.LORA_LR if use_lora else self.FULL_LR),
+            kl_coef=self.KL_COEF, use_lora=use_lora, lora_r=self.LORA_R, lora_alpha=self.LORA_ALPHA,
+            total_steps=steps or self.STEPS, val_every=self.VAL_EVERY, seed=self.GRPO_SEED, amp_dtype=self.AMP)
+
+
+__all__ = [
+    "GRPOConfig", "GRPONotebookParams", "GRPOResult", "PackedBatch", "Reference", "aggregate", "attach_lora",
+    "batched_logprobs", "completion_logprobs", "device_hours_per_step", "grpo_loss", "grpo_update",
+    "group_advantages", "kl_penalty", "load_best", "pack", "peak_memory_gib", "prompt_batch", "train_grpo",
+    "trainable_state",
+]

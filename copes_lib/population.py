@@ -1,0 +1,154 @@
+"""Population-batched forward: every ES member of a step in ONE batched model call.
+
+The batch is members x prompts. Each parameter gets a stacked copy of shape ``(G, *shape)`` (one
+perturbed copy per member of the group); the Linear, Embedding and RMSNorm modules of the model are
+patched, for the duration of a ``with Population(...)`` block, to pick for each batch row the weights
+of the member that row belongs to. The rollout tells which rows are in each forward call through its
+``row_hook(rows)`` (original batch-row indices); row ``r`` belongs to member ``r // rows_per_member``.
+
+How it departs from the paper: the paper evaluates members one model at a time on GPUs (and spreads
+them over GPUs). This is the EGGROLL-style lever (PAPERS.md A7) but with full-rank noise, so memory is
+G copies of the weights: use it for small models, or cap G with ``ESConfig.members_per_batch``.
+Results match the sequential path up to float summation order (the test checks greedy tokens).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from copes_lib.config import ConfigError
+
+
+def _is_rmsnorm(module: nn.Module) -> bool:
+    own = dict(module.named_parameters(recurse=False))
+    return set(own) == {"weight"} and hasattr(module, "variance_epsilon")
+
+
+def supported_modules(model: nn.Module) -> list[nn.Module]:
+    """The modules to patch; raise ConfigError if some parameter lives in an unsupported module."""
+    modules, unsupported = [], []
+    for name, module in model.named_modules():
+        own = list(module.parameters(recurse=False))
+        if not own:
+            continue
+        if isinstance(module, (nn.Linear, nn.Embedding)) or _is_rmsnorm(module):
+            modules.append(module)
+        else:
+            unsupported.append(f"{name} ({type(module).__name__})")
+    if unsupported:
+        raise ConfigError(
+            f"backend='batched' supports parameters in nn.Linear, nn.Embedding and RMSNorm modules only; "
+            f"unsupported: {unsupported[:5]}. Use backend='sequential' or 'ray'."
+        )
+    return modules
+
+
+class Population:
+    """Context manager that makes ``model`` evaluate G members at once.
+
+    ``stacked`` maps each parameter (by identity) to a tensor of shape (G, *param.shape): member g's
+    full copy of that parameter. Tied parameters (an embedding reused as lm_head) are one entry.
+    """
+
+    def __init__(self, model: nn.Module, stacked: dict[int, torch.Tensor], rows_per_member: int):
+        self.model, self.stacked, self.rows_per_member = model, stacked, rows_per_member
+        self.modules = supported_modules(model)
+        self.members: torch.Tensor | None = None  # member index of each row of the current call
+
+    # the rollout calls this before every forward with the original row indices of the call's rows
+    def row_hook(self, rows: list[int]) -> None:
+        self.members = torch.as_tensor([r // self.rows_per_member for r in rows], dtype=torch.long)
+
+    def __enter__(self) -> Population:
+        for module in self.modules:
+            if isinstance(module, nn.Linear):
+                module.forward = self._linear_forward(module)
+            elif isinstance(module, nn.Embedding):
+                module.forward = self._embedding_forward(module)
+            else:
+                module.forward = self._rmsnorm_forward(module)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for module in self.modules:
+            del module.forward  # back to the class's forward
+        self.members = None
+
+    # ------------------------------------------------------------------ per-row weights
+    def _rows(self, batch: int) -> torch.Tensor:
+        if self.members is None or len(self.members) != batch:
+            raise RuntimeError(
+                f"Population: a forward call with batch {batch} came without a matching row_hook(rows) "
+                f"(last rows: {None if self.members is None else len(self.members)}); the rollout must "
+                "call row_hook before every forward"
+            )
+        return self.members
+
+    def _weights(self, param: torch.Tensor) -> torch.Tensor:
+        return self.stacked[id(param)]
+
+    def _groups(self, members: torch.Tensor) -> list[tuple[int, int, int]] | None:
+        """(member, start, stop) runs of consecutive rows, or None if rows are not grouped by member."""
+        values = members.tolist()
+        runs, start = [], 0
+        for pos in range(1, len(values) + 1):
+            if pos == len(values) or values[pos] != values[start]:
+                runs.append((values[start], start, pos))
+                start = pos
+        if len({m for m, _, _ in runs}) != len(runs):
+            return None
+        return runs
+
+    def _linear_forward(self, module: nn.Linear):
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            members = self._rows(x.shape[0])
+            weight = self._weights(module.weight)
+            bias = self._weights(module.bias) if module.bias is not None else None
+            runs = self._groups(members)
+            if runs is None:  # rows interleaved: sort by member, compute, unsort
+                order = torch.argsort(members, stable=True)
+                saved = self.members
+                self.members = members[order]
+                try:
+                    out = forward(x[order])
+                finally:
+                    self.members = saved
+                return out[torch.argsort(order)]
+            sizes = {stop - start for _, start, stop in runs}
+            if len(sizes) == 1 and len(runs) > 1:
+                # equal groups: one batched matmul over members
+                ids = torch.as_tensor([m for m, _, _ in runs], device=x.device)
+                xs = x.reshape(len(runs), -1, x.shape[-1])
+                out = torch.bmm(xs, weight[ids].transpose(1, 2))
+                if bias is not None:
+                    out = out + bias[ids].unsqueeze(1)
+                return out.reshape(*x.shape[:-1], weight.shape[1])
+            parts = [F.linear(x[start:stop], weight[m], None if bias is None else bias[m])
+                     for m, start, stop in runs]
+            return torch.cat(parts, dim=0)
+
+        return forward
+
+    def _embedding_forward(self, module: nn.Embedding):
+        def forward(ids: torch.Tensor) -> torch.Tensor:
+            members = self._rows(ids.shape[0]).to(ids.device)
+            weight = self._weights(module.weight)
+            return weight[members.view(-1, *([1] * (ids.dim() - 1))), ids]
+
+        return forward
+
+    def _rmsnorm_forward(self, module: nn.Module):
+        # the same arithmetic as transformers' Qwen3RMSNorm, with a per-row weight
+        def forward(hidden: torch.Tensor) -> torch.Tensor:
+            members = self._rows(hidden.shape[0]).to(hidden.device)
+            weight = self._weights(module.weight)[members]
+            weight = weight.view(hidden.shape[0], *([1] * (hidden.dim() - 2)), weight.shape[-1])
+            dtype = hidden.dtype
+            h = hidden.to(torch.float32)
+            variance = h.pow(2).mean(-1, keepdim=True)
+            h = h * torch.rsqrt(variance + module.variance_epsilon)
+            return weight * h.to(dtype)
+
+        return forward

@@ -1,0 +1,415 @@
+"""Batched multi-turn agent rollouts with tool calls, a KV cache, and a mask of model-written tokens.
+
+One call runs a batch of trajectories to the end: the model generates (greedy, or sampled with
+temperature / top-p from a seeded generator) until each row stops at a closing tool tag, an answer,
+EOS or a budget; the tool calls of the whole batch then run together (Python through
+``PythonSandbox.run_many``, search through one ``retriever.search`` call); their observations are
+appended and generation resumes on the same KV cache. Rows that finish leave the batch (their cache
+rows are dropped), so late turns cost only what is still running. ``model_mask`` marks the tokens
+the model wrote (1) against tool observations (0): GRPO trains only on the former.
+
+Positions: every row keeps its own position counter and padding holes are masked, so a row's tokens
+see exactly what they would see alone (tested against single-row rollouts).
+
+Departures from the paper (PAPERS.md A4): an invalid call (no opening tag, empty body, over its
+limit) gets an error observation instead of a retry; the tool budget is per trajectory; the
+reward is computed on the model-written text only (observations removed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import time
+from collections.abc import Callable
+
+import torch
+
+from copes_lib.config import Config, ConfigError, param
+from copes_lib.tasks import SEARCH_K, TOOL_LIMITS, Task, format_prompt, load_passages
+from copes_lib.tasks.protocol import (
+    ANSWER_CLOSE,
+    PYTHON_CLOSE,
+    SEARCH_CLOSE,
+    error_observation,
+    last_call,
+    python_observation,
+    search_observation,
+)
+from copes_lib.tasks.rewards import format_reward_value, math_correctness, math_reward, qa_reward, qa_scores
+
+_STOP_TAGS = {PYTHON_CLOSE: "python", SEARCH_CLOSE: "search", ANSWER_CLOSE: "answer"}
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig(Config):
+    """How trajectories are generated. Tool limits default to the task kind's (math 5 Python +
+    3 search, QA 5 + 5; PAPERS.md A4)."""
+
+    max_new_tokens: int = param(96, "model-written tokens per trajectory, over all turns", ge=1)
+    max_turns: int = param(6, "model turns per trajectory (each tool call ends a turn)", ge=1)
+    max_context: int = param(512, "prompt + completion tokens; a trajectory that reaches it ends", ge=8)
+    max_python_calls: int | None = param(None, "Python calls per trajectory; None = the task kind's limit", ge=0)
+    max_search_calls: int | None = param(None, "search calls per trajectory; None = the task kind's limit", ge=0)
+    temperature: float = param(0.0, "sampling temperature; 0 = greedy (the paper's validation and ES)", ge=0.0)
+    top_p: float = param(1.0, "nucleus sampling mass (paper's test decoding: 1.0)", gt=0.0, le=1.0)
+    batch_size: int = param(256, "trajectories per rollout call inside evaluate()", ge=1)
+    prompt_style: str = param("auto", "prompt format: plain (miniature), chat (chat template), "
+                              "auto = chat when the tokenizer has a chat template", choices=("auto", "plain", "chat"))
+
+
+@dataclasses.dataclass
+class RolloutBatch:
+    tasks: list[Task]
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]
+    model_mask: list[list[int]]
+    texts: list[str]
+    rewards: list[float]
+    scores: list[float]
+    tool_calls: list[dict[str, int]]
+    model_texts: list[str] = dataclasses.field(default_factory=list)   # model-written text only
+    finish_reasons: list[str] = dataclasses.field(default_factory=list)  # answer/eos/tokens/turns/context
+    details: list[dict[str, float]] = dataclasses.field(default_factory=list)  # acc/em/f1 (QA), correct (math)
+    elapsed_s: float = 0.0
+    forward_calls: int = 0
+
+    @property
+    def new_tokens(self) -> int:
+        """Model-written tokens of the whole batch."""
+        return sum(sum(m) for m in self.model_mask)
+
+
+# --------------------------------------------------------------------------- environment
+class AgentEnv:
+    """The tools and the reward of one task kind: a lazily started Python sandbox, a retriever, the
+    per-trajectory tool limits, and the paper's reward. Identical Python code gives the cached
+    observation (``cache_tool_results``), which makes greedy populations cheap; the code the model
+    writes here cannot read clocks or randomness usefully, so the cache changes no result."""
+
+    def __init__(self, kind: str, retriever=None, search_k: int = 2, limits: dict | None = None,
+                 sandbox_config=None, cache_tool_results: bool = True):
+        if kind not in TOOL_LIMITS:
+            raise ConfigError(f"kind = {kind!r} is not valid; valid values: {list(TOOL_LIMITS)}")
+        self.kind, self.retriever, self.search_k = kind, retriever, search_k
+        self.limits = dict(limits or TOOL_LIMITS[kind])
+        self.sandbox_config = sandbox_config
+        self.cache_tool_results = cache_tool_results
+        self._sandbox = None
+        self._python_cache: dict[str, str] = {}
+        self._search_cache: dict[str, str] = {}
+
+    # tools ---------------------------------------------------------------
+    @property
+    def sandbox(self):
+        if self._sandbox is None:
+            from copes_lib.tools import PythonSandbox, SandboxConfig
+
+            self._sandbox = PythonSandbox(self.sandbox_config or SandboxConfig())
+        return self._sandbox
+
+    def run_python(self, codes: list[str]) -> list[str]:
+        """Observations (``<output>...</output>``) of a batch of code strings."""
+        todo = sorted({c for c in codes if c not in self._python_cache}) if self.cache_tool_results \
+            else list(dict.fromkeys(codes))
+        results = dict(zip(todo, self.sandbox.run_many(todo))) if todo else {}
+        out = []
+        for code in codes:
+            if code in results:
+                obs = python_observation(results[code].observation())
+                if self.cache_tool_results:
+                    self._python_cache[code] = obs
+            else:
+                obs = self._python_cache[code]
+            out.append(obs)
+        return out
+
+    def run_search(self, queries: list[str]) -> list[str]:
+        """Observations (``<result>...</result>``) of a batch of queries."""
+        if self.retriever is None:
+            return [error_observation("search", "no search tool in this environment")] * len(queries)
+        todo = list(dict.fromkeys(q for q in queries if q not in self._search_cache))
+        if todo:
+            for query, passages in zip(todo, self.retriever.search(todo, self.search_k)):
+                self._search_cache[query] = search_observation([p.text for p in passages])
+        return [self._search_cache[q] for q in queries]
+
+    # rewards ----------------------------------------------------------------
+    def reward(self, prompts, completions, answers, tool_calls) -> list[float]:
+        fn = math_reward if self.kind == "math" else qa_reward
+        return fn(prompts, completions, answers, tool_calls)
+
+    def details(self, prompts, completions, answers) -> list[dict[str, float]]:
+        """Per-sample correctness: {"correct"} for math, {"acc", "em", "f1"} for QA."""
+        if self.kind == "math":
+            return [{"correct": c} for c in math_correctness(prompts, completions, answers)]
+        return qa_scores(prompts, completions, answers)
+
+    def score_key(self) -> str:
+        return "correct" if self.kind == "math" else "f1"
+
+    def close(self) -> None:
+        if self._sandbox is not None:
+            self._sandbox.close()
+            self._sandbox = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def make_env(kind: str, profile: str, sandbox_config=None, cache_tool_results: bool = True) -> AgentEnv:
+    """The environment of ``kind`` ("math" | "qa") in ``profile``: its corpus, retriever and limits."""
+    from copes_lib.tools import BM25Retriever, Passage
+
+    passages = [Passage(i, t, x) for i, t, x in load_passages(profile, kind)]
+    return AgentEnv(kind, BM25Retriever(passages), SEARCH_K[kind], TOOL_LIMITS[kind], sandbox_config,
+                    cache_tool_results)
+
+
+# --------------------------------------------------------------------------- stop detection
+class StopMatcher:
+    """Finds where a row's current turn ends. Fast path: every closing tag is one token of the
+    vocabulary (the miniature's tokenizer); otherwise the last few decoded tokens are searched."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        vocab = tokenizer.get_vocab()
+        self.by_id = {vocab[tag]: kind for tag, kind in _STOP_TAGS.items() if tag in vocab}
+        self.single_token = len(self.by_id) == len(_STOP_TAGS)
+        self.eos_ids = {i for i in _as_list(tokenizer.eos_token_id)}
+        self.ids = torch.tensor(sorted(set(self.by_id) | self.eos_ids)) if self.single_token else None
+
+    def check(self, segment: list[int]) -> str | None:
+        token = segment[-1]
+        if token in self.eos_ids:
+            return "eos"
+        if self.single_token:
+            return self.by_id.get(token)
+        tail = self.tokenizer.decode(segment[-8:], skip_special_tokens=False)
+        for tag, kind in _STOP_TAGS.items():
+            if tag in tail:
+                return kind
+        return None
+
+
+def _as_list(value) -> list[int]:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def decode(tokenizer, ids: list[int]) -> str:
+    """Text of ``ids`` with tags kept and padding / EOS / BOS dropped."""
+    drop = set(_as_list(tokenizer.pad_token_id)) | set(_as_list(tokenizer.eos_token_id)) \
+        | set(_as_list(tokenizer.bos_token_id))
+    return tokenizer.decode([i for i in ids if i not in drop], skip_special_tokens=False)
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def prompt_style(tokenizer, config: RolloutConfig) -> str:
+    if config.prompt_style != "auto":
+        return config.prompt_style
+    return "chat" if getattr(tokenizer, "chat_template", None) else "plain"
+
+
+def _pick(logits: torch.Tensor, config: RolloutConfig, generator: torch.Generator) -> torch.Tensor:
+    if config.temperature == 0.0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits / config.temperature, dim=-1)
+    if config.top_p < 1.0:
+        sorted_probs, order = probs.sort(-1, descending=True)
+        outside = sorted_probs.cumsum(-1) - sorted_probs > config.top_p  # keeps at least the top token
+        sorted_probs = sorted_probs.masked_fill(outside, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+    return torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(-1).to(logits.device)
+
+
+# --------------------------------------------------------------------------- rollout
+@torch.no_grad()
+def rollout(model, tokenizer, tasks: list[Task], env: AgentEnv, config: RolloutConfig = RolloutConfig(),
+            seed: int = 0, row_hook: Callable[[list[int]], None] | None = None) -> RolloutBatch:
+    """Run ``tasks`` as one batch of agent trajectories. ``row_hook(rows)`` is called before every
+    forward pass with the original batch-row indices of the rows in that pass."""
+    start_time = time.perf_counter()
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    stops = StopMatcher(tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else _as_list(tokenizer.eos_token_id)[0]
+    limits = {"python": env.limits["python"] if config.max_python_calls is None else config.max_python_calls,
+              "search": env.limits["search"] if config.max_search_calls is None else config.max_search_calls}
+    style = prompt_style(tokenizer, config)
+    prompt_ids = [encode(tokenizer, format_prompt(t, style, tokenizer, limits["python"], limits["search"]))
+                  for t in tasks]
+    n = len(tasks)
+    completion = [[] for _ in range(n)]
+    mask = [[] for _ in range(n)]
+    segment = [[] for _ in range(n)]
+    model_parts = [[] for _ in range(n)]
+    calls = [{"python": 0, "search": 0} for _ in range(n)]
+    finish = [""] * n
+    turns = [0] * n
+    generator = torch.Generator().manual_seed(seed)
+
+    rows = list(range(n))                       # original index of each batch row
+    pending = [list(p) for p in prompt_ids]     # tokens to feed, per batch row
+    generating = [True] * n                     # per batch row: wants a new token after this feed
+    seen = torch.zeros(n, dtype=torch.long, device=device)   # real tokens fed so far, per batch row
+    attention = torch.zeros(n, 0, dtype=torch.long, device=device)
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    # transformers 5.x names the cache argument `cache`; older model classes call it past_key_values.
+    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    forwards = 0
+
+    while rows:
+        width = max(len(p) for p in pending)
+        chunk = torch.full((len(rows), width), pad_id, dtype=torch.long)
+        chunk_mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, p in enumerate(pending):
+            if p:  # left-pad, so the last column is every feeding row's newest token
+                chunk[i, width - len(p):] = torch.tensor(p)
+                chunk_mask[i, width - len(p):] = 1
+        chunk, chunk_mask = chunk.to(device), chunk_mask.to(device)
+        positions = (seen[:, None] + chunk_mask.cumsum(1) - 1).clamp_min(0)
+        attention = torch.cat([attention, chunk_mask], dim=1)
+        seen = seen + chunk_mask.sum(1)
+        if row_hook is not None:
+            row_hook(list(rows))
+        out = model(input_ids=chunk, attention_mask=attention, position_ids=positions, use_cache=True,
+                    logits_to_keep=1, **{cache_arg: cache})
+        forwards += 1
+        logits = out.logits[:, -1, :].float()
+        if pad_id not in stops.eos_ids:  # padding is never a real next token
+            logits[:, pad_id] = float("-inf")
+        new_tokens = _pick(logits, config, generator).tolist()
+
+        pending = [[] for _ in rows]
+        for i, r in enumerate(rows):
+            if not generating[i]:
+                continue
+            token = new_tokens[i]
+            completion[r].append(token)
+            mask[r].append(1)
+            segment[r].append(token)
+            pending[i] = [token]
+            stop = stops.check(segment[r])
+            if stop is None:
+                n_model = sum(mask[r])
+                if n_model >= config.max_new_tokens:
+                    stop = "tokens"
+                elif len(prompt_ids[r]) + len(completion[r]) >= config.max_context:
+                    stop = "context"
+            if stop is not None:
+                generating[i] = False
+                finish[r] = stop
+        if any(generating):
+            continue
+
+        # every row has stopped: run the batch's tool calls, then resume or retire each row
+        tool_rows = {"python": [], "search": []}
+        for i, r in enumerate(rows):
+            text = decode(tokenizer, segment[r])
+            model_parts[r].append(text)
+            segment[r] = []
+            turns[r] += 1
+            if finish[r] in ("python", "search"):
+                tool_rows[finish[r]].append((i, r, text))
+        observations: dict[int, str] = {}
+        for tool, runner in (("python", env.run_python), ("search", env.run_search)):
+            valid = []
+            for i, r, text in tool_rows[tool]:
+                body = last_call(text, tool)
+                if calls[r][tool] >= limits[tool]:
+                    observations[r] = error_observation(tool, f"{tool} call limit ({limits[tool]}) reached")
+                elif body is None or not body.strip():
+                    observations[r] = error_observation(tool, f"invalid call: write <{tool}>...</{tool}>")
+                else:
+                    calls[r][tool] += 1
+                    valid.append((r, body.strip() if tool == "search" else body))
+            for (r, _), obs in zip(valid, runner([b for _, b in valid]) if valid else []):
+                observations[r] = obs
+        keep = []
+        for i, r in enumerate(rows):
+            if r in observations:
+                obs_ids = encode(tokenizer, observations[r])
+                if turns[r] >= config.max_turns:
+                    finish[r] = "turns"
+                elif len(prompt_ids[r]) + len(completion[r]) + len(obs_ids) + 1 > config.max_context:
+                    finish[r] = "context"
+                else:
+                    completion[r].extend(obs_ids)
+                    mask[r].extend([0] * len(obs_ids))
+                    pending[i] = pending[i] + obs_ids
+                    keep.append(i)
+        if not keep:
+            break
+        index = torch.tensor(keep, device=device)
+        cache.batch_select_indices(index)
+        attention, seen = attention[index], seen[index]
+        rows = [rows[i] for i in keep]
+        pending = [pending[i] for i in keep]
+        generating = [True] * len(rows)
+
+    if was_training:
+        model.train()
+    model_texts = ["".join(parts) for parts in model_parts]
+    answers = [t.answers for t in tasks]
+    prompts = [decode(tokenizer, p) for p in prompt_ids]
+    details = env.details(prompts, model_texts, answers)
+    return RolloutBatch(
+        tasks=list(tasks), prompt_ids=prompt_ids, completion_ids=completion, model_mask=mask,
+        texts=[decode(tokenizer, c) for c in completion],
+        rewards=env.reward(prompts, model_texts, answers, calls),
+        scores=[d[env.score_key()] for d in details], tool_calls=calls, model_texts=model_texts,
+        finish_reasons=finish, details=details, elapsed_s=time.perf_counter() - start_time,
+        forward_calls=forwards)
+
+
+def evaluate(model, tokenizer, tasks: list[Task], env: AgentEnv, config: RolloutConfig = RolloutConfig(),
+             seed: int = 0, return_batches: bool = False) -> dict:
+    """Mean metrics over ``tasks`` (rolled out in chunks of ``config.batch_size``).
+
+    Keys: ``score`` (accuracy for math, F1 for QA), ``accuracy`` (math) or ``f1``/``em``/``acc`` (QA),
+    ``mean_reward``, ``format_ok_rate`` (answer block and boxed answer present), ``mean_python_calls``,
+    ``mean_search_calls``, ``tool_use_rate``, ``mean_new_tokens``, ``new_tokens_per_s``,
+    ``score_by_difficulty`` ({difficulty: mean score}), plus ``batches`` if asked.
+    """
+    if not tasks:
+        raise ValueError("evaluate() needs at least one task")
+    batches = [rollout(model, tokenizer, tasks[i:i + config.batch_size], env, config, seed + i)
+               for i in range(0, len(tasks), config.batch_size)]
+    scores = [s for b in batches for s in b.scores]
+    calls = [c for b in batches for c in b.tool_calls]
+    n = len(scores)
+    result = {
+        "n": n,
+        "score": sum(scores) / n,
+        "mean_reward": sum(r for b in batches for r in b.rewards) / n,
+        "format_ok_rate": sum(format_reward_value(t) == 0.0 for b in batches for t in b.model_texts) / n,
+        "mean_python_calls": sum(c["python"] for c in calls) / n,
+        "mean_search_calls": sum(c["search"] for c in calls) / n,
+        "tool_use_rate": sum(c["python"] + c["search"] > 0 for c in calls) / n,
+        "mean_new_tokens": sum(b.new_tokens for b in batches) / n,
+        "new_tokens_per_s": sum(b.new_tokens for b in batches) / max(sum(b.elapsed_s for b in batches), 1e-9),
+    }
+    if env.kind == "math":
+        result["accuracy"] = result["score"]
+    else:
+        for key in ("acc", "em", "f1"):
+            result[key] = sum(d[key] for b in batches for d in b.details) / n
+    by_difficulty: dict[int, list[float]] = {}
+    for b in batches:
+        for task, score in zip(b.tasks, b.scores):
+            by_difficulty.setdefault(task.difficulty, []).append(score)
+    result["score_by_difficulty"] = {d: sum(v) / len(v) for d, v in sorted(by_difficulty.items())}
+    if return_batches:
+        result["batches"] = batches
+    return result

@@ -1,0 +1,337 @@
+"""The substrate: a locally trained tokenizer, small Qwen3 models, and the warm start.
+
+- Tokenizer: byte-level BPE trained with ``tokenizers`` on the training problems, gold traces and
+  search corpora of both task kinds; digits are single tokens and every protocol tag
+  (``<python>``, ``</answer>``, ...) is one token, so a turn ends on one token id. The vocabulary is
+  small because generation speed depends on it.
+- Models: ``Qwen3ForCausalLM`` from a ``Qwen3Config`` (tied embeddings, fp32), sized per profile
+  (:data:`MODEL_SIZES`).
+- Warm start: supervised training on the gold tool-use traces (loss on model-written tokens only,
+  not on tool observations) for a FIXED number of steps per profile, so the base model follows the
+  protocol but is far from perfect. The accuracy curve is steep (FINDINGS.md), so the step counts
+  were chosen by evaluating often during development and are then fixed; they are not tuned per
+  seed. Cached under ``cache/<profile>/`` (key: config + data ids + library version).
+
+Departure from the paper: the paper post-trains Qwen3.5-4B, a model that already knows tool use;
+the smoke and cpu profiles must first *teach* a 0.1-10M-parameter model the protocol. The gpu
+profile loads a local HF checkpoint (``MODEL_PATH``) instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from copes_lib import runs
+from copes_lib.config import ConfigError, NotebookParams, build, param, profile_params
+
+PAD, EOS = "<pad>", "<eos>"
+
+#: Qwen3 shapes per size name (parameter counts with the default vocabulary in the docstring table
+#: of notebook 01).
+MODEL_SIZES = {
+    "smoke": dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16),
+    "cpu": dict(hidden_size=160, intermediate_size=448, num_hidden_layers=4, num_attention_heads=5,
+                num_key_value_heads=5, head_dim=32),
+    "cpu-large": dict(hidden_size=320, intermediate_size=768, num_hidden_layers=4, num_attention_heads=5,
+                      num_key_value_heads=5, head_dim=64),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class SubstrateNotebookParams(NotebookParams):
+    """Parameters of notebook 01_substrate_and_agent (defaults = the cpu profile). ``warm_start``
+    reads the same values from ``profiles/<profile>.yaml``, so every notebook uses one substrate."""
+
+    MODEL_SIZE: str = param("cpu", "Qwen3 shape of the miniature", choices=tuple(MODEL_SIZES))
+    VOCAB_SIZE: int = param(640, "BPE vocabulary size of the miniature's tokenizer", ge=300, le=8192)
+    MAX_CONTEXT: int = param(384, "longest prompt + trajectory in tokens (model positions)", ge=64)
+    WARM_MATH_STEPS: int = param(300, "warm-start optimizer steps on math traces (fixed per profile)", ge=0)
+    WARM_QA_STEPS: int = param(300, "warm-start optimizer steps on QA traces (fixed per profile)", ge=0)
+    WARM_BATCH: int = param(32, "warm-start traces per step", ge=1)
+    WARM_LR: float = param(3e-3, "warm-start AdamW learning rate (after a linear warmup)", gt=0.0)
+    WARM_WARMUP: int = param(20, "linear learning-rate warmup steps", ge=0)
+    WARM_EVAL_EVERY: int = param(50, "evaluate the warm start every this many steps (curve)", ge=1)
+    WARM_EVAL_PROBLEMS: int = param(128, "validation problems per curve point", ge=1)
+    EVAL_BATCH: int = param(256, "trajectories per rollout batch when evaluating", ge=1)
+    MAX_NEW_TOKENS: int = param(64, "model-written tokens per trajectory", ge=8)
+    N_TRAJECTORIES: int = param(4, "trajectories rendered per task kind", ge=0)
+    BENCH_BATCH: int = param(64, "batch of the rollout-throughput measurement", ge=1)
+    MODEL_PATH: str = param("", "gpu profile: local HF checkpoint folder (e.g. Qwen3.5-4B)")
+    MATH_TRAIN_JSONL: str = param("", "gpu profile: MATH train JSONL (problem, solution, type)")
+    MATH_TEST_JSONL: str = param("", "gpu profile: MATH test JSONL (MATH-500 / MATH-Test format)")
+    QA_TRAIN_JSONL: str = param("", "gpu profile: HotpotQA train JSONL")
+    QA_TEST_JSONL: str = param("", "gpu profile: QA test JSONL (HotpotQA / 2Wiki / MuSiQue format)")
+    SEARCH_CORPUS_JSONL: str = param("", "gpu profile: search corpus JSONL (id, title, text | contents)")
+    VAL_HOLDOUT: int = param(750, "gpu profile: training problems held out for validation (paper: 750)", ge=1)
+
+    def check(self) -> None:
+        if self.PROFILE != "gpu" and self.MODEL_SIZE not in MODEL_SIZES:
+            raise ConfigError(f"MODEL_SIZE = {self.MODEL_SIZE!r}; valid values: {list(MODEL_SIZES)}")
+
+
+def substrate_params(profile: str) -> SubstrateNotebookParams:
+    """Notebook 01's parameters under ``profile`` (profile yaml over the dataclass defaults)."""
+    return build(SubstrateNotebookParams, {**profile_params(profile, "01_substrate_and_agent"), "PROFILE": profile})
+
+
+# --------------------------------------------------------------------------- tokenizer
+def train_tokenizer(texts: list[str], vocab_size: int):
+    """A byte-level BPE tokenizer (digits and whitespace split, protocol tags as single tokens), left padding."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from copes_lib.tasks import TAGS
+
+    tok = Tokenizer(models.BPE())
+    # Whitespace is its own token, so a name tokenizes the same after a space, a tag or a brace:
+    # copying "Vinqua" from a passage into a query or an answer is then copying the same ids.
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(r"\s"), behavior="isolated"),
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    special = [PAD, EOS, *TAGS]
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special, min_frequency=2,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS, padding_side="left",
+                                   extra_special_tokens={})
+
+
+def tokenizer_texts(profile: str) -> list[str]:
+    """Training text of the tokenizer: train-split prompts and traces, and both search corpora."""
+    from copes_lib.tasks import format_prompt, load_passages, load_tasks
+
+    texts = []
+    for kind in ("math", "qa"):
+        texts += [format_prompt(t) + t.reference for t in load_tasks(profile, kind, "train")]
+        texts += [text for _, _, text in load_passages(profile, kind)]
+    return texts
+
+
+def get_tokenizer(profile: str, params: SubstrateNotebookParams | None = None, force: bool = False):
+    """The profile's tokenizer, trained once and cached."""
+    from transformers import AutoTokenizer
+
+    from copes_lib.tasks import task_ids
+
+    import hashlib
+
+    params = params or substrate_params(profile)
+    texts = tokenizer_texts(profile)
+    digest = hashlib.sha256("\n".join(texts).encode()).hexdigest()
+    folder = runs.cache_dir(profile, "tokenizer", runs.cache_key({"vocab_size": params.VOCAB_SIZE, "texts": digest}))
+    final = folder / "tokenizer"
+    if force or not final.exists():
+        tokenizer = train_tokenizer(texts, params.VOCAB_SIZE)
+        _save_atomically(folder, "tokenizer", tokenizer.save_pretrained)
+    return AutoTokenizer.from_pretrained(final, padding_side="left")
+
+
+def _save_atomically(folder: Path, name: str, save) -> Path:
+    """Write with ``save(tmp_folder)`` and rename into ``folder/name`` (a complete folder or none)."""
+    tmp = folder / f".{name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    save(tmp)
+    final = folder / name
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    return final
+
+
+# --------------------------------------------------------------------------- models
+def model_config(size: str, vocab_size: int, max_positions: int = 512, tokenizer=None):
+    from transformers import Qwen3Config
+
+    if size not in MODEL_SIZES:
+        raise ConfigError(f"size = {size!r} is not valid; valid values: {list(MODEL_SIZES)}")
+    ids = {}
+    if tokenizer is not None:
+        ids = {"pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id,
+               "bos_token_id": tokenizer.eos_token_id}
+    return Qwen3Config(vocab_size=vocab_size, max_position_embeddings=max_positions, tie_word_embeddings=True,
+                       rope_parameters={"rope_type": "default", "rope_theta": 1e4}, **MODEL_SIZES[size], **ids)
+
+
+def build_model(size: str, vocab_size: int, seed: int, max_positions: int = 512, tokenizer=None,
+                device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
+    """A freshly initialised Qwen3ForCausalLM (deterministic in ``seed``)."""
+    from transformers import Qwen3ForCausalLM
+
+    config = model_config(size, vocab_size, max_positions, tokenizer)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(seed)
+    return Qwen3ForCausalLM(config).to(device=device, dtype=dtype)
+
+
+def count_params(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def load_pretrained(path: str, device: str | torch.device | None = None, dtype: torch.dtype | None = None):
+    """(model, tokenizer) of a local HF checkpoint; nothing is downloaded."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not path or not Path(path).exists():
+        raise ConfigError(f"MODEL_PATH = {path!r} does not exist: the gpu profile needs a local HF checkpoint "
+                          "folder; set MODEL_PATH in profiles/gpu.yaml (01_substrate_and_agent)")
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = dtype or (torch.bfloat16 if str(device).startswith("cuda") else torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left", local_files_only=True)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True).to(device)
+    return model, tokenizer
+
+
+# --------------------------------------------------------------------------- warm start
+def encode_trace(tokenizer, task, max_len: int) -> tuple[list[int], list[int]]:
+    """(ids, loss_mask) of prompt + gold trace; the mask is 1 on model-written tokens only. Segments
+    are tokenised separately, exactly as the rollout sees them."""
+    from copes_lib.tasks import format_prompt, split_trace
+
+    from copes_lib.rollout import encode
+
+    ids = encode(tokenizer, format_prompt(task))
+    mask = [0] * len(ids)
+    for text, by_model in split_trace(task.reference):
+        piece = encode(tokenizer, text)
+        ids += piece
+        mask += [int(by_model)] * len(piece)
+    if len(ids) > max_len:
+        raise ValueError(f"task {task.id}: trace of {len(ids)} tokens exceeds MAX_CONTEXT = {max_len}")
+    return ids, mask
+
+
+def _warm_config(params: SubstrateNotebookParams, kind: str, seed: int) -> dict:
+    steps = params.WARM_MATH_STEPS if kind == "math" else params.WARM_QA_STEPS
+    return {"kind": kind, "seed": seed, "size": params.MODEL_SIZE, "vocab_size": params.VOCAB_SIZE,
+            "max_context": params.MAX_CONTEXT, "steps": steps, "batch": params.WARM_BATCH, "lr": params.WARM_LR,
+            "warmup": params.WARM_WARMUP, "eval_every": params.WARM_EVAL_EVERY,
+            "eval_problems": params.WARM_EVAL_PROBLEMS, "max_new_tokens": params.MAX_NEW_TOKENS}
+
+
+def warm_rollout_config(params: SubstrateNotebookParams):
+    """The rollout settings of the warm start's curve and of notebook 01's base evaluation."""
+    from copes_lib.rollout import RolloutConfig
+
+    return RolloutConfig(max_new_tokens=params.MAX_NEW_TOKENS, max_context=params.MAX_CONTEXT,
+                         batch_size=params.EVAL_BATCH, prompt_style="plain")
+
+
+def train_warm_start(model, tokenizer, train_tasks, val_tasks, env, steps: int, batch: int, lr: float,
+                     warmup: int, seed: int, eval_every: int, max_context: int, rollout_config,
+                     log=print, on_point=None) -> list[dict]:
+    """Supervised training on gold traces; returns the curve [{step, loss, val_score, time_s}]."""
+    from copes_lib.rollout import evaluate
+
+    examples = [encode_trace(tokenizer, t, max_context) for t in train_tasks]
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, warmup)))
+    pad = tokenizer.pad_token_id
+    curve, losses, t0 = [], [], time.perf_counter()
+
+    def point(step: int) -> None:
+        score = evaluate(model, tokenizer, val_tasks, env, rollout_config, seed=seed)["score"] if val_tasks else float("nan")
+        curve.append({"step": step, "loss": sum(losses) / len(losses) if losses else float("nan"),
+                      "val_score": score, "time_s": time.perf_counter() - t0})
+        losses.clear()
+        log(f"[warm_start {env.kind}] step {step} loss={curve[-1]['loss']:.4f} val_score={score:.3f} "
+            f"t={curve[-1]['time_s']:.0f}s")
+        if on_point is not None:
+            on_point(step, model, curve)
+
+    point(0)
+    model.train()
+    for step in range(1, steps + 1):
+        picks = torch.randint(len(examples), (batch,), generator=generator).tolist()
+        width = max(len(examples[i][0]) for i in picks)
+        ids = torch.full((batch, width), pad, dtype=torch.long)
+        labels = torch.full((batch, width), -100, dtype=torch.long)
+        attention = torch.zeros((batch, width), dtype=torch.long)
+        for row, i in enumerate(picks):
+            x, m = examples[i]
+            ids[row, :len(x)] = torch.tensor(x)
+            attention[row, :len(x)] = 1
+            labels[row, :len(x)] = torch.where(torch.tensor(m, dtype=torch.bool), torch.tensor(x), -100)
+        device = model.device
+        loss = model(input_ids=ids.to(device), attention_mask=attention.to(device), labels=labels.to(device)).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        losses.append(loss.item())
+        if step % eval_every == 0 or step == steps:
+            point(step)
+            model.train()
+    model.eval()
+    return curve
+
+
+def warm_start(profile: str, kind: str = "math", seed: int = 0, force: bool = False,
+               params: SubstrateNotebookParams | None = None, log=print):
+    """(model, tokenizer, info) of the profile's base model for ``kind``. Trained once, cached.
+
+    In the gpu profile it loads ``MODEL_PATH`` (a local checkpoint) instead of training.
+    ``info``: steps, params, curve (list of {step, loss, val_score, time_s}), train_time_s, cache_dir,
+    cached (whether it came from the cache).
+    """
+    from copes_lib.rollout import make_env
+    from copes_lib.tasks import TASK_KINDS, load_tasks, task_ids
+
+    if kind not in TASK_KINDS:
+        raise ConfigError(f"kind = {kind!r} is not valid; valid values: {list(TASK_KINDS)}")
+    params = params or substrate_params(profile)
+    if profile == "gpu":
+        model, tokenizer = load_pretrained(params.MODEL_PATH)
+        return model, tokenizer, {"steps": 0, "params": count_params(model), "curve": [], "cached": True,
+                                  "cache_dir": params.MODEL_PATH, "train_time_s": 0.0}
+    from transformers import Qwen3ForCausalLM
+
+    tokenizer = get_tokenizer(profile, params)
+    config = _warm_config(params, kind, seed)
+    ids = task_ids(profile, kind, "train") + task_ids(profile, kind, "val")
+    folder = runs.cache_dir(profile, f"warm-{kind}", runs.cache_key(config, ids))
+    if not force and (folder / "model").exists() and (folder / "info.json").exists():
+        model = Qwen3ForCausalLM.from_pretrained(folder / "model", dtype=torch.float32)
+        model.eval()
+        info = {**runs.read_json(folder / "info.json"), "cached": True}
+        return model, tokenizer, info
+
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    model = build_model(params.MODEL_SIZE, len(tokenizer), seed, params.MAX_CONTEXT, tokenizer)
+    val = load_tasks(profile, kind, "val")[: params.WARM_EVAL_PROBLEMS]
+    t0 = time.perf_counter()
+    with make_env(kind, profile) as env:
+        curve = train_warm_start(model, tokenizer, load_tasks(profile, kind, "train"), val, env,
+                                 config["steps"], params.WARM_BATCH, params.WARM_LR, params.WARM_WARMUP, seed,
+                                 params.WARM_EVAL_EVERY, params.MAX_CONTEXT, warm_rollout_config(params), log)
+    info = {"kind": kind, "steps": config["steps"], "params": count_params(model), "curve": curve,
+            "train_time_s": time.perf_counter() - t0, "cache_dir": str(folder), "config": config}
+    _save_atomically(folder, "model", model.save_pretrained)
+    runs.atomic_write_json(folder / "info.json", info)
+    return model, tokenizer, {**info, "cached": False}
+
+
+def describe(model, tokenizer) -> dict:
+    """Size facts of a substrate (for tables)."""
+    cfg = model.config
+    return {"params": count_params(model), "vocab_size": len(tokenizer), "layers": cfg.num_hidden_layers,
+            "hidden": cfg.hidden_size, "heads": cfg.num_attention_heads, "kv_heads": cfg.num_key_value_heads,
+            "intermediate": cfg.intermediate_size}
+
+
+__all__ = ["SubstrateNotebookParams", "MODEL_SIZES", "substrate_params", "train_tokenizer", "get_tokenizer",
+           "build_model", "model_config", "count_params", "load_pretrained", "encode_trace", "warm_start",
+           "train_warm_start", "warm_rollout_config", "describe", "json"]

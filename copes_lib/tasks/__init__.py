@@ -1,0 +1,221 @@
+"""Tasks of the agent: the generated math and multi-hop QA miniatures, and real data for the gpu profile.
+
+``load_tasks(profile, kind, split)`` is the entry point. For ``smoke`` and ``cpu`` the problems are
+generated deterministically; the split id lists are saved in ``data/splits/<profile>_<kind>.json``
+with a fingerprint of their content, checked on every load (a changed generator fails loudly instead
+of silently changing the validation set). Splits are disjoint in ids and in question text, and
+validation/test problems come from a "world" of entities disjoint from training (see
+:mod:`copes_lib.tasks.math_tasks`, :mod:`copes_lib.tasks.qa_tasks`). The ``gpu`` profile reads the
+local JSONL paths of notebook 01's parameters (``profiles/gpu.yaml``).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from pathlib import Path
+
+from copes_lib.config import REPO_ROOT, ConfigError
+from copes_lib.tasks.math_tasks import generate_math_tasks, make_fact_items
+from copes_lib.tasks.protocol import (
+    SPLITS,
+    TAGS,
+    TASK_KINDS,
+    Task,
+    format_prompt,
+    python_observation,
+    search_observation,
+    split_trace,
+)
+from copes_lib.tasks.qa_tasks import generate_qa_tasks, make_knowledge_base
+from copes_lib.tasks.rewards import (
+    extract_answer,
+    format_reward,
+    math_correctness,
+    math_equal,
+    math_reward,
+    qa_metrics,
+    qa_reward,
+    qa_scores,
+)
+
+__all__ = ["Task", "load_tasks", "load_passages", "task_ids", "SPLITS", "TASK_KINDS", "TAGS", "SEARCH_K",
+           "TOOL_LIMITS", "format_prompt", "split_trace", "extract_answer", "math_reward", "qa_reward",
+           "format_reward", "math_correctness", "qa_scores", "qa_metrics", "math_equal", "GENERATED_SIZES"]
+
+SPLITS_DIR = REPO_ROOT / "data" / "splits"
+#: PAPERS.md A4: math allows 3 search + 5 Python calls, QA 5 + 5.
+TOOL_LIMITS = {"math": {"python": 5, "search": 3}, "qa": {"python": 5, "search": 5}}
+#: passages returned per search call in the miniature (short contexts for tiny models).
+SEARCH_K = {"math": 1, "qa": 1}
+DATA_SEED = 1234  # the generated world is the same for every experiment seed
+
+#: Sizes of the generated miniature per profile (train / val / test problems, world sizes).
+GENERATED_SIZES = {
+    "smoke": {"math": {"train": 3000, "val": 64, "test": 64, "fact_items": 30},
+              "qa": {"train": 2000, "val": 64, "test": 64, "people": 500, "cities": 60, "companies": 500}},
+    "cpu": {"math": {"train": 10000, "val": 512, "test": 512, "fact_items": 150},
+            "qa": {"train": 5000, "val": 512, "test": 512, "people": 1100, "cities": 150, "companies": 1100}},
+}
+
+
+def _check(profile: str, kind: str, split: str | None = None) -> None:
+    if profile not in ("smoke", "cpu", "gpu"):
+        raise ConfigError(f"profile = {profile!r} is not valid; valid values: ['smoke', 'cpu', 'gpu']")
+    if kind not in TASK_KINDS:
+        raise ConfigError(f"kind = {kind!r} is not valid; valid values: {list(TASK_KINDS)}")
+    if split is not None and split not in SPLITS:
+        raise ConfigError(f"split = {split!r} is not valid; valid values: {list(SPLITS)}")
+
+
+# --------------------------------------------------------------------------- generated miniature
+@functools.lru_cache(maxsize=8)
+def _generated_world(profile: str, kind: str) -> tuple[list[tuple[str, str, str]], dict, dict]:
+    """(passages, {split: tasks without references}, {split: gold plans})."""
+    sizes = GENERATED_SIZES[profile][kind]
+    if kind == "math":
+        facts = make_fact_items(sizes["fact_items"], DATA_SEED)
+        passages = [(f"fact-{world}-{i}", f.name, f.passage())
+                    for world in ("train", "eval") for i, f in enumerate(facts[world])]
+        train, train_plans = generate_math_tasks(sizes["train"], DATA_SEED, "train", facts["train"])
+        held, held_plans = generate_math_tasks(sizes["val"] + sizes["test"], DATA_SEED, "eval", facts["eval"],
+                                               exclude={t.question for t in train})
+    else:
+        kb = make_knowledge_base(sizes["people"], sizes["cities"], sizes["companies"], DATA_SEED)
+        passages = kb.passages()
+        train, train_plans = generate_qa_tasks(sizes["train"], DATA_SEED, "train", kb)
+        held, held_plans = generate_qa_tasks(sizes["val"] + sizes["test"], DATA_SEED, "eval", kb)
+    n_val = sizes["val"]
+    tasks = {"train": train, "val": held[:n_val], "test": held[n_val:]}
+    plans = {"train": train_plans, "val": held_plans[:n_val], "test": held_plans[n_val:]}
+    return passages, tasks, plans
+
+
+@functools.lru_cache(maxsize=4)
+def _retriever(profile: str, kind: str):
+    from copes_lib.tools import BM25Retriever, Passage
+
+    return BM25Retriever([Passage(i, t, x) for i, t, x in load_passages(profile, kind)])
+
+
+def _reference(plan: list, answer: str, passages: list[list]) -> str:
+    """A gold trace: the plan's tool calls with the observations the real tools return."""
+    parts, searches = [], iter(passages)
+    for step in plan:
+        if step[0] == "search":
+            parts.append(f"<search>{step[1]}</search>{search_observation([p.text for p in next(searches)])}")
+        else:
+            parts.append(f"<python>{step[1]}</python>{python_observation(step[2])}")
+    return "".join(parts) + f"<answer>\\boxed{{{answer}}}</answer>"
+
+
+@functools.lru_cache(maxsize=8)
+def _generated_tasks(profile: str, kind: str) -> dict[str, list[Task]]:
+    _, tasks, plans = _generated_world(profile, kind)
+    retriever = _retriever(profile, kind)
+    out = {}
+    for split in SPLITS:
+        queries = sorted({step[1] for plan in plans[split] for step in plan if step[0] == "search"})
+        results = dict(zip(queries, retriever.search(queries, SEARCH_K[kind]) if queries else []))
+        with_refs = []
+        for task, plan in zip(tasks[split], plans[split]):
+            found = [results[step[1]] for step in plan if step[0] == "search"]
+            with_refs.append(Task(task.id, task.kind, task.question, task.answers, task.difficulty,
+                                  _reference(plan, task.answers[0], found)))
+        out[split] = with_refs
+    _check_split_file(profile, kind, out)
+    return out
+
+
+def _fingerprint(tasks: list[Task]) -> str:
+    blob = "\n".join(f"{t.id}\t{t.question}\t{'|'.join(t.answers)}" for t in tasks)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def split_file(profile: str, kind: str) -> Path:
+    return SPLITS_DIR / f"{profile}_{kind}.json"
+
+
+def _check_split_file(profile: str, kind: str, tasks: dict[str, list[Task]]) -> None:
+    """Save the split id lists on first use; afterwards check them (ids, content, disjointness)."""
+    from copes_lib.runs import atomic_write_json, read_json
+
+    ids = {s: [t.id for t in tasks[s]] for s in SPLITS}
+    for a in SPLITS:
+        for b in SPLITS:
+            if a < b and (set(ids[a]) & set(ids[b]) or {t.question for t in tasks[a]} & {t.question for t in tasks[b]}):
+                raise ValueError(f"{profile}/{kind}: splits {a} and {b} overlap")
+    record = {"profile": profile, "kind": kind, "ids": ids,
+              "fingerprint": {s: _fingerprint(tasks[s]) for s in SPLITS}}
+    path = split_file(profile, kind)
+    if not path.exists():
+        atomic_write_json(path, record)
+        return
+    saved = read_json(path)
+    if saved["ids"] != ids or saved["fingerprint"] != record["fingerprint"]:
+        raise ValueError(f"{path} does not match the generated {kind} tasks of profile {profile!r}: the "
+                         "generator changed. Delete the file to regenerate the splits (and bump "
+                         "copes_lib.__version__ so cached models are retrained).")
+
+
+# --------------------------------------------------------------------------- gpu: local files
+def _gpu_paths():
+    from copes_lib.config import build, profile_params
+    from copes_lib.substrate import SubstrateNotebookParams
+
+    return build(SubstrateNotebookParams, {**profile_params("gpu", "01_substrate_and_agent"), "PROFILE": "gpu"})
+
+
+def _require(value: str, name: str) -> str:
+    if not value:
+        raise ConfigError(f"{name} is empty: the gpu profile reads real data from local files; set "
+                          f"{name} in profiles/gpu.yaml (01_substrate_and_agent) to a local JSONL path")
+    return value
+
+
+@functools.lru_cache(maxsize=4)
+def _gpu_tasks(kind: str) -> dict[str, list[Task]]:
+    from copes_lib.tasks.loaders import load_jsonl_tasks, read_jsonl, stratified_holdout
+
+    p = _gpu_paths()
+    if kind == "math":
+        path = _require(p.MATH_TRAIN_JSONL, "MATH_TRAIN_JSONL")
+        rows = read_jsonl(path)
+        tasks = load_jsonl_tasks(path, "math")
+        subjects = {r.get("unique_id"): r.get("type", r.get("subject", "")) for r in rows}
+        strata = [str(subjects.get(t.id, "")) for t in tasks]
+        train, val = stratified_holdout(tasks, p.VAL_HOLDOUT, strata, DATA_SEED)
+        test = load_jsonl_tasks(_require(p.MATH_TEST_JSONL, "MATH_TEST_JSONL"), "math")
+    else:
+        tasks = load_jsonl_tasks(_require(p.QA_TRAIN_JSONL, "QA_TRAIN_JSONL"), "qa")
+        train, val = stratified_holdout(tasks, p.VAL_HOLDOUT, [""] * len(tasks), DATA_SEED)
+        test = load_jsonl_tasks(_require(p.QA_TEST_JSONL, "QA_TEST_JSONL"), "qa")
+    return {"train": train, "val": val, "test": test}
+
+
+# --------------------------------------------------------------------------- public
+def load_tasks(profile: str, kind: str, split: str) -> list[Task]:
+    """The tasks of one split, in a fixed order (a fresh list; Task objects are immutable)."""
+    _check(profile, kind, split)
+    tasks = _gpu_tasks(kind) if profile == "gpu" else _generated_tasks(profile, kind)
+    return list(tasks[split])
+
+
+def task_ids(profile: str, kind: str, split: str) -> list[str]:
+    return [t.id for t in load_tasks(profile, kind, split)]
+
+
+def load_passages(profile: str, kind: str) -> list[tuple[str, str, str]]:
+    """(id, title, text) of the search corpus of one task kind."""
+    _check(profile, kind)
+    if profile == "gpu":
+        from copes_lib.tasks.loaders import load_corpus_jsonl
+
+        return load_corpus_jsonl(_require(_gpu_paths().SEARCH_CORPUS_JSONL, "SEARCH_CORPUS_JSONL"))
+    return list(_generated_world(profile, kind)[0])
+
+
+def describe_split_file(profile: str, kind: str) -> dict:
+    """The saved split record (ids per split and fingerprints)."""
+    return json.loads(split_file(profile, kind).read_text())

@@ -1,0 +1,984 @@
+"""A Python sandbox for model-generated code: warm fork servers, rlimits and an audit hook.
+
+The CoPES agent calls a Python tool (up to 5 calls per math trajectory; an ES step runs 40 members x
+64 prompts, so thousands of short calls). The paper does not describe its sandbox; this one is built
+for many short calls.
+
+How a call runs::
+
+    PythonSandbox (host) --pipe--> W zygotes: interpreters started once, allowed modules imported;
+                                   each runs one call at a time
+                                   --fork()--> a child, prepared BEFORE the call arrives: drops
+                                   privileges (when root), sets rlimits, enters its own temp dir,
+                                   then waits for the code; installs the audit hook, exec()s the
+                                   code, reports (ok, output, error) and is killed
+
+The zygote forks the next child right after replying, while the host is busy, so a call does not pay
+for starting an interpreter (tens of ms) nor, mostly, for the fork. ``benchmarks/bench_sandbox.py``
+measures calls/s against ``subprocess.run([python, "-c", code])``. Every call starts from the same
+zygote state: calls cannot see each other's variables or module changes, and one bad call cannot
+damage the next.
+
+Limits of each call: wall-clock timeout (the zygote kills the child's process group), RLIMIT_CPU,
+RLIMIT_AS (``memory_mb`` on top of the warm interpreter), RLIMIT_NPROC = 0 (no new processes or
+threads; the kernel ignores it for root, so a root host runs the children as ``nobody``),
+RLIMIT_FSIZE, RLIMIT_NOFILE, no core files, captured and truncated output, and a hard stop after
+``max_printed_chars`` printed characters. The audit hook (``sys.addaudithook``; it cannot be removed)
+denies sockets, subprocesses, exec/spawn/fork, signals (os.kill, killpg, pthread_kill), ctypes calls,
+rlimit changes, tracing, gc introspection and traceback / generator frames (the ways to the hook's own
+state; ``sys._getframe`` stays allowed for namedtuple, enum and logging), reads outside the Python
+installation and the call's temp dir, writes outside the temp dir, symlinks and hard links, and
+imports of modules outside the standard library and the preloaded packages. os functions that have no
+audit event (pidfd_open, mkfifo, ...) are deleted in the child, together with ``_imp.create_builtin``
+/ ``create_dynamic`` so that no fresh copy of a builtin module brings them back (a consequence: the code
+can import pure-Python modules and what is preloaded, but no extension module that is not). A denied
+action fails the call even if the code catches the exception. Errors come back as Python's last
+traceback line (``NameError: name 'x' is not defined``), so a small model can learn from them.
+
+Determinism: PYTHONHASHSEED=0, ``random`` (and numpy's global RNG when preloaded) are reseeded with 0
+before each call, and object addresses in the output (``<... at 0x7f...>``) are masked. The same code
+therefore gives the same output on any worker; this is what makes the memo sound: with
+``memo_size > 0`` (the default) a successful call's result is reused for identical code (ES members
+often emit the same code). Code that reads the clock or ``os.urandom`` would get a stale value.
+
+Linux only (fork, /proc, rlimits; pidfd when the kernel has it, else polling).
+
+The value of a final expression is NOT printed (unlike a REPL): the agent protocol asks the model to
+``print`` what it wants to see, and an empty output is reported as ``(no output)``.
+
+What this does not protect against -- read before running untrusted models on shared machines. This
+is a best-effort research sandbox, not a security boundary against a determined adversary. The audit
+hook runs inside the same interpreter as the untrusted code: an interpreter bug, a C extension that
+does its work without audit events, or an introspection path not listed above can bypass it. Known
+examples: ``_posixsubprocess.fork_exec`` has no audit event (it cannot be imported, and RLIMIT_NPROC /
+the uid drop stop it if a preloaded package such as sympy has loaded it); preloading numpy or sympy
+loads ctypes, whose already-resolved function pointers (``ctypes.memmove``) call C without audit
+events and can rewrite the interpreter's memory. ``os.stat`` and friends have no audit event, so the
+code can learn whether a path exists. Files are not quota'd beyond RLIMIT_FSIZE per file (the temp dir
+is on /dev/shm when possible, so files use RAM until the call ends). When the host is not root, the
+children run as the host's user: the kernel would let them signal the host or write the host's files,
+and only the audit hook stops that. When the host is root, the children run as ``nobody``, and only
+preloaded modules and files that ``nobody`` may read can be imported. On a GPU cluster or any shared
+machine, add OS isolation: run the suite (or at least the sandbox workers) in a container
+(Docker/Podman/Apptainer) with ``--network none``, a read-only root file system, an unprivileged user,
+seccomp and cgroup memory/pids limits, or use gVisor, nsjail or bubblewrap with network and user
+namespaces.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import queue
+import re
+import select
+import signal
+import struct
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+
+from copes_lib.config import Config, ConfigError, param
+
+# Modules imported once in every zygote; the model's code may import these and the rest of the
+# standard library that is not denied below. Third-party packages are importable only if preloaded.
+DEFAULT_PRELOAD = ("math,cmath,fractions,decimal,statistics,itertools,functools,collections,heapq,"
+                   "bisect,operator,random,re,string,datetime,calendar,json,copy,numbers,typing,"
+                   "dataclasses,textwrap,unicodedata,array,enum,pprint,time,_strptime,hashlib,base64,"
+                   "csv,struct,io,zlib")
+
+# Standard-library modules the sandboxed code may not import: processes, network, native calls,
+# OS-level handles, and modules that read files through C without audit events. (A module the zygote
+# has already loaded, e.g. signal or threading, imports without an audit event; for those, the audit
+# events of what they do are what counts.)
+DENIED_IMPORTS = frozenset({
+    "subprocess", "_posixsubprocess", "multiprocessing", "_multiprocessing", "concurrent", "asyncio",
+    "socket", "_socket", "ssl", "_ssl", "socketserver", "http", "urllib", "ftplib", "smtplib", "poplib",
+    "imaplib", "nntplib", "telnetlib", "xmlrpc", "webbrowser", "ctypes", "_ctypes", "mmap", "pty",
+    "tty", "termios", "fcntl", "resource", "signal", "_signal", "_thread", "threading", "sqlite3",
+    "_sqlite3", "dbm", "_dbm", "_gdbm", "shelve", "pwd", "grp", "spwd", "syslog", "readline", "curses",
+    "_curses", "tkinter", "_tkinter", "turtle", "idlelib", "ensurepip", "venv", "_posixshmem", "pdb",
+    "faulthandler", "tracemalloc", "_tracemalloc", "select", "selectors", "crypt", "_crypt", "_xxsubinterpreters",
+    "_xxinterpchannels",
+})
+
+# Audit events denied outright (prefix match).
+DENIED_EVENTS = (
+    "socket.", "subprocess.", "os.system", "os.exec", "os.spawn", "os.posix_spawn", "os.fork",
+    "os.forkpty", "os.kill", "os.killpg", "signal.", "ctypes.", "resource.", "sys.settrace",
+    "sys.setprofile", "gc.get_",
+    "os.symlink", "os.link", "os.startfile", "pty.", "sqlite3.", "webbrowser.", "urllib.", "http.",
+    "ftplib.", "smtplib.", "poplib.", "imaplib.", "nntplib.", "telnetlib.", "syslog.", "winreg.",
+    "_winapi.", "msvcrt.", "os.add_dll_directory", "cpython.remote_debugger",
+)
+# Attributes that hand out the frames of a traceback or a generator. An exception raised by the hook
+# carries the hook's own frames; from them, its closure (and the rules) would be reachable.
+# (sys._getframe is allowed: namedtuple, enum and logging use it, and it only walks the caller's stack.)
+FRAME_ATTRIBUTES = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
+# Audit events whose path argument must lie inside the call's temp dir (writes) or be readable.
+# (shutil and glob are not listed: they work through the os calls and open(), which are checked.)
+WRITE_EVENTS = ("os.mkdir", "os.rmdir", "os.remove", "os.rename", "os.truncate", "os.chmod", "os.chown",
+                "os.utime", "os.chflags", "os.lchflags", "os.setxattr", "os.removexattr", "os.chdir")
+READ_EVENTS = ("os.listdir", "os.scandir", "os.getxattr", "os.listxattr")
+SANDBOX_UID = SANDBOX_GID = 65534  # 'nobody' / 'nogroup' on Linux (pwd is not loaded: see DENIED_IMPORTS)
+# os functions without audit events that could reach outside the sandbox; removed in every child
+# (builtin modules cannot be reloaded, so the code cannot get them back).
+UNAUDITED_OS_FUNCTIONS = ("pidfd_open", "mkfifo", "mknod", "openpty", "login_tty", "setns", "unshare")
+# For code that uses numpy / sympy (e.g. a pretrained model in the gpu profile). numpy loads some
+# submodules lazily; they are listed because the children cannot load extension modules themselves.
+# Forking a worker with these loaded costs several times more (the bigger the process, the slower
+# the fork), and ctypes comes with numpy (see "What this does not protect against").
+SCIENTIFIC_PRELOAD = DEFAULT_PRELOAD + ",numpy,numpy.random,numpy.linalg,numpy.fft,sympy"
+_HEADER = struct.Struct(">I")
+MAX_CODE_CHARS = 1_000_000
+_ADDRESS = re.compile(r"( at 0x)[0-9a-fA-F]+")  # object addresses in reprs
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxConfig(Config):
+    """Limits and pool size of :class:`PythonSandbox`."""
+
+    timeout_s: float = param(2.0, "wall-clock limit of one call in seconds; the child is killed after it",
+                             gt=0.0, le=600.0)
+    memory_mb: int = param(512, "address space (MiB) the code may allocate on top of the warm interpreter",
+                           ge=16)
+    max_output_chars: int = param(400, "characters of printed output (and of the error) kept in the result",
+                                  ge=1)
+    workers: int = param(2, "warm worker processes; run_many runs this many calls at once", ge=1, le=256)
+    max_printed_chars: int = param(100_000, "a call that prints more than this many characters is stopped "
+                                   "and fails (runaway print loops)", ge=1)
+    file_size_mb: int = param(8, "largest file (MiB) the code may write inside its temp dir (RLIMIT_FSIZE)",
+                              ge=0)
+    memo_size: int = param(4096, "successful results memoised by code string (LRU); 0 disables the memo",
+                           ge=0)
+    preload: str = param(DEFAULT_PRELOAD, "comma-separated modules imported in every worker; only these "
+                         "third-party packages (e.g. add 'numpy,sympy') are importable by the code")
+    temp_root: str = param("", "folder for the per-call temp dirs; '' = /dev/shm when writable (a RAM "
+                           "file system: a temp dir costs microseconds there, milliseconds on disk), else "
+                           "the system temp dir")
+    drop_privileges: bool = param(True, "when the host runs as root, run the code as user 'nobody' so the "
+                                  "kernel enforces RLIMIT_NPROC and file permissions")
+
+    def check(self) -> None:
+        for name in self.preload_modules():
+            if not all(part.isidentifier() for part in name.split(".")):
+                raise ConfigError(f"SandboxConfig.preload: {name!r} is not a module name; "
+                                  "give comma-separated module names such as 'math,numpy'")
+        if self.max_printed_chars < self.max_output_chars:
+            raise ConfigError("SandboxConfig.max_printed_chars must be >= max_output_chars "
+                              f"({self.max_printed_chars} < {self.max_output_chars})")
+
+    def preload_modules(self) -> list[str]:
+        return [name.strip() for name in self.preload.split(",") if name.strip()]
+
+
+@dataclasses.dataclass
+class SandboxResult:
+    """Outcome of one call. ``error`` is "" when ``ok``; ``cached`` marks a memo hit."""
+
+    ok: bool
+    output: str
+    error: str
+    elapsed_s: float
+    cached: bool = False
+
+    def observation(self) -> str:
+        """The text fed back to the model: the output, then the error (Python's last traceback line)."""
+        output = self.output if self.output.strip() else ""
+        if self.ok:
+            return output or "(no output)"
+        return f"{output.rstrip()}\n{self.error}" if output else self.error
+
+
+def python_error(exc: BaseException) -> str:
+    """The last line of the traceback Python would print, e.g. ``NameError: name 'x' is not defined``.
+
+    >>> python_error(NameError("name 'x' is not defined"))
+    "NameError: name 'x' is not defined"
+    >>> python_error(KeyError("a"))
+    "KeyError: 'a'"
+    >>> python_error(ZeroDivisionError())
+    'ZeroDivisionError'
+    """
+    kind = type(exc)
+    name = kind.__qualname__ if kind.__module__ in ("builtins", "__main__") else f"{kind.__module__}.{kind.__qualname__}"
+    if isinstance(exc, SyntaxError):
+        return f"{name}: {exc.msg} (line {exc.lineno})"
+    try:
+        message = str(exc)
+    except BaseException:  # a user-defined __str__ that fails
+        message = "<exception str() failed>"
+    return f"{name}: {message}" if message else name
+
+
+def _truncate(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"\n... [output truncated: {len(text)} characters in total]"
+
+
+# ============================================================================ host side
+class _Worker:
+    """One zygote process and the pipes to it. Used by one thread at a time."""
+
+    def __init__(self, settings: dict):
+        self.settings = settings
+        self.proc = None
+        self.spawn()
+
+    def spawn(self) -> None:
+        import subprocess  # only the host needs it; the zygote must not have it loaded
+
+        env = {
+            "PATH": os.defpath, "LC_ALL": "C.UTF-8", "PYTHONIOENCODING": "utf-8",
+            "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1",
+            "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+            # so the zygote finds copes_lib.config even without an installed package
+            "PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+                                           os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        }
+        # the host makes (and finally removes) the zygote's temp dir, so even a killed zygote leaves none
+        temp_root = self.settings["temp_root"] or ("/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
+        self.base_dir = tempfile.mkdtemp(prefix="copes-sandbox-", dir=temp_root)
+        settings = {**self.settings, "base_dir": self.base_dir}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-s", "-B", os.path.abspath(__file__), json.dumps(settings)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True,
+            start_new_session=True,  # a Ctrl-C in the host's terminal does not reach the zygotes
+        )
+
+    def wait_ready(self, timeout_s: float = 120.0) -> None:
+        reply = self._receive(time.monotonic() + timeout_s)
+        if reply is None or not reply.get("ready"):
+            self.kill()
+            raise RuntimeError(f"sandbox worker failed to start: {reply}")
+        if reply.get("failed"):
+            self.kill()
+            raise ConfigError(f"SandboxConfig.preload: cannot import {reply['failed']} in the sandbox worker")
+
+    def _send(self, code: str) -> None:
+        data = code.encode("utf-8", "replace")
+        self.proc.stdin.write(_HEADER.pack(len(data)) + data)
+        self.proc.stdin.flush()
+
+    def _receive(self, deadline: float) -> dict | None:
+        """The zygote's next message, or None if it died or missed ``deadline``."""
+        fd = self.proc.stdout.fileno()
+        chunks, need, header = [], _HEADER.size, True
+        while need:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+                return None
+            chunk = os.read(fd, need)
+            if not chunk:
+                return None
+            chunks.append(chunk)
+            need -= len(chunk)
+            if not need and header:
+                (need,), chunks, header = _HEADER.unpack(b"".join(chunks)), [], False
+        return json.loads(b"".join(chunks).decode("utf-8"))
+
+    def call(self, code: str, timeout_s: float) -> dict:
+        if self.proc.poll() is not None:  # died between calls: start a fresh one
+            self.restart()
+        try:
+            self._send(code)
+            reply = self._receive(time.monotonic() + timeout_s + 30.0)
+        except (BrokenPipeError, OSError, ValueError):
+            reply = None
+        if reply is None:
+            self.restart()
+            return {"ok": False, "output": "", "elapsed_s": 0.0,
+                    "error": "RuntimeError: the sandbox worker died or stopped responding; it was restarted"}
+        return reply
+
+    def restart(self) -> None:
+        self.kill()
+        self.spawn()
+        self.wait_ready()
+
+    def kill(self) -> None:
+        import shutil
+
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+        if self.proc is not None:
+            self.proc.wait()
+            for stream in (self.proc.stdin, self.proc.stdout):
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+            shutil.rmtree(self.base_dir, ignore_errors=True)
+
+    def close(self, grace_s: float = 2.0) -> None:
+        """Ask the zygote to exit (EOF on its stdin: it removes its temp dir), kill it if it does not."""
+        if self.proc is None:
+            return
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=grace_s)
+        except Exception:  # noqa: BLE001 - any failure here ends in a kill
+            pass
+        self.kill()
+
+
+def _close_workers(workers: list[_Worker], executor: list, owner_pid: int) -> None:
+    if os.getpid() != owner_pid:  # a forked copy of the host must not stop the host's workers
+        return
+    for worker in workers:
+        worker.close()
+    workers.clear()
+    for pool in executor:
+        pool.shutdown(wait=False)
+    executor.clear()
+
+
+class PythonSandbox:
+    """A pool of warm sandbox workers. ``run`` never raises for bad or hostile code.
+
+    >>> with PythonSandbox() as box:                 # doctest: +SKIP
+    ...     box.run("print(2 + 3)").observation()
+    '5\\n'
+    """
+
+    def __init__(self, config: SandboxConfig | None = None):
+        self.config = config if config is not None else SandboxConfig()
+        self._workers: list[_Worker] = []
+        self._executor: list[ThreadPoolExecutor] = []  # a list, so the finalizer can shut it down
+        self._idle: queue.Queue[_Worker] = queue.Queue()
+        self._start_lock = threading.Lock()
+        self._memo: OrderedDict[str, SandboxResult] = OrderedDict()
+        self._memo_lock = threading.Lock()
+        self._closed = False
+        # close the workers even if the caller forgets to (garbage collection or interpreter exit)
+        self._finalizer = weakref.finalize(self, _close_workers, self._workers, self._executor, os.getpid())
+
+    # -- lifecycle
+    def _settings(self) -> dict:
+        c = self.config
+        return {
+            "timeout_s": c.timeout_s, "memory_mb": c.memory_mb, "max_output_chars": c.max_output_chars,
+            "max_printed_chars": c.max_printed_chars, "file_size_mb": c.file_size_mb,
+            "preload": c.preload_modules(), "drop_privileges": c.drop_privileges, "temp_root": c.temp_root,
+        }
+
+    def start(self) -> PythonSandbox:
+        """Start the workers now (otherwise the first call does). Workers start in parallel."""
+        with self._start_lock:
+            if self._closed:
+                raise RuntimeError("PythonSandbox is closed")
+            if not self._workers:
+                fresh = [_Worker(self._settings()) for _ in range(self.config.workers)]
+                try:
+                    for worker in fresh:
+                        worker.wait_ready()
+                except BaseException:
+                    for worker in fresh:
+                        worker.kill()
+                    raise
+                self._workers.extend(fresh)
+                for worker in fresh:
+                    self._idle.put(worker)
+                self._executor.append(ThreadPoolExecutor(self.config.workers, thread_name_prefix="sandbox"))
+        return self
+
+    def close(self) -> None:
+        """Stop every worker process; the sandbox cannot be used afterwards."""
+        with self._start_lock:
+            self._closed = True
+            self._finalizer()
+
+    def __enter__(self) -> PythonSandbox:
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def worker_pids(self) -> list[int]:
+        """Process ids of the zygotes (for tests and monitoring)."""
+        return [w.proc.pid for w in self._workers]
+
+    # -- calls
+    def run(self, code: str) -> SandboxResult:
+        """Run ``code`` in a fresh child of a warm worker; return its output or a Python-style error."""
+        if not isinstance(code, str):
+            raise TypeError(f"code must be a str, got {type(code).__name__}")
+        if len(code) > MAX_CODE_CHARS:
+            return SandboxResult(False, "", f"ValueError: the code is longer than {MAX_CODE_CHARS} characters", 0.0)
+        memo = self._memo_get(code)
+        if memo is not None:
+            return memo
+        if not self._workers:
+            self.start()
+        worker = self._idle.get()
+        try:
+            reply = worker.call(code, self.config.timeout_s)
+        finally:
+            self._idle.put(worker)
+        result = SandboxResult(ok=bool(reply["ok"]), output=reply["output"], error=reply["error"],
+                               elapsed_s=float(reply["elapsed_s"]))
+        if result.ok:
+            self._memo_put(code, result)
+        return result
+
+    def run_many(self, codes: list[str]) -> list[SandboxResult]:
+        """Run every code over the pool in parallel; results keep the order of ``codes``.
+
+        Identical codes in one batch run once when the memo is on.
+        """
+        codes = list(codes)
+        if not codes:
+            return []
+        if not self._workers:
+            self.start()
+        unique = list(dict.fromkeys(codes)) if self.config.memo_size > 0 else codes
+        if len(unique) == 1 or self.config.workers == 1:
+            results = [self.run(code) for code in unique]
+        else:
+            results = list(self._executor[0].map(self.run, unique))
+        if unique is codes:
+            return results
+        by_code = dict(zip(unique, results))
+        first_seen: set[str] = set()
+        ordered = []
+        for code in codes:  # repeats of a code in the batch are memo hits (failures are just copied)
+            result = by_code[code]
+            if code in first_seen:
+                result = dataclasses.replace(result, cached=True, elapsed_s=0.0) if result.ok \
+                    else dataclasses.replace(result)
+            first_seen.add(code)
+            ordered.append(result)
+        return ordered
+
+    def _memo_get(self, code: str) -> SandboxResult | None:
+        if self.config.memo_size == 0:
+            return None
+        with self._memo_lock:
+            hit = self._memo.get(code)
+            if hit is None:
+                return None
+            self._memo.move_to_end(code)
+        return dataclasses.replace(hit, cached=True, elapsed_s=0.0)
+
+    def _memo_put(self, code: str, result: SandboxResult) -> None:
+        if self.config.memo_size == 0:
+            return
+        with self._memo_lock:
+            self._memo[code] = result
+            self._memo.move_to_end(code)
+            while len(self._memo) > self.config.memo_size:
+                self._memo.popitem(last=False)
+
+
+# ============================================================================ zygote side
+# Everything below runs in the zygote (started as ``python sandbox.py SETTINGS``) or in its children.
+def _read_exact(fd: int, n: int) -> bytes | None:
+    chunks = []
+    while n:
+        chunk = os.read(fd, n)
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def _write_message(fd: int, message: dict) -> None:
+    data = json.dumps(message).encode("utf-8")
+    data = _HEADER.pack(len(data)) + data
+    while data:
+        data = data[os.write(fd, data):]
+
+
+class _OutputLimitExceeded(BaseException):
+    """Raised by the capture writer; a BaseException so ``except Exception`` in the code does not eat it."""
+
+
+class _CapturedOutput:
+    """sys.stdout/sys.stderr of a child: keeps the first ``keep`` characters, stops after ``stop``."""
+
+    encoding = "utf-8"
+    errors = "strict"
+
+    def __init__(self, keep: int, stop: int):
+        self.keep, self.stop = keep, stop
+        self.parts: list[str] = []
+        self.kept = 0
+        self.total = 0
+        self.exceeded = False
+
+    def write(self, text: str) -> int:
+        if not isinstance(text, str):
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        self.total += len(text)
+        if self.kept < self.keep:
+            piece = text[: self.keep - self.kept]
+            self.parts.append(piece)
+            self.kept += len(piece)
+        if self.total > self.stop:
+            self.exceeded = True
+            raise _OutputLimitExceeded(f"printed more than {self.stop} characters")
+        return len(text)
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        import io
+
+        raise io.UnsupportedOperation("fileno")
+
+    def text(self) -> str:
+        text = "".join(self.parts)
+        if self.total > self.kept:
+            text += f"\n... [output truncated: {self.total} characters in total]"
+        return text
+
+
+def _make_audit_hook(tmp_dir: str, read_roots: tuple[str, ...], importable: frozenset, blocked: list):
+    """The audit hook of one child. Every helper it uses is bound here, before the untrusted code runs,
+    so rebinding module attributes (``os.path.realpath = ...``) cannot change its decisions."""
+    import posix
+
+    getcwd, readlink = posix.getcwd, posix.readlink
+    write_flags = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+    exact_str, exact_bytes, exact_int = str, bytes, int
+    denied_imports, denied_events = DENIED_IMPORTS, DENIED_EVENTS
+    write_events, read_events, frame_attributes = WRITE_EVENTS, READ_EVENTS, FRAME_ATTRIBUTES
+    devices = ("/dev/null", "/dev/urandom", "/dev/random", "/dev/zero")
+
+    def deny(message: str):
+        if not blocked:
+            blocked.append(f"PermissionError: sandbox: {message}")
+        raise PermissionError(f"sandbox: {message}")
+
+    def resolve(path: str) -> str | None:
+        """Absolute path with symlinks resolved, using only primitives bound above; None = refused."""
+        if not path.startswith("/"):
+            if ".." in path.split("/"):  # relative to an unknown dir_fd: refuse to guess
+                return None
+            path = getcwd() + "/" + path
+        pending, parts, links = path.split("/")[::-1], [], 0
+        while pending:
+            part = pending.pop()
+            if part in ("", "."):
+                continue
+            if part == "..":
+                if parts:
+                    parts.pop()
+                continue
+            here = "/" + "/".join(parts + [part])
+            try:
+                target = readlink(here)
+            except (OSError, ValueError):
+                parts.append(part)
+                continue
+            links += 1
+            if links > 40:
+                return None
+            if target.startswith("/"):
+                parts = []
+            pending.extend(target.split("/")[::-1])
+        return "/" + "/".join(parts)
+
+    def inside(path: str, roots) -> bool:
+        for root in roots:
+            if path == root or path.startswith(root + "/"):
+                return True
+        return False
+
+    def check_path(path, writing: bool, event: str) -> None:
+        # No user code may run in here (no repr or str of the argument, no method of a subclass): a
+        # frame of this function would hand out its closure and with it the rules.
+        if type(path) is exact_int:  # an already open file descriptor (0/1/2 are /dev/null)
+            return
+        if type(path) is exact_bytes:
+            path = path.decode("utf-8", "surrogateescape")
+        elif isinstance(path, exact_str):
+            path = "".join([path])  # an exact str copy: a subclass cannot change what is checked
+        else:
+            deny(f"{event}: only str, bytes or file-descriptor paths are allowed")
+        real = resolve(path)
+        if real is None:
+            deny(f"{event}: relative paths with '..' are not allowed, got {path!r}")
+        if writing:
+            if not (inside(real, (tmp_dir,)) or real == "/dev/null"):
+                deny(f"writing {path!r} is not allowed; write only inside the working directory")
+        elif not (inside(real, read_roots) or inside(real, (tmp_dir,)) or real in devices):
+            deny(f"reading {path!r} is not allowed; only the working directory and the Python "
+                 "installation are readable")
+
+    def hook(event: str, args: tuple) -> None:
+        if event == "open":
+            path, _mode, flags = args
+            if type(flags) is not exact_int:  # the OS flags computed by C decide, never a str mode
+                deny("open: unexpected flags")
+            check_path(path, bool(flags & write_flags), "open")
+        elif event == "import":
+            if type(args[0]) is not exact_str:  # a str subclass could lie to the check below
+                deny("import: module names must be plain str")
+            top = args[0].partition(".")[0]
+            if top not in importable or top in denied_imports:
+                # an ordinary ImportError (not a violation): the code may fall back to something else
+                raise ImportError(f"sandbox: module {args[0]!r} is not available")
+        elif event.startswith(denied_events):
+            deny(f"{event} is not allowed")
+        elif event in write_events:
+            if event == "os.chdir" and type(args[0]) is not exact_str:
+                deny("os.fchdir is not allowed")
+            check_path(args[0], True, event)
+            if event == "os.rename":
+                check_path(args[1], True, event)
+        elif event in read_events:
+            if args and args[0] is not None:
+                check_path(args[0], False, event)
+        elif event == "object.__getattr__" and args[1] in frame_attributes:
+            deny(f"reading .{args[1]} is not allowed (tracebacks and generator frames are closed)")
+
+    return hook
+
+
+def _set_limits(settings: dict, base_vsz: int) -> None:
+    import resource
+
+    def limit(which: int, value: int) -> None:
+        try:
+            resource.setrlimit(which, (value, value))
+        except (ValueError, OSError):  # e.g. above a hard limit set by the environment: keep the stricter
+            pass
+
+    cpu_s = math.ceil(settings["timeout_s"]) + 1
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
+    limit(resource.RLIMIT_AS, base_vsz + settings["memory_mb"] * 2**20)
+    limit(resource.RLIMIT_NPROC, 0)
+    limit(resource.RLIMIT_FSIZE, settings["file_size_mb"] * 2**20)
+    limit(resource.RLIMIT_NOFILE, 64)
+    limit(resource.RLIMIT_CORE, 0)
+
+
+def _child(settings: dict, state: dict, tmp_dir: str, code_fd: int, result_fd: int) -> None:
+    """Runs in a forked child; never returns. Prepares itself, then waits for the code on ``code_fd``
+    (the zygote forks the next child while the host is still busy) and reports
+    ``ok error-bytes output-bytes`` on ``result_fd``."""
+    write, exit_now = os.write, os._exit
+    blocked: list[str] = []
+    ok, error = False, ""
+    output = _CapturedOutput(settings["max_output_chars"], settings["max_printed_chars"])
+    try:
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        low, high = sorted((code_fd, result_fd))
+        os.closerange(3, low)
+        os.closerange(low + 1, high)
+        os.closerange(high + 1, 65536)
+        os.chdir(tmp_dir)
+        if state["uid"] is not None:
+            os.setgroups([])
+            os.setgid(state["gid"])
+            os.setuid(state["uid"])
+        _set_limits(settings, state["base_vsz"])
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # too large a file -> OSError, not a kill
+        import _imp
+        import _signal
+        import posix
+
+        removals = [(module, name) for module in (posix, os) for name in UNAUDITED_OS_FUNCTIONS]
+        removals += [(_signal, "pidfd_send_signal"), (signal, "pidfd_send_signal")]
+        for name in ("pwd", "grp"):  # loaded by shutil; they read /etc/passwd and /etc/group in C
+            module = sys.modules.get(name)
+            removals += [(module, attr) for attr in dir(module) if attr.startswith(("getpw", "getgr"))]
+        # without these, no fresh copy of a builtin or extension module (with the attributes above
+        # restored) can be made; pure-Python imports still work
+        removals += [(_imp, "create_builtin"), (_imp, "create_dynamic")]
+        for module, name in removals:
+            if hasattr(module, name):
+                delattr(module, name)
+        for name in ("random", "numpy.random"):  # the same RNG state in every call
+            if name in sys.modules:
+                sys.modules[name].seed(0)
+        import io
+
+        sys.stdin = io.StringIO("")
+        chunks = []
+        while chunk := os.read(code_fd, 1 << 20):
+            chunks.append(chunk)
+        os.close(code_fd)
+        if not chunks:  # the zygote went away without a call for this child
+            exit_now(0)
+        sys.stdout = sys.stderr = output
+        program = compile(b"".join(chunks).decode("utf-8", "replace"), "<sandbox>", "exec")
+        sys.addaudithook(_make_audit_hook(tmp_dir, state["read_roots"], state["importable"], blocked))
+        import builtins
+
+        exec(program, {"__name__": "__main__", "__builtins__": builtins})
+        ok = True
+    except _OutputLimitExceeded:
+        error = (f"OutputLimitError: the code printed more than {settings['max_printed_chars']} "
+                 "characters and was stopped")
+    except BaseException as exc:  # noqa: BLE001 - every failure of the code becomes its observation
+        try:
+            error = python_error(exc)
+        except BaseException:  # noqa: BLE001
+            error = "RuntimeError: the error could not be formatted"
+    try:
+        if output.exceeded and ok:  # the code caught the limit exception
+            ok, error = False, (f"OutputLimitError: the code printed more than {settings['max_printed_chars']} "
+                                "characters and was stopped")
+        if blocked:  # the first denied action is the error, even if the code caught it
+            ok, error = False, blocked[0]
+        err_b = _truncate(error, settings["max_output_chars"]).encode("utf-8", "backslashreplace")
+        out_b = output.text().encode("utf-8", "backslashreplace")
+        data = b"%d %d %d\n" % (int(ok), len(err_b), len(out_b)) + err_b + out_b
+        while data:
+            data = data[write(result_fd, data):]
+    finally:
+        exit_now(0)
+
+
+def _signal_error(signum: int, settings: dict) -> str:
+    if signum == signal.SIGXCPU:
+        return f"TimeoutError: the code used more than {math.ceil(settings['timeout_s']) + 1} s of CPU time and was stopped"
+    if signum == signal.SIGKILL:
+        return "MemoryError: the process was killed (SIGKILL), most likely for using too much memory"
+    if signum in (signal.SIGSEGV, signal.SIGBUS):
+        return (f"RecursionError: the Python process crashed ({signal.Signals(signum).name}), most likely "
+                "from recursion that is too deep or from running out of memory")
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = str(signum)
+    return f"RuntimeError: the process was killed by signal {name}"
+
+
+def _parse_child_report(data: bytes) -> tuple[bool, str, str] | None:
+    """(ok, error, output) from a complete report; None while incomplete or when malformed."""
+    head, sep, body = data.partition(b"\n")
+    fields = head.split()
+    if not sep or len(fields) != 3 or not all(f.isdigit() for f in fields):
+        return None
+    ok, n_err, n_out = (int(f) for f in fields)
+    if len(body) != n_err + n_out or ok not in (0, 1):
+        return None
+    return bool(ok), body[:n_err].decode("utf-8", "replace"), body[n_err:].decode("utf-8", "replace")
+
+
+def _new_call_dir(state: dict) -> str:
+    path = tempfile.mkdtemp(prefix="call-", dir=state["base_dir"])
+    if state["uid"] is not None:
+        os.chown(path, state["uid"], state["gid"])
+    return path
+
+
+def _fork_spare(settings: dict, state: dict) -> dict:
+    """Fork the child that will run the next call; it prepares itself and waits for the code."""
+    tmp_dir = state.pop("clean_dir", None) or _new_call_dir(state)
+    code_r, code_w = os.pipe()
+    result_r, result_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setpgid(0, 0)
+            os.close(code_w)
+            os.close(result_r)
+            _child(settings, state, tmp_dir, code_r, result_w)
+        finally:
+            os._exit(70)
+    try:
+        os.setpgid(pid, pid)  # also here, so killpg works even before the child ran
+    except OSError:
+        pass
+    os.close(code_r)
+    os.close(result_w)
+    try:  # a descriptor that becomes readable when the child exits (Linux >= 5.3)
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):  # older kernels: poll waitpid instead
+        pidfd = None
+    return {"pid": pid, "pidfd": pidfd, "code_w": code_w, "result_r": result_r,
+            "tmp_dir": tmp_dir}
+
+
+def _kill_group(pid: int) -> None:
+    for kill in (os.killpg, os.kill):  # the whole group: nothing the child started survives
+        try:
+            kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _run_one(code: bytes, settings: dict, state: dict) -> tuple[dict, dict]:
+    """Hand ``code`` to the spare child; wait for its report, the deadline, or its death.
+
+    Returns the reply and the finished child, which :func:`_clean_up` reaps after the reply is sent.
+    """
+    child = state.pop("spare", None) or _fork_spare(settings, state)
+    start = time.monotonic()
+    try:
+        view = memoryview(code)
+        while view:
+            view = view[os.write(child["code_w"], view):]
+    except BrokenPipeError:  # it died while preparing; its exit status explains why
+        pass
+    os.close(child["code_w"])
+    read_fd, pidfd = child["result_r"], child["pidfd"]
+    deadline = start + settings["timeout_s"]
+    limit = 4 * (settings["max_output_chars"] * 2 + 200) + 65536
+    data, report, timed_out, exited, status = b"", None, False, False, None
+    watch = [read_fd] if pidfd is None else [read_fd, pidfd]
+    while report is None and not exited:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            timed_out = True
+            break
+        ready = select.select(watch, [], [], remaining if pidfd is not None else min(remaining, 0.005))[0]
+        if read_fd in ready:
+            chunk = os.read(read_fd, 65536)
+            if not chunk:
+                watch.remove(read_fd)
+            elif len(data) < limit:
+                data += chunk
+                report = _parse_child_report(data)
+        if pidfd is not None:
+            exited = pidfd in ready
+        elif report is None:
+            reaped, status = os.waitpid(child["pid"], os.WNOHANG)
+            exited = child["reaped"] = reaped != 0
+    elapsed = time.monotonic() - start
+    if not child.get("reaped"):  # (a reaped pid may already belong to someone else)
+        _kill_group(child["pid"])  # the report is in (or time is up): nothing may run after it
+    if report is None and not timed_out:  # it died: drain what it wrote, then ask why
+        if not child.get("reaped"):
+            _, status = os.waitpid(child["pid"], 0)
+            child["reaped"] = True
+        while read_fd in watch and select.select([read_fd], [], [], 0)[0]:
+            chunk = os.read(read_fd, 65536)
+            if not chunk:
+                break
+            data += chunk
+        report = _parse_child_report(data[:limit])
+
+    if timed_out:
+        ok, error, output = False, f"TimeoutError: the code ran longer than {settings['timeout_s']:g} s and was stopped", ""
+    elif report is not None:
+        ok, error, output = report
+    elif os.WIFSIGNALED(status):
+        ok, error, output = False, _signal_error(os.WTERMSIG(status), settings), ""
+    else:
+        code_ = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1
+        ok, error, output = False, (f"SystemExit: the process exited with status {code_} before returning "
+                                    "a result (os._exit is not allowed)"), ""
+    # object addresses differ between workers; mask them so equal code gives equal output
+    output = _ADDRESS.sub(r"\1...", output)
+    error = _ADDRESS.sub(r"\1...", error)
+    return {"ok": ok, "output": output, "error": error, "elapsed_s": elapsed}, child
+
+
+def _clean_up(child: dict, state: dict) -> None:
+    """Reap a finished child and keep its temp dir for the next call if the code left it untouched."""
+    import shutil
+
+    if not child.get("reaped"):
+        os.waitpid(child["pid"], 0)
+    if child["pidfd"] is not None:
+        os.close(child["pidfd"])
+    os.close(child["result_r"])
+    tmp_dir = child["tmp_dir"]
+    info = os.lstat(tmp_dir)
+    if not os.listdir(tmp_dir) and info.st_mode & 0o7777 == 0o700 and info.st_uid == (state["uid"] or os.getuid()):
+        state["clean_dir"] = tmp_dir  # saves a mkdir + rmtree
+    else:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+def _zygote_state(settings: dict) -> dict:
+    """Import the preloaded modules and compute what every child needs (paths, uid, memory base)."""
+    import importlib
+    import sysconfig
+
+    failed = {}
+    for name in settings["preload"]:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001 - reported to the host, which raises ConfigError
+            failed[name] = python_error(exc)
+    import _signal  # noqa: F401 - loaded now: a child running as 'nobody' may not be able to read them
+    import posix  # noqa: F401
+    import resource  # noqa: F401
+
+    uid = gid = None
+    if settings["drop_privileges"] and os.geteuid() == 0:
+        uid, gid = SANDBOX_UID, SANDBOX_GID
+    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, "/usr/share/zoneinfo"}
+    roots.update(p for key, p in sysconfig.get_paths().items() if key in ("stdlib", "platstdlib", "purelib", "platlib"))
+    for name in settings["preload"]:  # packages preloaded from outside site-packages stay readable
+        roots.update(getattr(sys.modules.get(name), "__path__", None) or [])
+    base_dir = settings["base_dir"]
+    os.chmod(base_dir, 0o711)  # children (maybe 'nobody') must traverse into their call dir
+    read_roots = tuple(sorted(os.path.realpath(r) for r in roots if r and r != "/"))
+    importable = frozenset(sys.stdlib_module_names) | {n.split(".")[0] for n in settings["preload"]}
+    with open("/proc/self/statm") as handle:
+        base_vsz = int(handle.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    return {"uid": uid, "gid": gid, "base_dir": base_dir, "read_roots": read_roots, "failed": failed,
+            "importable": importable - DENIED_IMPORTS, "base_vsz": base_vsz}
+
+
+def _zygote_main(settings: dict) -> None:
+    import shutil
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.dont_write_bytecode = True
+    # private copies of the protocol pipes; fd 0/1 point elsewhere, so a stray print cannot corrupt them
+    proto_in, proto_out = os.dup(0), os.dup(1)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.dup2(2, 1)
+    state = _zygote_state(settings)
+    import gc
+
+    gc.freeze()  # the children's collections then leave the zygote's pages shared (fewer copies)
+    try:
+        state["spare"] = _fork_spare(settings, state)
+        _write_message(proto_out, {"ready": True, "failed": state["failed"]})
+        while True:
+            header = _read_exact(proto_in, _HEADER.size)
+            if header is None:  # the host closed the pipe (close() or the host died)
+                break
+            code = _read_exact(proto_in, _HEADER.unpack(header)[0])
+            if code is None:
+                break
+            reply, child = _run_one(code, settings, state)
+            _write_message(proto_out, reply)
+            # after the reply, while the host works: reap this child and fork the next one
+            _clean_up(child, state)
+            state["spare"] = _fork_spare(settings, state)
+    except BrokenPipeError:
+        pass
+    finally:
+        spare = state.get("spare")
+        if spare is not None:  # EOF on its code pipe makes it exit; the kill makes sure
+            os.close(spare["code_w"])
+            _kill_group(spare["pid"])
+            os.waitpid(spare["pid"], 0)
+        shutil.rmtree(state["base_dir"], ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.path.pop(0)  # this file's folder: the sandboxed code must not import siblings as top-level modules
+    _zygote_main(json.loads(sys.argv[1]))

@@ -1,0 +1,100 @@
+"""Passage search for the agent's ``<search>`` tool: BM25 through ``bm25s``, behind a small Protocol.
+
+Departure from the paper: the paper searches a Wikipedia dump with an E5 dense retriever and FAISS
+(the Search-R1 setup). Here the corpus is the suite's generated knowledge base, and the retriever is
+BM25 (lower-cased word tokens, English stop words removed, no stemmer). A dense retriever can be
+dropped in later by implementing :class:`Retriever`.
+
+Ranking is deterministic: by score, ties broken by the passage's position in the corpus.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Passage:
+    """One retrievable unit of the corpus."""
+
+    id: str
+    title: str
+    text: str
+
+
+@runtime_checkable
+class Retriever(Protocol):
+    """Anything that returns, for each query, its top-``k`` passages (best first)."""
+
+    def search(self, queries: list[str], k: int) -> list[list[Passage]]: ...
+
+
+def _check_queries(queries: list[str], k: int) -> None:
+    if isinstance(queries, str):
+        raise ValueError("queries must be a list of strings, got a single str; wrap it in a list")
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise ValueError(f"k must be an int >= 1, got {k!r}")
+    for i, query in enumerate(queries):
+        if not isinstance(query, str) or not query.strip():
+            raise ValueError(f"queries[{i}] must be a non-empty string, got {query!r}")
+
+
+class BM25Retriever:
+    """BM25 over ``title + text`` of every passage.
+
+    >>> corpus = [Passage("a", "Vorlan", "Vorlan is a river in Estmark."),
+    ...           Passage("b", "Estmark", "Estmark is a country; its capital is Lirra.")]
+    >>> [p.id for p in BM25Retriever(corpus).search(["Which country holds the Vorlan river?"], k=1)[0]]
+    ['a']
+    """
+
+    def __init__(self, passages: list[Passage], k1: float = 1.5, b: float = 0.75):
+        import bm25s
+
+        passages = list(passages)
+        if not passages:
+            raise ValueError("passages must be a non-empty list of Passage")
+        ids = [p.id for p in passages]
+        if len(set(ids)) != len(ids):
+            duplicates = sorted({i for i in ids if ids.count(i) > 1})[:5]
+            raise ValueError(f"passages must have unique ids; duplicated: {duplicates}")
+        self.passages = passages
+        self._bm25s = bm25s
+        tokens = bm25s.tokenize([f"{p.title} {p.text}" for p in passages], stopwords="en",
+                                show_progress=False)
+        self._index = bm25s.BM25(k1=k1, b=b)
+        self._index.index(tokens, show_progress=False)
+
+    def __len__(self) -> int:
+        return len(self.passages)
+
+    def scores(self, query: str) -> np.ndarray:
+        """BM25 score of every passage for ``query`` (zeros when no query word is in the corpus)."""
+        words = self._bm25s.tokenize([query], stopwords="en", return_ids=False, show_progress=False)[0]
+        known = [w for w in words if w in self._index.vocab_dict]
+        if not known:
+            return np.zeros(len(self.passages), dtype=np.float32)
+        return np.asarray(self._index.get_scores(known))
+
+    def search(self, queries: list[str], k: int) -> list[list[Passage]]:
+        """Top-``k`` passages for each query, best first; ties go to the earlier passage."""
+        _check_queries(queries, k)
+        k = min(k, len(self.passages))
+        results = []
+        for query in queries:
+            scores = self.scores(query)
+            # every passage scoring at least the k-th best is a candidate, so ties at the cut are
+            # resolved by position and not by argpartition's arbitrary order
+            threshold = np.partition(scores, len(scores) - k)[len(scores) - k]
+            candidates = np.flatnonzero(scores >= threshold)
+            order = candidates[np.lexsort((candidates, -scores[candidates]))][:k]
+            results.append([self.passages[i] for i in order])
+        return results
+
+
+def format_passages(passages: list[Passage]) -> str:
+    """The search observation shown to the model (Search-R1 style: ``Doc 1 (Title: ...) text``)."""
+    return "\n".join(f"Doc {i} (Title: {p.title}) {p.text}" for i, p in enumerate(passages, start=1))

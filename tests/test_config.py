@@ -1,0 +1,164 @@
+"""Parameter validation: unknown, ill-typed and out-of-range values fail with a message that says why."""
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+
+from copes_lib import config
+from copes_lib.config import REPO_ROOT, ConfigError, NotebookParams, build, load_params, param
+
+
+@dataclasses.dataclass(frozen=True)
+class ToyParams(NotebookParams):
+    SIGMA: float = param(0.001, "perturbation scale", gt=0.0)
+    POPULATION: int = param(40, "population size N", ge=2)
+    BACKEND: str = param("batched", "evaluation backend", choices=("serial", "batched", "ray"))
+
+    def check(self) -> None:
+        if self.POPULATION % 2:
+            raise ConfigError(f"ToyParams.POPULATION = {self.POPULATION} must be even (antithetic pairs)")
+
+
+def test_defaults_build():
+    p = build(ToyParams, {})
+    assert (p.PROFILE, p.SEED, p.FORCE, p.SIGMA) == ("cpu", 0, False, 0.001)
+
+
+def test_unknown_name_lists_valid_names():
+    with pytest.raises(ConfigError) as err:
+        build(ToyParams, {"SIGMAA": 0.1})
+    msg = str(err.value)
+    assert "SIGMAA" in msg and "valid names" in msg and "SIGMA" in msg and "POPULATION" in msg
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ({"SEED": "banana"}, "ToyParams.SEED must be int, got 'banana' (str)"),
+        ({"SEED": 1.5}, "ToyParams.SEED must be int"),
+        ({"SEED": True}, "ToyParams.SEED must be int"),  # bool is not an int here
+        ({"FORCE": 1}, "ToyParams.FORCE must be bool"),
+        ({"SIGMA": "big"}, "ToyParams.SIGMA must be float"),
+        ({"SIGMA": float("nan")}, "ToyParams.SIGMA must be finite"),
+    ],
+)
+def test_wrong_type_names_the_parameter(values, expected):
+    with pytest.raises(ConfigError, match=expected.replace("(", r"\(").replace(")", r"\)")):
+        build(ToyParams, values)
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ({"SEED": -1}, "ToyParams.SEED = -1 is out of range; it must be >= 0"),
+        ({"SIGMA": 0.0}, "ToyParams.SIGMA = 0.0 is out of range; it must be > 0.0"),
+        ({"POPULATION": 1}, "ToyParams.POPULATION = 1 is out of range; it must be >= 2"),
+        ({"BACKEND": "gpu"}, "ToyParams.BACKEND = 'gpu' is not valid; valid values: ['serial', 'batched', 'ray']"),
+        ({"PROFILE": "laptop"}, "ToyParams.PROFILE = 'laptop' is not valid; valid values: ['smoke', 'cpu', 'gpu']"),
+        ({"POPULATION": 41}, "POPULATION = 41 must be even"),
+    ],
+)
+def test_out_of_range_names_the_bound(values, expected):
+    with pytest.raises(ConfigError) as err:
+        build(ToyParams, values)
+    assert expected in str(err.value)
+
+
+def test_int_widens_to_float():
+    assert build(ToyParams, {"SIGMA": 1}).SIGMA == 1.0
+    assert isinstance(build(ToyParams, {"SIGMA": 1}).SIGMA, float)
+
+
+def test_config_is_frozen():
+    p = build(ToyParams, {})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.SEED = 3  # type: ignore[misc]
+
+
+@pytest.fixture
+def tmp_profiles(tmp_path, monkeypatch):
+    """Point the profile loader at a scratch folder; returns a writer for profiles/<name>.yaml."""
+    monkeypatch.setattr(config, "PROFILE_DIR", tmp_path)
+
+    def write(profile: str, text: str) -> None:
+        (tmp_path / f"{profile}.yaml").write_text(text)
+
+    return write
+
+
+def test_profile_value_precedence(tmp_profiles):
+    tmp_profiles("smoke", "99_summary:\n  SEED: 5\n")
+    base = {"PROFILE": "smoke", "SEED": 0, "FORCE": False, "WRITE_README": True}
+    assert load_params("99_summary", base).SEED == 5  # profile beats the default
+    assert load_params("99_summary", {**base, "SEED": 7}).SEED == 7  # an explicit -p beats the profile
+    assert load_params("99_summary", {**base, "PROFILE": "cpu"}).SEED == 0  # no cpu.yaml: defaults
+
+
+def test_load_params_rejects_injected_unknown_name(tmp_profiles):
+    namespace = {"PROFILE": "smoke", "SEED": 0, "FORCE": False, "NOT_A_PARAM": 1, "_hidden": 3, "In": []}
+    with pytest.raises(ConfigError, match=r"unknown parameters \['NOT_A_PARAM'\] for OverviewParams; valid names"):
+        load_params("00_suite_overview", namespace)
+
+
+def test_load_params_ignores_the_notebooks_own_variables(tmp_profiles):
+    """Re-running the validation cell after later cells defined lower-case variables still works."""
+    namespace = {"PROFILE": "smoke", "SEED": 2, "FORCE": False, "line": "[env] ...", "profile_valid": True,
+                 "n": 3, "load_params": load_params}
+    assert load_params("00_suite_overview", namespace).SEED == 2
+
+
+def test_load_params_rejects_bad_profile():
+    with pytest.raises(ConfigError, match=r"PROFILE = 'tiny' is not valid; valid values: \['smoke', 'cpu', 'gpu'\]"):
+        load_params("00_suite_overview", {"PROFILE": "tiny"})
+
+
+def test_profile_key_matching_no_parameter(tmp_profiles):
+    tmp_profiles("smoke", "00_suite_overview:\n  SEED: 1\n  NOT_A_PARAM: 3\n")
+    with pytest.raises(ConfigError) as err:
+        config.validate_profile("smoke")
+    msg = str(err.value)
+    assert "profiles/smoke.yaml: 00_suite_overview has unknown parameters ['NOT_A_PARAM']" in msg
+    assert "valid names: ['FORCE', 'PROFILE', 'SEED']" in msg
+    assert "00_suite_overview" in config.profile_problems("smoke", ["00_suite_overview"])
+
+
+def test_profile_value_out_of_range(tmp_profiles):
+    tmp_profiles("gpu", "00_suite_overview:\n  SEED: -4\n")
+    with pytest.raises(ConfigError, match=r"OverviewParams.SEED = -4 is out of range; it must be >= 0"):
+        config.validate_profile("gpu")
+
+
+def test_profile_unknown_notebook_section(tmp_profiles):
+    tmp_profiles("cpu", "42_not_a_notebook: {}\n")
+    with pytest.raises(ConfigError, match=r"unknown notebook '42_not_a_notebook'; valid notebooks"):
+        config.load_profile("cpu")
+
+
+@pytest.mark.parametrize("profile", config.PROFILES)
+def test_committed_profiles_are_valid_for_present_notebooks(profile):
+    present = sorted(p.stem for p in (REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    registered = [s for s in present if s in config.NOTEBOOKS]
+    assert registered == present, f"notebooks missing from config.NOTEBOOKS: {set(present) - set(registered)}"
+    assert config.profile_problems(profile, registered) == {}
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "expected"),
+    [
+        ("NOT_A_PARAM", "1", "unknown parameters ['NOT_A_PARAM'] for OverviewParams; valid names: ['PROFILE', 'SEED', 'FORCE']"),
+        ("SEED", "banana", "OverviewParams.SEED must be int, got 'banana' (str)"),
+    ],
+)
+def test_papermill_bad_parameter_fails_clearly(tmp_path, name, value, expected):
+    """`papermill ... -p NOT_A_PARAM 1` or `-p SEED banana` stops notebook 00 in its validation cell."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "papermill", str(REPO_ROOT / "notebooks" / "00_suite_overview.ipynb"),
+         str(tmp_path / "out.ipynb"), "-k", "python3", "--cwd", str(REPO_ROOT / "notebooks"),
+         "-p", "PROFILE", "smoke", "-p", name, value],
+        capture_output=True, text=True, timeout=300,
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0, output[-2000:]
+    assert "ConfigError" in output and expected in output, output[-3000:]

@@ -1,0 +1,143 @@
+"""The notebook contract (every committed notebook), and the suite's main integration test: the real
+runner executes ALL notebooks under the smoke profile."""
+
+import ast
+import dataclasses
+import json
+import math
+import subprocess
+import sys
+import time
+
+import nbformat
+import papermill
+import pytest
+
+from copes_lib import config
+from copes_lib.config import REPO_ROOT
+
+NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
+NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
+FIRST_PARAMETERS = ["PROFILE", "SEED", "FORCE"]
+
+
+@pytest.fixture(scope="module", params=NOTEBOOKS, ids=lambda p: p.stem)
+def notebook(request):
+    return request.param, nbformat.read(request.param, as_version=4)
+
+
+def _parameters_cells(nb):
+    return [i for i, c in enumerate(nb.cells) if "parameters" in c.get("metadata", {}).get("tags", [])]
+
+
+def test_there_are_notebooks():
+    assert (NOTEBOOKS_DIR / "00_suite_overview.ipynb") in NOTEBOOKS
+
+
+def test_committed_without_outputs(notebook):
+    path, nb = notebook
+    dirty = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and (c.outputs or c.execution_count)]
+    assert not dirty, f"{path.name}: cells {dirty} have outputs; clear them before committing"
+    assert nb.metadata.get("kernelspec", {}).get("name") == "python3", f"{path.name}: kernel must be python3"
+    nbformat.validate(nb)
+
+
+def test_opens_with_markdown_and_deviations(notebook):
+    path, nb = notebook
+    assert nb.cells[0].cell_type == "markdown", f"{path.name}: cell 1 must be markdown"
+    assert "deviations from the paper" in nb.cells[0].source.lower(), f"{path.name}: no 'Deviations from the paper' box"
+
+
+def test_one_parameters_cell_then_validation(notebook):
+    path, nb = notebook
+    tagged = _parameters_cells(nb)
+    assert len(tagged) == 1, f"{path.name}: {len(tagged)} cells tagged 'parameters'; exactly one is required"
+    following = [c for c in nb.cells[tagged[0] + 1:] if c.cell_type == "code"]
+    assert following, f"{path.name}: no cell after the parameters cell"
+    call = f'load_params("{path.stem}", globals())'
+    assert call in following[0].source, f"{path.name}: the cell after the parameters must call {call}"
+
+
+def test_parameters_match_dataclass(notebook):
+    """`papermill --help-notebook` lists every parameter with help text; defaults = the dataclass's."""
+    path, _ = notebook
+    assert path.stem in config.NOTEBOOKS, f"{path.stem} is not registered in copes_lib.config.NOTEBOOKS"
+    fields = {f.name: f for f in dataclasses.fields(config.params_class(path.stem))}
+    _, nb = notebook
+    source = nb.cells[_parameters_cells(nb)[0]].source
+    for number, line in enumerate(source.splitlines(), 1):
+        if line.strip() and not line.lstrip().startswith("#"):
+            assert line.count("=") == 1, (
+                f"{path.name}: parameters line {number} {line!r} has {line.count('=')} '=' signs; papermill "
+                "cannot parse a line with more than one (avoid '=', '>=', '<=' in the help text)"
+            )
+    inspected = papermill.inspect_notebook(str(path))
+    names = list(inspected)
+    assert names[:3] == FIRST_PARAMETERS, f"{path.name}: parameters must start with {FIRST_PARAMETERS}, got {names[:3]}"
+    assert set(names) == set(fields), (
+        f"{path.name}: parameters cell and dataclass differ: only in the cell {sorted(set(names) - set(fields))}, "
+        f"only in the dataclass {sorted(set(fields) - set(names))}"
+    )
+    for name, info in inspected.items():
+        assert name.isupper(), f"{path.name}: parameter {name} must be UPPER_CASE (load_params only sees those)"
+        assert info["help"].strip(), f"{path.name}: parameter {name} has no '# help' comment"
+        assert info["inferred_type_name"] != "None", f"{path.name}: parameter {name} has no type annotation"
+        default = ast.literal_eval(info["default"])
+        assert default == fields[name].default and type(default) is type(fields[name].default), (
+            f"{path.name}: {name} = {default!r} in the parameters cell, but the dataclass default is "
+            f"{fields[name].default!r}"
+        )
+
+
+def test_help_notebook_cli_lists_parameters():
+    proc = subprocess.run(
+        [sys.executable, "-m", "papermill", "--help-notebook", str(NOTEBOOKS_DIR / "00_suite_overview.ipynb")],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    for line in ("PROFILE: str (default \"cpu\")", "SEED: int (default 0)", "FORCE: bool (default False)"):
+        assert line in proc.stdout, proc.stdout
+    assert "suite profile" in proc.stdout
+
+
+def _finite(value):
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return True
+    if isinstance(value, (int, float)):
+        return math.isfinite(value)
+    if isinstance(value, list):
+        return all(_finite(v) for v in value)
+    return False
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_every_notebook_runs_under_smoke():
+    """`make reproduce PROFILE=smoke`, in effect: every notebook succeeds and writes a finite summary."""
+    started = time.time()
+    proc = subprocess.run(
+        [sys.executable, "-m", "copes_lib.cli", "run", "--profile", "smoke"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=1450,
+    )
+    reports = REPO_ROOT / "reports" / "smoke"
+    status = json.loads((reports / "status.json").read_text()) if (reports / "status.json").exists() else {}
+    records = status.get("notebooks", {})
+    failures = {p.stem: records.get(p.stem, {}).get("error") for p in NOTEBOOKS
+                if records.get(p.stem, {}).get("status") != "ok"}
+    assert proc.returncode == 0 and not failures, (
+        f"failed notebooks: {json.dumps(failures, indent=1)}\n--- runner output (tail) ---\n"
+        f"{(proc.stdout + proc.stderr)[-6000:]}"
+    )
+    for path in NOTEBOOKS:
+        assert records.get(path.stem, {}).get("status") == "ok", f"{path.stem} was not run"
+        summary_path = REPO_ROOT / "results" / "smoke" / path.stem / "summary.json"
+        assert summary_path.exists(), f"{path.stem} wrote no {summary_path.relative_to(REPO_ROOT)}"
+        assert summary_path.stat().st_mtime >= started - 1, f"{summary_path} is stale (not written by this run)"
+        summary = json.loads(summary_path.read_text())
+        assert summary.get("profile") == "smoke" and summary.get("notebook") == path.stem, summary_path
+        bad = {k: v for k, v in summary.items() if not _finite(v)}
+        assert not bad, f"{path.stem}: non-finite or nested summary values {bad}"
+        assert (reports / f"{path.stem}.html").exists(), f"no HTML report for {path.stem}"
+    index = reports / "index.html"
+    assert index.exists() and index.stat().st_mtime >= started - 1
+    assert all(p.stem in index.read_text() for p in NOTEBOOKS)

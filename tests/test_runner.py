@@ -1,0 +1,138 @@
+"""The suite runner on throwaway notebooks: it keeps going past a failure, records the failing cell,
+exits non-zero, and --rerun-failed reruns only the failed notebook."""
+
+import os
+import subprocess
+
+import nbformat
+import pytest
+
+from copes_lib import cli, config, runs
+
+
+def _notebook(path, *sources):
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    params = nbformat.v4.new_code_cell('PROFILE = "cpu"  # suite profile')
+    params.metadata["tags"] = ["parameters"]
+    log = nbformat.v4.new_code_cell(f'with open("ran.log", "a") as f:\n    f.write("{path.stem}\\n")')
+    nb.cells = [params, log, *(nbformat.v4.new_code_cell(s) for s in sources)]
+    nbformat.write(nb, path)
+
+
+@pytest.fixture
+def suite(tmp_path):
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    _notebook(notebooks / "01_first.ipynb", "x = 1 + 1")
+    _notebook(notebooks / "02_broken.ipynb", "y = 2",
+              'import pathlib\nif pathlib.Path("fail.flag").exists():\n    raise ValueError("deliberate failure")',
+              "z = 3")
+    _notebook(notebooks / "03_last.ipynb", "assert PROFILE == 'smoke', PROFILE")
+    (notebooks / "fail.flag").touch()
+    (notebooks / "README.md").write_text("not a notebook")
+    return {"notebooks_dir": notebooks, "reports_dir": tmp_path / "reports", "results_root": tmp_path / "results",
+            "figures_root": tmp_path / "figures"}
+
+
+def _ran(suite):
+    return (suite["notebooks_dir"] / "ran.log").read_text().split()
+
+
+def test_runner_continues_records_failure_and_reruns_failed_only(suite, capsys):
+    runs.atomic_write_json(suite["results_root"] / "smoke" / "01_first" / "summary.json",
+                           {"profile": "smoke", "notebook": "01_first", "val_accuracy": 0.123456})
+    figure = suite["figures_root"] / "smoke" / "01_curve.png"
+    figure.parent.mkdir(parents=True)
+    figure.write_bytes(b"\x89PNG")
+    assert cli.run_suite("smoke", **suite) == 1
+    assert _ran(suite) == ["01_first", "02_broken", "03_last"]  # kept going past 02
+    reports = suite["reports_dir"]
+    status = runs.read_json(reports / "status.json")
+    records = status["notebooks"]
+    assert {k: v["status"] for k, v in records.items()} == {"01_first": "ok", "02_broken": "failed", "03_last": "ok"}
+    error = records["02_broken"]["error"]
+    assert error["ename"] == "ValueError" and "deliberate failure" in error["evalue"]
+    executed = nbformat.read(reports / "02_broken.ipynb", as_version=4)
+    failing = [c for c in executed.cells if c.get("execution_count") == error["exec_count"]]
+    assert len(failing) == 1 and "raise ValueError" in failing[0].source
+    assert error["cell_source"] == "import pathlib" and error["cell_index"] >= 3
+    assert records["03_last"]["parameters"] == {"PROFILE": "smoke"}
+    assert all(records[nb]["duration_s"] > 0 for nb in records)
+    for name in ("01_first.html", "02_broken.html", "03_last.html", "01_first.ipynb"):
+        assert (reports / name).exists(), name
+    index = (reports / "index.html").read_text()
+    assert "deliberate failure" in index and 'href="02_broken.html"' in index
+    assert "val_accuracy = 0.1235" in index and 'href="../figures/smoke/01_curve.png"' in index
+    assert 'href="../results/smoke/01_first/summary.json"' in index
+    out = capsys.readouterr().out
+    assert "[suite 2/3] 02_broken start" in out and "[suite 2/3] 02_broken failed in" in out
+    assert "FAILED: 02_broken" in out
+
+    first_started = records["01_first"]["started"]
+    (suite["notebooks_dir"] / "fail.flag").unlink()
+    assert cli.run_suite("smoke", rerun_failed=True, **suite) == 0
+    assert _ran(suite) == ["01_first", "02_broken", "03_last", "02_broken"]  # only the failed one
+    records = runs.read_json(reports / "status.json")["notebooks"]
+    assert records["02_broken"]["status"] == "ok" and records["02_broken"]["error"] is None
+    assert records["01_first"]["started"] == first_started  # untouched
+
+    assert cli.run_suite("smoke", rerun_failed=True, **suite) == 0  # nothing failed: nothing runs
+    assert len(_ran(suite)) == 4
+
+
+def test_interrupted_notebook_counts_as_failed(suite):
+    """A run killed mid-notebook leaves status "running"; --rerun-failed picks it up."""
+    runs.atomic_write_json(suite["reports_dir"] / "status.json", {"notebooks": {
+        "01_first": {"status": "ok"}, "02_broken": {"status": "ok"}, "03_last": {"status": "running"}}})
+    assert cli.run_suite("smoke", rerun_failed=True, **suite) == 0
+    assert _ran(suite) == ["03_last"]
+
+
+def test_only_and_force(suite):
+    (suite["notebooks_dir"] / "fail.flag").unlink()
+    assert cli.run_suite("smoke", only="3", force=True, **suite) == 0
+    assert _ran(suite) == ["03_last"]
+    record = runs.read_json(suite["reports_dir"] / "status.json")["notebooks"]["03_last"]
+    assert record["parameters"] == {"PROFILE": "smoke", "FORCE": True}
+    with pytest.raises(config.ConfigError, match=r"no notebook matches \['07'\]"):
+        cli.run_suite("smoke", only="03,07", **suite)
+
+
+def test_bad_profile_fails_before_anything_runs(suite, tmp_path, monkeypatch, capsys):
+    nb00 = suite["notebooks_dir"] / "00_suite_overview.ipynb"
+    _notebook(nb00)
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    (profiles / "smoke.yaml").write_text("00_suite_overview:\n  NOT_A_PARAM: 1\n")
+    monkeypatch.setattr(config, "PROFILE_DIR", profiles)
+    argv = ["run", "--profile", "smoke", "--notebooks-dir", str(suite["notebooks_dir"]),
+            "--reports-dir", str(suite["reports_dir"])]
+    assert cli.main(argv) == 2
+    assert "00_suite_overview has unknown parameters ['NOT_A_PARAM']" in capsys.readouterr().err
+    assert not (suite["notebooks_dir"] / "ran.log").exists()
+    assert cli.main(["validate", "--profile", "smoke"]) == 2
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ([], "-m copes_lib.cli run --profile cpu\n"),
+        (["PROFILE=smoke", "ONLY=02,03", "FORCE=1", "RERUN_FAILED=1"],
+         "-m copes_lib.cli run --profile smoke --only 02,03 --force --rerun-failed\n"),
+        (["PROFILE=gpu", "FORCE=0", "RERUN_FAILED=no"], "-m copes_lib.cli run --profile gpu\n"),
+    ],
+)
+def test_make_reproduce_passes_options(options, expected):
+    """`make -n` prints the command without running it (nor building .venv)."""
+    proc = subprocess.run(["make", "-n", "reproduce", *options], cwd=config.REPO_ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert expected in proc.stdout, proc.stdout
+
+
+def test_ci_entrypoint_runs_make_test():
+    ci = config.REPO_ROOT / ".ci" / "run"
+    assert os.access(ci, os.X_OK)
+    text = ci.read_text()
+    assert "set -euo pipefail" in text and "make test" in text
