@@ -8,7 +8,8 @@ Measures (saved to results/bench/es.json):
 - population-batched vs sequential evaluation of the same step (and whether their rewards agree);
 - noise-generation time per member, CoPES (K = 4) vs ES (K = 1), expected about 1/K.
 
-Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_es.py --profile smoke``. With the agent
+Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_es.py --profile smoke`` (add
+``--profile cpu --untrained`` for the cpu-size model without its warm start). With the agent
 stack (``copes_lib.substrate`` / ``copes_lib.rollout``) present it uses the profile's warm-started
 substrate and real agent rollouts; otherwise a tiny Qwen3 with plain greedy decoding.
 """
@@ -65,29 +66,53 @@ class GreedyObjective:
         return {"accuracy": self.fitness(model, 0)}
 
 
-def setup(profile: str, batch: int):
+def _fallback(batch: int):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen3Config(vocab_size=32, hidden_size=192, intermediate_size=512, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=4, head_dim=48,
+                         tie_word_embeddings=True, max_position_embeddings=128,
+                         rope_parameters={"rope_type": "default", "rope_theta": 1e4})
+    model = Qwen3ForCausalLM(config).eval()
+    prompts = torch.randint(0, 32, (batch, 12), generator=torch.Generator().manual_seed(0))
+    return model, GreedyObjective(prompts, new_tokens=11), "tiny qwen3 (1.3M), plain greedy"
+
+
+def setup(profile: str, batch: int, untrained: bool):
+    """The profile's substrate and agent rollouts; ``untrained``: a fresh model of the profile's size
+    (no warm start needed) with a cheap deterministic stand-in reward (a hash of the text), so the
+    measurement is of the engine and the rollouts, not of answer checking."""
     try:
+        import zlib
+
         from copes_lib.es import AgentObjective
         from copes_lib.rollout import make_env
-        from copes_lib.substrate import substrate_params, warm_rollout_config, warm_start
+        from copes_lib.substrate import (
+            build_model,
+            get_tokenizer,
+            substrate_params,
+            warm_rollout_config,
+            warm_start,
+        )
         from copes_lib.tasks import load_tasks
     except ImportError:
-        from transformers import Qwen3Config, Qwen3ForCausalLM
-
-        torch.manual_seed(0)
-        config = Qwen3Config(vocab_size=32, hidden_size=192, intermediate_size=512, num_hidden_layers=3,
-                             num_attention_heads=4, num_key_value_heads=4, head_dim=48,
-                             tie_word_embeddings=True, max_position_embeddings=128,
-                             rope_parameters={"rope_type": "default", "rope_theta": 1e4})
-        model = Qwen3ForCausalLM(config).eval()
-        prompts = torch.randint(0, 32, (batch, 12), generator=torch.Generator().manual_seed(0))
-        return model, GreedyObjective(prompts, new_tokens=11), "tiny qwen3 (1.3M), plain greedy"
-    model, tokenizer, _ = warm_start(profile, "math", seed=0)
+        return _fallback(batch)
+    params = substrate_params(profile)
     env = make_env("math", profile)
+    if untrained:
+        tokenizer = get_tokenizer(profile, params)
+        model = build_model(params.MODEL_SIZE, len(tokenizer), 0, params.MAX_CONTEXT, tokenizer).eval()
+        env.reward = lambda prompts, texts, answers, calls: [zlib.crc32(t.encode()) % 97 / 97 for t in texts]
+        env.details = lambda prompts, texts, answers: [{"correct": 0.0} for _ in texts]
+        what = f"{profile}-size untrained substrate, agent rollouts, stand-in reward"
+    else:
+        model, tokenizer, _ = warm_start(profile, "math", seed=0)
+        what = f"{profile} warm-started substrate, agent rollouts"
     objective = AgentObjective(tokenizer, env, load_tasks(profile, "math", "train"),
                                load_tasks(profile, "math", "val")[:8],
-                               warm_rollout_config(substrate_params(profile)), batch, 1088)
-    return model, objective, f"{profile} substrate, agent rollouts"
+                               warm_rollout_config(params), batch, 1088)
+    return model, objective, what
 
 
 def matmul_flops(n: int = 1024, repeats: int = 5) -> float:
@@ -109,9 +134,11 @@ def main() -> None:
     parser.add_argument("--profile", default="smoke", choices=("smoke", "cpu"))
     parser.add_argument("--population", type=int, default=8)
     parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--untrained", action="store_true",
+                        help="a fresh model of the profile's size and a stand-in reward (no warm start)")
     args = parser.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    model, objective, what = setup(args.profile, args.batch)
+    model, objective, what = setup(args.profile, args.batch, args.untrained)
     result: dict = {"substrate": what, "population": args.population, "batch": args.batch,
                     "threads": torch.get_num_threads(),
                     "parameters": sum(p.numel() for p in model.parameters())}
@@ -143,8 +170,11 @@ def main() -> None:
         bench_model = copy.deepcopy(model)
         bench_es = ES(bench_model, cfg)
         backend = make_backend(bench_es)
+        objective.tokens = 0
         res = es_step(bench_es, 2, objective, backend)
         timings[backend_name], rewards[backend_name] = res.rollout_s, res.rewards
+        result[f"{backend_name}_rollout_fraction_of_matmul"] = (
+            2 * matmul_params(model) * objective.tokens / res.fitness_s / peak)
     result["sequential_eval_s"] = timings["sequential"]
     result["batched_eval_s"] = timings["batched"]
     result["batched_speedup"] = timings["sequential"] / timings["batched"]

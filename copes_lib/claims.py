@@ -32,6 +32,7 @@ class Claim:
     notebook: str
     keys: tuple[str, ...]
     judge: Callable[[dict[str, Any]], Verdict]
+    none_means: tuple[str, ...] = ()  # keys whose None is a result (e.g. "never reached"), not missing
 
 
 def _fmt(x: Any, digits: int = 3) -> str:
@@ -143,7 +144,7 @@ CLAIMS: tuple[Claim, ...] = (
           _greater("gain_recovery_copes", "gain_recovery_es", "copes_minus_es_significant")),
     Claim("A2", "A", "Standard ES needs about 3x the steps to reach CoPES's budget-level validation accuracy",
           "48 vs 16 steps", "05_fixed_budget_math", ("es_steps_to_match_copes", "budget_steps"),
-          _judge_es_steps),
+          _judge_es_steps, none_means=("es_steps_to_match_copes",)),
     Claim("A3", "A", "At the same budget CoPES beats LoRA-GRPO", "91.8% vs 57.7% gain recovery",
           "05_fixed_budget_math", ("gain_recovery_copes", "gain_recovery_lora_grpo"),
           _greater("gain_recovery_copes", "gain_recovery_lora_grpo")),
@@ -200,7 +201,8 @@ def judge_claims(summaries: dict[str, dict[str, Any]]) -> list[dict[str, str]]:
     rows = []
     for claim in CLAIMS:
         summary = summaries.get(claim.notebook, {})
-        absent = [k for k in claim.keys if k not in summary]
+        absent = [k for k in claim.keys
+                  if k not in summary or (summary[k] is None and k not in claim.none_means)]
         if absent:
             verdict, ours = MISSING, f"not yet measured ({', '.join(absent)})"
         else:

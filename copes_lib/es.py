@@ -517,7 +517,8 @@ def train_es(model: nn.Module, objective: Objective, config: ESConfig, *, steps:
              base_validation: dict[str, float] | None = None) -> list[dict[str, Any]]:
     """Train ``model`` in place for ``steps`` ES/CoPES steps; returns one metrics row per step.
 
-    Validation (``objective.validate``, temperature 0) at step 0 and every ``val_every`` steps and at
+    Validation (``objective.validate``, temperature 0; the best checkpoint is selected on its
+    ``score`` if it returns one, else its ``accuracy``) at step 0 and every ``val_every`` steps and at
     the end; the best validated weights go to ``run_dir/best.pt``; ``run_dir/state.pt`` is written
     after every step, and a rerun resumes from it (all randomness is a function of the step, so the
     resumed run is identical to an uninterrupted one). ``on_step(step, row)`` runs after each step's
@@ -547,8 +548,9 @@ def train_es(model: nn.Module, objective: Objective, config: ESConfig, *, steps:
         result = known if known is not None else objective.validate(model)
         row = {f"eval/val_{k}": float(v) for k, v in result.items()}
         row["time/val_s"] = time.perf_counter() - t0
-        if row["eval/val_accuracy"] > state.best_val:
-            state.best_val, state.best_step = row["eval/val_accuracy"], step
+        selected = row.get("eval/val_score", row["eval/val_accuracy"])
+        if selected > state.best_val:
+            state.best_val, state.best_step = selected, step
             runs.save_checkpoint(best_path, {"model": model.state_dict(), "step": step})
         return row
 
@@ -595,9 +597,11 @@ def train_es(model: nn.Module, objective: Objective, config: ESConfig, *, steps:
     return state.history
 
 
-def summarize(history: list[dict[str, Any]], budget_step: int = 16) -> dict[str, Any]:
-    """The summary keys of notebooks 02/03 from a training history."""
-    vals = [(r["step"], r["eval/val_accuracy"]) for r in history if "eval/val_accuracy" in r]
+def summarize(history: list[dict[str, Any]], budget_step: int = 16,
+              metric: str = "eval/val_accuracy") -> dict[str, Any]:
+    """The summary keys of notebooks 02/03 from a training history (``*_val_accuracy`` keys hold
+    ``metric``; pass ``"eval/val_f1"`` for QA)."""
+    vals = [(r["step"], r[metric]) for r in history if metric in r]
     best_step, best = max(vals, key=lambda sv: (sv[1], -sv[0]))
     at_budget = [v for s, v in vals if s == budget_step]
     return {
@@ -668,8 +672,17 @@ class AgentObjective:
 
         with torch.no_grad():
             result = evaluate(model, self.tokenizer, self.val_tasks, self.env, self.rollout_config, seed=0)
-        accuracy = result.get("accuracy", result.get("f1"))
-        return {"accuracy": float(accuracy), "mean_reward": float(result.get("mean_reward", float("nan")))}
+        # score: what checkpoints are selected on (math accuracy; QA F1, the paper's QA validation metric)
+        out = {"score": result["score"], "mean_reward": result["mean_reward"],
+               "accuracy": result.get("accuracy", result.get("acc"))}
+        out.update({k: result[k] for k in ("f1", "em") if k in result})
+        return {k: float(v) for k, v in out.items()}
+
+
+def run_key(config: ESConfig, steps: int, val_every: int, key_extra: dict[str, Any]) -> str:
+    from copes_lib import runs
+
+    return runs.cache_key({"es": config.to_dict(), "steps": steps, "val_every": val_every, **key_extra})
 
 
 def cached_es_run(profile: str, name: str, model: nn.Module, objective: Objective, config: ESConfig, *,
@@ -681,8 +694,7 @@ def cached_es_run(profile: str, name: str, model: nn.Module, objective: Objectiv
 
     from copes_lib import runs
 
-    key = runs.cache_key({"es": config.to_dict(), "steps": steps, "val_every": val_every, **key_extra})
-    folder = runs.cache_dir(profile, name, key)
+    folder = runs.cache_dir(profile, name, run_key(config, steps, val_every, key_extra))
     if force:
         shutil.rmtree(folder)
         folder.mkdir(parents=True)
@@ -700,31 +712,45 @@ class AgentSetup:
     model: nn.Module
     objective: AgentObjective
     key: dict[str, Any]
+    worker_args: dict[str, Any] = field(default_factory=dict)  # load_agent's arguments (Ray workers)
     base_validation: dict[tuple, dict[str, float]] = field(default_factory=dict)  # by validation ids
+    forced: set[str] = field(default_factory=set)  # runs already recomputed under FORCE
 
 
-def load_agent(params: StandardESNotebookParams) -> AgentSetup:
-    """Warm-started substrate (cached by the substrate module), tools and tasks of ``params``."""
+def load_agent(profile: str | NotebookParams, kind: str = "math", *, seed: int = 0, batch_size: int = 64,
+               batch_seed: int = 1088, val_problems: int = 0) -> AgentSetup:
+    """The profile's warm-started substrate (cached by ``copes_lib.substrate``), its tools, the
+    training tasks and the first ``val_problems`` validation tasks (0: all), with the substrate's
+    rollout settings. ``profile`` may be a notebook's parameters instead: then PROFILE, TASK_KIND,
+    SEED, BATCH_SIZE, BATCH_SEED and VAL_PROBLEMS are read from it (notebooks 02, 03, 05, 06)."""
     from copes_lib.rollout import make_env
     from copes_lib.substrate import substrate_params, warm_rollout_config, warm_start
     from copes_lib.tasks import load_tasks
 
-    model, tokenizer, _ = warm_start(params.PROFILE, params.TASK_KIND, seed=params.SEED)
-    env = make_env(params.TASK_KIND, params.PROFILE)
-    val = load_tasks(params.PROFILE, params.TASK_KIND, "val")
-    val = val[:params.VAL_PROBLEMS] if params.VAL_PROBLEMS else val
-    rollout_config = warm_rollout_config(substrate_params(params.PROFILE))  # the substrate's settings
-    objective = AgentObjective(tokenizer, env, load_tasks(params.PROFILE, params.TASK_KIND, "train"), val,
-                               rollout_config, params.BATCH_SIZE, params.BATCH_SEED)
-    key = {"profile": params.PROFILE, "kind": params.TASK_KIND, "substrate_checksum": checksum(model),
-           "batch_size": params.BATCH_SIZE, "batch_seed": params.BATCH_SEED,
-           "rollout": rollout_config.to_dict()}
-    return AgentSetup(model, objective, key)
+    if isinstance(profile, NotebookParams):
+        p = profile
+        profile, kind, seed = p.PROFILE, getattr(p, "TASK_KIND", kind), p.SEED
+        batch_size, batch_seed = getattr(p, "BATCH_SIZE", batch_size), getattr(p, "BATCH_SEED", batch_seed)
+        val_problems = getattr(p, "VAL_PROBLEMS", val_problems)
+    model, tokenizer, _ = warm_start(profile, kind, seed=seed)
+    env = make_env(kind, profile)
+    val = load_tasks(profile, kind, "val")
+    val = val[:val_problems] if val_problems else val
+    rollout_config = warm_rollout_config(substrate_params(profile))
+    objective = AgentObjective(tokenizer, env, load_tasks(profile, kind, "train"), val, rollout_config,
+                               batch_size, batch_seed)
+    key = {"profile": profile, "kind": kind, "substrate_checksum": checksum(model), "batch_size": batch_size,
+           "batch_seed": batch_seed, "rollout": rollout_config.to_dict()}
+    worker_args = dict(profile=profile, kind=kind, seed=seed, batch_size=batch_size, batch_seed=batch_seed,
+                       val_problems=val_problems)
+    return AgentSetup(model, objective, key, worker_args)
 
 
-def run_arm(params: StandardESNotebookParams, agent: AgentSetup, config: ESConfig, *, steps: int,
-            val_every: int, val_problems: int | None = None, prefix: str = "es") -> list[dict[str, Any]]:
-    """One cached training run on a copy of the warm-started model; returns its history."""
+def run_arm(agent: AgentSetup, config: ESConfig, *, steps: int, val_every: int, force: bool = False,
+            val_problems: int | None = None, prefix: str = "es") -> list[dict[str, Any]]:
+    """One training run from a copy of the warm-started model, cached under
+    ``cache/<profile>/es_runs-<key>/`` (finished runs are reused, interrupted ones resume); returns
+    its history. ``val_problems``: validate on the first n of the agent's validation tasks."""
     objective = agent.objective if val_problems is None else agent.objective.with_val(val_problems)
     val_ids = [t.id for t in objective.val_tasks]
     key = {**agent.key, "val_ids": val_ids}
@@ -736,9 +762,13 @@ def run_arm(params: StandardESNotebookParams, agent: AgentSetup, config: ESConfi
 
         if not ray.is_initialized():
             ray.init(num_cpus=config.ray_workers, include_dashboard=False, log_to_driver=False)
-        factory = functools.partial(agent_worker, type(params), params.to_dict())
-    history, _ = cached_es_run(params.PROFILE, "es_runs", copy.deepcopy(agent.model), objective, config,
-                               steps=steps, val_every=val_every, key_extra=key, force=params.FORCE,
+        factory = functools.partial(agent_worker, agent.worker_args)
+    # FORCE recomputes each distinct run once per session, even if several arms share it
+    this = run_key(config, steps, val_every, key)
+    force = force and this not in agent.forced
+    agent.forced.add(this)
+    history, _ = cached_es_run(agent.key["profile"], "es_runs", copy.deepcopy(agent.model), objective, config,
+                               steps=steps, val_every=val_every, key_extra=key, force=force,
                                log_prefix=prefix, worker_factory=factory,
                                base_validation=agent.base_validation.get(tuple(val_ids)))
     agent.base_validation[tuple(val_ids)] = {k[len("eval/val_"):]: v for k, v in history[0].items()
@@ -746,9 +776,10 @@ def run_arm(params: StandardESNotebookParams, agent: AgentSetup, config: ESConfi
     return history
 
 
-def agent_worker(params_class: type, values: dict[str, Any]) -> tuple[nn.Module, AgentObjective]:
-    """Ray worker factory: rebuild the notebook's substrate and objective inside the worker."""
-    agent = load_agent(params_class(**values))
+def agent_worker(worker_args: dict[str, Any]) -> tuple[nn.Module, AgentObjective]:
+    """Ray worker factory: rebuild the substrate and objective inside the worker (weights then
+    come once from the driver)."""
+    agent = load_agent(**worker_args)
     return agent.model, agent.objective
 
 
@@ -791,8 +822,9 @@ def run_sweep(params: StandardESNotebookParams, agent: AgentSetup, subspaces: in
     for sigma in sweep_values(params.SWEEP_SIGMAS, "SWEEP_SIGMAS"):
         alpha = params.SWEEP_ALPHA_RATIO * sigma
         config = es_config_from(params, subspaces=subspaces, sigma=sigma, alpha=alpha)
-        history = run_arm(params, agent, config, steps=params.SWEEP_STEPS, val_every=params.SWEEP_STEPS,
-                          val_problems=params.SWEEP_VAL_PROBLEMS, prefix=f"sweep K={subspaces} sigma={sigma:g}")
+        history = run_arm(agent, config, steps=params.SWEEP_STEPS, val_every=params.SWEEP_STEPS,
+                          force=params.FORCE, val_problems=params.SWEEP_VAL_PROBLEMS,
+                          prefix=f"sweep K={subspaces} sigma={sigma:g}")
         rows.append({"subspaces": subspaces, "sigma": sigma, "alpha": alpha,
                      "base_val_accuracy": history[0]["eval/val_accuracy"],
                      "final_val_accuracy": history[-1]["eval/val_accuracy"],
@@ -820,23 +852,25 @@ def binomial_se(accuracy: float, n: int) -> float:
 class StandardESNotebookParams(NotebookParams):
     """Parameters of 02_standard_es (defaults = the cpu profile)."""
 
-    STEPS: int = param(24, "ES steps of the main run (paper: best checkpoint at 112; budget 16)", ge=0)
+    STEPS: int = param(16, "ES steps of the main run (paper: the 16-step budget; best ES checkpoint at 112)",
+                       ge=0)
     POPULATION: int = param(40, "N, members per step (paper: 40)", ge=2)
     SIGMA: float = param(1e-2, "sigma of the main run (paper: 1e-3; chosen for this substrate by the "
                          "sweep, FINDINGS.md)", gt=0.0)
     ALPHA: float = param(5e-3, "alpha of the main run (paper: 5e-4)", gt=0.0)
-    BATCH_SIZE: int = param(64, "prompts per step, shared by all members (paper: 64)", ge=1)
+    BATCH_SIZE: int = param(16, "prompts per step, shared by all members (paper: 64; 16 fits the cpu budget)",
+                            ge=1)
     VAL_EVERY: int = param(8, "validate every this many steps (paper: 8)", ge=1)
-    VAL_PROBLEMS: int = param(512, "validation problems (0 = all of the val split; paper: 750)", ge=0)
+    VAL_PROBLEMS: int = param(512, "validation problems, 0 for all of the val split (paper: 750)", ge=0)
     CHUNK_SIZE: int = param(4096, "elements per chunk (paper: unstated)", ge=1)
-    BACKEND: str = param("sequential", "member evaluation backend",
+    BACKEND: str = param("batched", "member evaluation backend (batched: members x prompts in one rollout)",
                          choices=("sequential", "batched", "ray"))
     NOISE: str = param("iid", "noise seeding (iid or paper_correlated)", choices=("iid", "paper_correlated"))
     ES_SEED: int = param(33, "seed of noise and partitions (paper: 33)", ge=0)
     BATCH_SEED: int = param(1088, "seed of the per-step prompt batches, shared by every method", ge=0)
-    SWEEP_SIGMAS: str = param("0.005,0.01,0.02", "comma-separated sigmas of the sweep ('' = no sweep)")
-    SWEEP_ALPHA_RATIO: float = param(0.5, "sweep uses alpha = ratio * sigma (paper: 0.5)", gt=0.0)
-    SWEEP_STEPS: int = param(8, "steps per sweep run", ge=1)
+    SWEEP_SIGMAS: str = param("0.005,0.01", "comma-separated sigmas of the sweep; empty for no sweep")
+    SWEEP_ALPHA_RATIO: float = param(0.5, "the sweep sets alpha to this ratio times sigma (paper: 0.5)", gt=0.0)
+    SWEEP_STEPS: int = param(4, "steps per sweep run", ge=1)
     SWEEP_VAL_PROBLEMS: int = param(256, "validation problems for sweep runs", ge=1)
     TASK_KIND: str = param("math", "task family", choices=("math", "qa"))
     MAIN_FROM_SWEEP: bool = param(True, "main run at the sweep's best (sigma, alpha); False: SIGMA, ALPHA")
@@ -852,10 +886,10 @@ class CoPESNotebookParams(StandardESNotebookParams):
     SUBSPACES: int = param(4, "K (paper: 4)", ge=1)
     ZSCORE: str = param("joint", "z-score over all N (paper) or per subspace (ablation)",
                         choices=("joint", "independent"))
-    SIGMA: float = param(1e-2, "sigma (sigma_k = sqrt(K) sigma); the paper's protocol shares ES's sigma",
+    SIGMA: float = param(1e-2, "sigma; CoPES perturbs with sigma_k: sqrt(K) x sigma (the paper's protocol shares ES's sigma)",
                          gt=0.0)
-    SWEEP_SIGMAS: str = param("0.0025,0.005,0.01", "comma-separated sigmas of the CoPES sweep "
-                              "('' = no sweep)")
+    SWEEP_SIGMAS: str = param("0.005,0.01", "comma-separated sigmas of the CoPES sweep, separate from "
+                              "ES's; empty for no sweep")
     STEP_CONTROL: bool = param(False, "also run ES with sqrt(K) x alpha (CoPES's update size; FINDINGS.md)")
 
     def check(self) -> None:

@@ -34,8 +34,10 @@ How it departs from the paper / VeRL 0.8.0:
   tasks, with fewer prompts per step, fewer steps and a larger learning rate chosen by a small sweep
   (notebook 04); the gpu profile keeps the paper's values (the dataclass defaults below).
 - Gradient accumulation is exact: every micro-batch's loss is divided by the token count (or sequence
-  count) of the whole mini-batch, so the result does not depend on ``micro_batch_size``. VeRL scales
-  per-micro-batch means, which equals this only when micro-batches hold equal token counts.
+  count) of the whole mini-batch, so the result does not depend on ``micro_batch_size`` (tested).
+  VeRL scales per-micro-batch means, which equals this only when micro-batches hold equal token
+  counts. Rows are sorted by length inside a mini-batch and each micro-batch is padded to its own
+  longest row (less padding work; the loss does not depend on the order).
 - No dual-clip (VeRL's ``clip_ratio_c`` for negative advantages), no entropy bonus (VeRL's default
   ``entropy_coeff`` is 0 in recent versions), no dynamic batch sizing or sequence packing.
 - The best checkpoint is chosen among trained steps only (step 0, the base model, is reported
@@ -366,51 +368,84 @@ def load_trainable_state(model: torch.nn.Module, state: dict[str, torch.Tensor])
 
 
 # --------------------------------------------------------------------------- one update
-def grpo_update(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: PackedBatch,
-                advantages: torch.Tensor, config: GRPOConfig, reference: Reference | None) -> dict[str, float]:
-    """Steps 3-5 of the module docstring on one step's rollouts; returns mean statistics."""
-    trajectories_per_mini = config.mini_batch_size * config.group_size
-    if len(batch) % trajectories_per_mini:
-        raise ValueError(f"{len(batch)} trajectories cannot be cut into mini-batches of mini_batch_size * "
-                         f"group_size = {config.mini_batch_size} * {config.group_size} = {trajectories_per_mini}")
-    advantages = advantages.to(batch.input_ids.device)
-    mb = config.micro_batch_size
-    amp = config.amp_dtype
-    old_logps = batched_logprobs(policy, batch, mb, config.temperature, amp)
-    ref_logps = reference.logprobs(batch, mb, config.temperature, amp) if config.kl_coef > 0 else None
+def mini_batches(batch: Any, advantages: torch.Tensor, config: GRPOConfig, pad_id: int,
+                 device: torch.device | str = "cpu") -> list[list[tuple[PackedBatch, torch.Tensor]]]:
+    """Cut a rollout batch (``prompt_ids``, ``completion_ids``, ``model_mask``) into mini-batches of
+    ``mini_batch_size * group_size`` consecutive trajectories, each a list of (micro-batch, advantages).
+
+    Within a mini-batch, rows are sorted by length before being cut into micro-batches, and each
+    micro-batch is padded only to its own longest row: the loss is a sum over rows divided by
+    mini-batch totals, so the order changes nothing but the padding work.
+    """
+    per_mini = config.mini_batch_size * config.group_size
+    n = len(batch.completion_ids)
+    if n % per_mini:
+        raise ValueError(f"{n} trajectories cannot be cut into mini-batches of mini_batch_size * "
+                         f"group_size = {config.mini_batch_size} * {config.group_size} = {per_mini}")
+    if advantages.shape != (n,):
+        raise ValueError(f"advantages has shape {tuple(advantages.shape)}; expected ({n},), one per trajectory")
+    out = []
+    for start in range(0, n, per_mini):
+        rows = sorted(range(start, start + per_mini),
+                      key=lambda i: len(batch.prompt_ids[i]) + len(batch.completion_ids[i]))
+        micro = []
+        for m0 in range(0, per_mini, config.micro_batch_size):
+            idx = rows[m0:m0 + config.micro_batch_size]
+            packed = pack([batch.prompt_ids[i] for i in idx], [batch.completion_ids[i] for i in idx],
+                          [batch.model_mask[i] for i in idx], pad_id, device)
+            micro.append((packed, advantages[idx].to(packed.input_ids.device)))
+        out.append(micro)
+    return out
+
+
+def grpo_update(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Any,
+                advantages: torch.Tensor, config: GRPOConfig, reference: Reference | None,
+                pad_id: int = 0) -> dict[str, float]:
+    """Steps 3-5 of the module docstring on one step's rollouts; returns mean statistics.
+
+    ``batch`` has ``prompt_ids``, ``completion_ids`` and ``model_mask`` (a ``RolloutBatch``);
+    ``advantages`` holds one value per trajectory.
+    """
+    minis = mini_batches(batch, torch.as_tensor(advantages, dtype=torch.float32), config, pad_id,
+                         next(policy.parameters()).device)
+    amp, temp = config.amp_dtype, config.temperature
+    with torch.no_grad():
+        # pi_old: the weights that sampled the rollouts. With one epoch the first mini-batch is seen
+        # before any update, so its pi_old is the policy's own (detached) output: no extra pass.
+        old = [None if (k == 0 and config.ppo_epochs == 1) else
+               [completion_logprobs(policy, packed, temp, amp_dtype=amp)[0] for packed, _ in micro]
+               for k, micro in enumerate(minis)]
+        ref = [[reference.logprobs(packed, len(packed), temp, amp) for packed, _ in micro]
+               if config.kl_coef > 0 else None for micro in minis]
     params = [p for p in policy.parameters() if p.requires_grad]
     totals: dict[str, list[float]] = {}
     for _ in range(config.ppo_epochs):
-        for start in range(0, len(batch), trajectories_per_mini):
-            mini = slice(start, start + trajectories_per_mini)
-            num_tokens = float(batch.completion_mask[mini].sum())
+        for k, micro in enumerate(minis):
+            num_tokens = float(sum(packed.completion_mask.sum() for packed, _ in micro))
+            num_seqs = float(sum(len(packed) for packed, _ in micro))
             optimizer.zero_grad(set_to_none=True)
             sums = {"kl": 0.0, "clip_frac": 0.0, "entropy": 0.0, "ratio_mean": 0.0, "loss": 0.0}
-            for m0 in range(start, start + trajectories_per_mini, mb):
-                micro = slice(m0, min(m0 + mb, start + trajectories_per_mini))
-                rows = batch.rows(micro)
-                logps, entropy = completion_logprobs(policy, rows, config.temperature, with_entropy=True,
-                                                     amp_dtype=amp)
-                loss, stats = grpo_loss(
-                    logps, old_logps[micro], None if ref_logps is None else ref_logps[micro],
-                    advantages[micro], rows.completion_mask, config,
-                    num_tokens=num_tokens, num_seqs=float(trajectories_per_mini))
+            for j, (packed, adv) in enumerate(micro):
+                logps, entropy = completion_logprobs(policy, packed, temp, with_entropy=True, amp_dtype=amp)
+                old_logps = logps.detach() if old[k] is None else old[k][j]
+                loss, stats = grpo_loss(logps, old_logps, None if ref[k] is None else ref[k][j], adv,
+                                        packed.completion_mask, config, num_tokens=num_tokens, num_seqs=num_seqs)
                 loss.backward()
                 # token-weighted sums, so the mini-batch statistics are token means like the loss
                 for key in ("kl", "clip_frac", "ratio_mean"):
                     sums[key] += stats[key] * stats["tokens"]
-                sums["entropy"] += float((entropy * rows.completion_mask).sum())
+                sums["entropy"] += float((entropy * packed.completion_mask).sum())
                 sums["loss"] += float(loss.detach())
             grad_norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
             if not torch.isfinite(grad_norm):
                 raise FloatingPointError(f"gradient norm is {float(grad_norm)}; lower GRPOConfig.lr = {config.lr}")
             optimizer.step()
             denom = max(num_tokens, 1.0)
-            row = {k: (v if k == "loss" else v / denom) for k, v in sums.items()}
+            row = {key: (v if key == "loss" else v / denom) for key, v in sums.items()}
             row["grad_norm"] = float(grad_norm)
-            for k, v in row.items():
-                totals.setdefault(k, []).append(v)
-    return {k: sum(v) / len(v) for k, v in totals.items()}
+            for key, v in row.items():
+                totals.setdefault(key, []).append(v)
+    return {key: sum(v) / len(v) for key, v in totals.items()}
 
 
 # --------------------------------------------------------------------------- training loop
@@ -476,7 +511,7 @@ def _pad_id(tokenizer: Any) -> int:
 
 def train_grpo(model: torch.nn.Module, tokenizer: Any, env: Any, train_tasks: Sequence[Any],
                val_tasks: Sequence[Any], config: GRPOConfig, run_dir: str | Path, *,
-               rollout_config: Any = None, resume: bool = True,
+               rollout_config: Any = None, resume: bool = True, stop_after: int | None = None,
                on_step: Callable[[int, dict[str, Any]], None] | None = None,
                rollout_fn: Callable | None = None, evaluate_fn: Callable | None = None) -> GRPOResult:
     """Train ``model`` with GRPO and return its history; checkpoints live in ``run_dir``.
@@ -491,8 +526,11 @@ def train_grpo(model: torch.nn.Module, tokenizer: Any, env: Any, train_tasks: Se
     last step; the best validated step's trainable weights go to ``run_dir/best.pt``. ``run_dir/last.pt``
     (weights, optimizer, history) is written every ``save_every`` steps, and with ``resume`` a rerun
     continues from it; prompts and sampling seeds depend only on (seed, step), so a resumed run
-    equals an uninterrupted one.
+    equals an uninterrupted one. ``stop_after`` ends the run after that step (validated and
+    checkpointed), so a learning-rate sweep can continue its winner to ``total_steps`` by resuming.
     """
+    if stop_after is not None and stop_after < 1:
+        raise ValueError(f"stop_after = {stop_after} must be >= 1 (or None to run all total_steps)")
     if rollout_fn is None or evaluate_fn is None:
         default_rollout, default_evaluate = _default_rollout_fns()
         rollout_fn = rollout_fn or default_rollout
@@ -536,7 +574,8 @@ def train_grpo(model: torch.nn.Module, tokenizer: Any, env: Any, train_tasks: Se
         if on_step:
             on_step(0, history[0])
     pad_id = _pad_id(tokenizer)
-    for step in range(start + 1, config.total_steps + 1):
+    last_step = config.total_steps if stop_after is None else min(stop_after, config.total_steps)
+    for step in range(start + 1, last_step + 1):
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         t0 = time.perf_counter()
@@ -547,8 +586,7 @@ def train_grpo(model: torch.nn.Module, tokenizer: Any, env: Any, train_tasks: Se
         rewards = torch.tensor(rb.rewards, dtype=torch.float32)
         advantages = group_advantages(rewards, config.group_size, norm_by_std=config.norm_adv_by_std,
                                       eps=config.adv_eps)
-        batch = pack(rb.prompt_ids, rb.completion_ids, rb.model_mask, pad_id, device)
-        stats = grpo_update(policy, optimizer, batch, advantages, config, reference)
+        stats = grpo_update(policy, optimizer, rb, advantages, config, reference, pad_id)
         t2 = time.perf_counter()
         group_std = rewards.view(-1, config.group_size).std(dim=1)
         metrics: dict[str, Any] = {
@@ -563,20 +601,20 @@ def train_grpo(model: torch.nn.Module, tokenizer: Any, env: Any, train_tasks: Se
             "grpo/loss": stats["loss"],
             "grpo/grad_norm": stats["grad_norm"],
             "grpo/zero_std_group_frac": float((group_std == 0).float().mean()),
-            "grpo/model_tokens_mean": float(batch.completion_mask.sum(dim=1).mean()),
+            "grpo/model_tokens_mean": sum(map(sum, rb.model_mask)) / len(rb.model_mask),
             "mem/peak_gib": peak_memory_gib(device),
             "time/rollout_s": t1 - t0,
             "time/update_s": t2 - t1,
             "time/step_s": t2 - t0,
         }
-        if step % config.val_every == 0 or step == config.total_steps:
+        if step % config.val_every == 0 or step == last_step:
             metrics["eval/val_accuracy"] = value = validate(step)
             if best_val is None or value > best_val:
                 best_step, best_val = step, value
                 runs.save_checkpoint(best_path, {"step": step, "val": value, "trainable": trainable_state(policy),
                                                  "use_lora": config.use_lora})
         history.append(metrics)
-        if step % config.save_every == 0 or step == config.total_steps:
+        if step % config.save_every == 0 or step == last_step:
             runs.save_checkpoint(last_path, {
                 "config": config.to_dict(), "step": step, "trainable": trainable_state(policy),
                 "optimizer": optimizer.state_dict(), "history": history, "val_by_step": val_by_step,
@@ -594,6 +632,30 @@ def load_best(policy: torch.nn.Module, result: GRPOResult) -> torch.nn.Module:
         raise ValueError("no validated training step, so there is no best checkpoint")
     load_trainable_state(policy, runs.load_checkpoint(result.best_path)["trainable"])
     return policy
+
+
+def pick_learning_rate(train: Callable[[float, int], GRPOResult], candidates: Sequence[float],
+                       sweep_steps: int) -> tuple[float, list[dict[str, Any]]]:
+    """A small learning-rate sweep: ``train(lr, stop_after)`` runs each candidate for ``sweep_steps``
+    steps; the highest validation accuracy at that step wins (ties: higher mean training reward, then
+    the smaller rate). Returns (best rate, one row per candidate). With the runs' checkpoints kept,
+    the winner continues to its ``total_steps`` by resuming, so only the losers cost extra steps.
+    """
+    if len(candidates) < 1:
+        raise ValueError("pick_learning_rate needs at least one candidate learning rate")
+    rows = []
+    for lr in sorted(candidates):
+        result = train(lr, sweep_steps)
+        if sweep_steps not in result.val_by_step:
+            raise ValueError(f"the run with lr = {lr:g} was not validated at sweep_steps = {sweep_steps}")
+        trained = [row for row in result.history[1:] if row["step"] <= sweep_steps]
+        rows.append({"lr": lr, "base_val": result.base_val, "val_at_sweep_end": result.val_by_step[sweep_steps],
+                     "mean_train_reward": sum(r["reward/mean"] for r in trained) / len(trained),
+                     "kl_at_sweep_end": trained[-1]["grpo/kl"]})
+    best = max(rows, key=lambda r: (r["val_at_sweep_end"], r["mean_train_reward"], -r["lr"]))
+    for row in rows:
+        row["chosen"] = row is best
+    return best["lr"], rows
 
 
 def device_hours_per_step(history: Sequence[dict[str, Any]], devices: int = 1) -> float:
@@ -614,15 +676,16 @@ class GRPONotebookParams(NotebookParams):
     PROMPT_BATCH: int = param(16, "prompts per step (paper: 64)", ge=1)
     GROUP_SIZE: int = param(8, "G, trajectories per prompt (paper: 8)", ge=2)
     MINI_BATCH: int = param(8, "prompts per optimizer step (paper: 32 of 64, i.e. 2 updates per step)", ge=1)
-    MICRO_BATCH: int = param(64, "trajectories per forward/backward (memory only)", ge=1)
+    MICRO_BATCH: int = param(32, "trajectories per forward/backward (memory only)", ge=1)
     FULL_LR: float = param(1e-4, "full-parameter learning rate (paper: 1e-6 on a 4B model)", gt=0)
     LORA_LR: float = param(1e-3, "LoRA learning rate (paper: 5e-6 on a 4B model)", gt=0)
     LORA_R: int = param(8, "LoRA rank (paper: 32)", ge=1)
-    LORA_ALPHA: int = param(16, "LoRA alpha (paper: 64; alpha / r = 2 as in the paper)", ge=1)
+    LORA_ALPHA: int = param(16, "LoRA alpha (paper: 64), twice the rank as in the paper", ge=1)
     KL_COEF: float = param(1e-3, "k3 KL coefficient (paper: 1e-3)", ge=0)
-    SWEEP_LRS_FULL: str = param("", "comma-separated full-parameter learning rates to sweep first "
-                                    "(empty: no sweep, use FULL_LR)")
-    SWEEP_LRS_LORA: str = param("", "comma-separated LoRA learning rates to sweep first (empty: use LORA_LR)")
+    TEMPERATURE: float = param(1.0, "sampling temperature of training rollouts (paper: 1.0)", gt=0)
+    SWEEP_LRS_FULL: str = param("1e-4,3e-4", "comma-separated full-parameter learning rates to sweep first "
+                                             "(empty: no sweep, use FULL_LR)")
+    SWEEP_LRS_LORA: str = param("1e-3,3e-3", "comma-separated LoRA learning rates to sweep first (empty: use LORA_LR)")
     SWEEP_STEPS: int = param(4, "steps per sweep run; the best validation accuracy picks the rate", ge=1)
     N_VAL: int = param(128, "validation problems (paper: 750)", ge=1)
     GRPO_SEED: int = param(42, "GRPO seed (paper: 42)", ge=0)
@@ -641,6 +704,8 @@ class GRPONotebookParams(NotebookParams):
                     ok = False
                 if not ok:
                     raise ConfigError(f"{name} = {getattr(self, name)!r}: {item!r} is not a positive number")
+        if (len(self.sweep("full")) > 1 or len(self.sweep("lora")) > 1) and self.SWEEP_STEPS >= self.STEPS:
+            raise ConfigError(f"SWEEP_STEPS = {self.SWEEP_STEPS} must be < STEPS = {self.STEPS} when a sweep is set")
 
     def sweep(self, which: str) -> list[float]:
         text = self.SWEEP_LRS_FULL if which == "full" else self.SWEEP_LRS_LORA
@@ -650,13 +715,13 @@ class GRPONotebookParams(NotebookParams):
         return GRPOConfig(
             group_size=self.GROUP_SIZE, prompt_batch_size=self.PROMPT_BATCH, mini_batch_size=self.MINI_BATCH,
             micro_batch_size=self.MICRO_BATCH, lr=lr if lr is not None else (self.LORA_LR if use_lora else self.FULL_LR),
-            kl_coef=self.KL_COEF, use_lora=use_lora, lora_r=self.LORA_R, lora_alpha=self.LORA_ALPHA,
+            kl_coef=self.KL_COEF, temperature=self.TEMPERATURE, use_lora=use_lora, lora_r=self.LORA_R, lora_alpha=self.LORA_ALPHA,
             total_steps=steps or self.STEPS, val_every=self.VAL_EVERY, seed=self.GRPO_SEED, amp_dtype=self.AMP)
 
 
 __all__ = [
     "GRPOConfig", "GRPONotebookParams", "GRPOResult", "PackedBatch", "Reference", "aggregate", "attach_lora",
-    "batched_logprobs", "completion_logprobs", "device_hours_per_step", "grpo_loss", "grpo_update",
-    "group_advantages", "kl_penalty", "load_best", "pack", "peak_memory_gib", "prompt_batch", "train_grpo",
-    "trainable_state",
+    "batched_logprobs", "completion_logprobs", "device_hours_per_step", "group_advantages", "grpo_loss",
+    "grpo_update", "kl_penalty", "load_best", "mini_batches", "pack", "peak_memory_gib", "pick_learning_rate",
+    "load_trainable_state", "prompt_batch", "train_grpo", "trainable_state",
 ]

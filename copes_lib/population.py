@@ -119,11 +119,14 @@ class Population:
             sizes = {stop - start for _, start, stop in runs}
             if len(sizes) == 1 and len(runs) > 1:
                 # equal groups: one batched matmul over members
-                ids = torch.as_tensor([m for m, _, _ in runs], device=x.device)
+                first, ids = runs[0][0], [m for m, _, _ in runs]
+                # consecutive members: a view of the stack, no copy of G weight matrices per call
+                pick = (slice(first, first + len(ids)) if ids == list(range(first, first + len(ids)))
+                        else torch.as_tensor(ids, device=x.device))
                 xs = x.reshape(len(runs), -1, x.shape[-1])
-                out = torch.bmm(xs, weight[ids].transpose(1, 2))
+                out = torch.bmm(xs, weight[pick].transpose(1, 2))
                 if bias is not None:
-                    out = out + bias[ids].unsqueeze(1)
+                    out = out + bias[pick].unsqueeze(1)
                 return out.reshape(*x.shape[:-1], weight.shape[1])
             parts = [F.linear(x[start:stop], weight[m], None if bias is None else bias[m])
                      for m, start, stop in runs]

@@ -20,7 +20,6 @@ profile loads a local HF checkpoint (``MODEL_PATH``) instead.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shutil
 import time
@@ -53,8 +52,8 @@ class SubstrateNotebookParams(NotebookParams):
     MODEL_SIZE: str = param("cpu", "Qwen3 shape of the miniature", choices=tuple(MODEL_SIZES))
     VOCAB_SIZE: int = param(640, "BPE vocabulary size of the miniature's tokenizer", ge=300, le=8192)
     MAX_CONTEXT: int = param(384, "longest prompt + trajectory in tokens (model positions)", ge=64)
-    WARM_MATH_STEPS: int = param(300, "warm-start optimizer steps on math traces (fixed per profile)", ge=0)
-    WARM_QA_STEPS: int = param(300, "warm-start optimizer steps on QA traces (fixed per profile)", ge=0)
+    WARM_MATH_STEPS: int = param(450, "warm-start optimizer steps on math traces (fixed per profile)", ge=0)
+    WARM_QA_STEPS: int = param(200, "warm-start optimizer steps on QA traces (fixed per profile)", ge=0)
     WARM_BATCH: int = param(32, "warm-start traces per step", ge=1)
     WARM_LR: float = param(3e-3, "warm-start AdamW learning rate (after a linear warmup)", gt=0.0)
     WARM_WARMUP: int = param(20, "linear learning-rate warmup steps", ge=0)
@@ -119,20 +118,17 @@ def tokenizer_texts(profile: str) -> list[str]:
 
 
 def get_tokenizer(profile: str, params: SubstrateNotebookParams | None = None, force: bool = False):
-    """The profile's tokenizer, trained once and cached."""
+    """The profile's tokenizer, trained once and cached (key: vocabulary size + data fingerprints)."""
     from transformers import AutoTokenizer
 
-    from copes_lib.tasks import task_ids
-
-    import hashlib
+    from copes_lib.tasks import data_fingerprint
 
     params = params or substrate_params(profile)
-    texts = tokenizer_texts(profile)
-    digest = hashlib.sha256("\n".join(texts).encode()).hexdigest()
-    folder = runs.cache_dir(profile, "tokenizer", runs.cache_key({"vocab_size": params.VOCAB_SIZE, "texts": digest}))
+    data = {kind: data_fingerprint(profile, kind) for kind in ("math", "qa")}
+    folder = runs.cache_dir(profile, "tokenizer", runs.cache_key({"vocab_size": params.VOCAB_SIZE, "data": data}))
     final = folder / "tokenizer"
     if force or not final.exists():
-        tokenizer = train_tokenizer(texts, params.VOCAB_SIZE)
+        tokenizer = train_tokenizer(tokenizer_texts(profile), params.VOCAB_SIZE)
         _save_atomically(folder, "tokenizer", tokenizer.save_pretrained)
     return AutoTokenizer.from_pretrained(final, padding_side="left")
 
@@ -197,9 +193,8 @@ def load_pretrained(path: str, device: str | torch.device | None = None, dtype: 
 def encode_trace(tokenizer, task, max_len: int) -> tuple[list[int], list[int]]:
     """(ids, loss_mask) of prompt + gold trace; the mask is 1 on model-written tokens only. Segments
     are tokenised separately, exactly as the rollout sees them."""
-    from copes_lib.tasks import format_prompt, split_trace
-
     from copes_lib.rollout import encode
+    from copes_lib.tasks import format_prompt, split_trace
 
     ids = encode(tokenizer, format_prompt(task))
     mask = [0] * len(ids)
@@ -225,7 +220,7 @@ def warm_rollout_config(params: SubstrateNotebookParams):
     from copes_lib.rollout import RolloutConfig
 
     return RolloutConfig(max_new_tokens=params.MAX_NEW_TOKENS, max_context=params.MAX_CONTEXT,
-                         batch_size=params.EVAL_BATCH, prompt_style="plain")
+                         batch_size=params.EVAL_BATCH, prompt_style="auto" if params.PROFILE == "gpu" else "plain")
 
 
 def train_warm_start(model, tokenizer, train_tasks, val_tasks, env, steps: int, batch: int, lr: float,
@@ -279,6 +274,17 @@ def train_warm_start(model, tokenizer, train_tasks, val_tasks, env, steps: int, 
     return curve
 
 
+def warm_start_folder(profile: str, kind: str, seed: int = 0,
+                      params: SubstrateNotebookParams | None = None) -> tuple[Path, bool]:
+    """(cache folder of a warm start, whether a complete model is stored there)."""
+    from copes_lib.tasks import data_fingerprint
+
+    params = params or substrate_params(profile)
+    key = runs.cache_key({**_warm_config(params, kind, seed), "data": data_fingerprint(profile, kind)})
+    folder = runs.cache_dir(profile, f"warm-{kind}", key)
+    return folder, (folder / "model").exists() and (folder / "info.json").exists()
+
+
 def warm_start(profile: str, kind: str = "math", seed: int = 0, force: bool = False,
                params: SubstrateNotebookParams | None = None, log=print):
     """(model, tokenizer, info) of the profile's base model for ``kind``. Trained once, cached.
@@ -288,7 +294,7 @@ def warm_start(profile: str, kind: str = "math", seed: int = 0, force: bool = Fa
     cached (whether it came from the cache).
     """
     from copes_lib.rollout import make_env
-    from copes_lib.tasks import TASK_KINDS, load_tasks, task_ids
+    from copes_lib.tasks import TASK_KINDS, load_tasks
 
     if kind not in TASK_KINDS:
         raise ConfigError(f"kind = {kind!r} is not valid; valid values: {list(TASK_KINDS)}")
@@ -301,9 +307,8 @@ def warm_start(profile: str, kind: str = "math", seed: int = 0, force: bool = Fa
 
     tokenizer = get_tokenizer(profile, params)
     config = _warm_config(params, kind, seed)
-    ids = task_ids(profile, kind, "train") + task_ids(profile, kind, "val")
-    folder = runs.cache_dir(profile, f"warm-{kind}", runs.cache_key(config, ids))
-    if not force and (folder / "model").exists() and (folder / "info.json").exists():
+    folder, complete = warm_start_folder(profile, kind, seed, params)
+    if not force and complete:
         model = Qwen3ForCausalLM.from_pretrained(folder / "model", dtype=torch.float32)
         model.eval()
         info = {**runs.read_json(folder / "info.json"), "cached": True}
@@ -334,4 +339,5 @@ def describe(model, tokenizer) -> dict:
 
 __all__ = ["SubstrateNotebookParams", "MODEL_SIZES", "substrate_params", "train_tokenizer", "get_tokenizer",
            "build_model", "model_config", "count_params", "load_pretrained", "encode_trace", "warm_start",
-           "train_warm_start", "warm_rollout_config", "describe", "json"]
+           "warm_start_folder",
+           "train_warm_start", "warm_rollout_config", "describe"]

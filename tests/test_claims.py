@@ -65,3 +65,11 @@ def test_markdown_lists_every_claim_with_a_link():
     for claim in claims.CLAIMS:
         assert f"| {claim.claim_id} |" in md
         assert f"notebooks/{claim.notebook}.ipynb" in md
+
+
+def test_none_is_missing_except_where_it_is_a_result():
+    rows = claims.judge_claims({"05_fixed_budget_math": {"gain_recovery_copes": None, "gain_recovery_es": 0.5,
+                                                         "es_steps_to_match_copes": None, "budget_steps": 8}})
+    by_id = {r["claim"]: r for r in rows}
+    assert by_id["A1"]["verdict"] == claims.MISSING
+    assert by_id["A2"]["verdict"] == claims.AGREES and "never reached" in by_id["A2"]["ours"]

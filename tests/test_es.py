@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import math
+import shutil
+import tempfile
 
 import numpy as np
 import pytest
@@ -365,7 +367,10 @@ def test_ray_backend_gives_the_same_update_as_sequential():
     config = cfg(subspaces=2)
     seq_model, objective = toy_quadratic(9)
     seq_es = ES(seq_model, config)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    # a fresh local cluster in its own short temp dir: never join another session's cluster
+    temp_dir = tempfile.mkdtemp(prefix="ray_es_", dir="/tmp")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             configure_logging=False, _temp_dir=temp_dir)
     try:
         ray_model, _ = toy_quadratic(9)
         ray_es = ES(ray_model, ESConfig(**{**config.to_dict(), "backend": "ray", "ray_workers": 2}))
@@ -377,6 +382,7 @@ def test_ray_backend_gives_the_same_update_as_sequential():
         backend.close()
     finally:
         ray.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
     assert torch.equal(flat(seq_model), flat(ray_model))
 
 
@@ -404,3 +410,26 @@ def test_batched_rollout_gives_the_same_tokens_as_sequential_rollouts():
             batched = rollout(model, tokenizer, tasks * 4, env, config, row_hook=pop.row_hook).completion_ids
     assert batched == sequential
     assert len({tuple(c) for c in sequential}) > 3  # members generate different trajectories
+
+
+def test_population_handles_interleaved_and_uneven_rows():
+    """Rows of a call need not be grouped by member, nor equal in number per member."""
+    from copes_lib.population import Population
+
+    model = tiny_qwen(2)
+    es = ES(model, cfg(population=4, subspaces=2, sigma=0.3, chunk_size=128))
+    plan = es.plan(1)
+    members = plan.members()
+    ids = torch.randint(0, 20, (5, 6), generator=torch.Generator().manual_seed(2))
+    rows = [0, 5, 1, 9, 6]  # members (rows_per_member=4): 0, 1, 0, 2, 1
+    with torch.no_grad():
+        with Population(model, es.member_weights(plan, members), rows_per_member=4) as pop:
+            pop.row_hook(rows)
+            batched = model(input_ids=ids, use_cache=False).logits
+        backup = es.backup()
+        for pos, row in enumerate(rows):
+            k, i = members[row // 4]
+            es.perturb(plan, k, i)
+            single = model(input_ids=ids[pos:pos + 1], use_cache=False).logits
+            es.restore(plan, k, i, backup)
+            assert torch.allclose(batched[pos:pos + 1], single, atol=1e-5)

@@ -17,6 +17,7 @@ from copes_lib.config import ConfigError
 from copes_lib.grpo import (
     GRPOConfig,
     GRPONotebookParams,
+    GRPOResult,
     Reference,
     attach_lora,
     completion_logprobs,
@@ -24,6 +25,7 @@ from copes_lib.grpo import (
     grpo_loss,
     grpo_update,
     pack,
+    pick_learning_rate,
     prompt_batch,
     train_grpo,
 )
@@ -84,6 +86,16 @@ def toy_evaluate(model, tokenizer, tasks, env, config, seed):
 def toy_packed(model, n: int, seed: int = 0):
     batch = toy_rollout(model, None, list(range(n)), None, ToyRolloutConfig(), seed)
     return batch, pack(batch.prompt_ids, batch.completion_ids, batch.model_mask, pad_id=0)
+
+
+def ragged_batch(model, n: int, seed: int = 0):
+    """A toy batch whose rows have different prompt and completion lengths (padding matters)."""
+    batch = toy_rollout(model, None, list(range(n)), None, ToyRolloutConfig(), seed)
+    for i in range(n):
+        batch.prompt_ids[i] = batch.prompt_ids[i] + [3] * (i % 3)
+        cut = 6 - (i % 2) * 2
+        batch.completion_ids[i], batch.model_mask[i] = batch.completion_ids[i][:cut], batch.model_mask[i][:cut]
+    return batch
 
 
 # --------------------------------------------------------------------------- the loss
@@ -160,11 +172,11 @@ def test_config_rejects_bad_values_by_name():
 
 def test_update_rejects_batch_not_divisible_into_mini_batches():
     model = tiny_model()
-    _, packed = toy_packed(model, 6)
+    batch, _ = toy_packed(model, 6)
     cfg = GRPOConfig(group_size=2, prompt_batch_size=2, mini_batch_size=2, kl_coef=0.0)  # 4 per mini-batch
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     with pytest.raises(ValueError, match="6 trajectories cannot be cut into mini-batches"):
-        grpo_update(model, opt, packed, torch.zeros(6), cfg, None)
+        grpo_update(model, opt, batch, torch.zeros(6), cfg, None)
 
 
 # --------------------------------------------------------------------------- log-probabilities
@@ -182,13 +194,13 @@ def test_logprobs_independent_of_padding():
 # --------------------------------------------------------------------------- updates
 def test_full_update_changes_parameters_and_first_ratio_is_one():
     model = tiny_model()
-    batch, packed = toy_packed(model, 8)
+    batch, _ = toy_packed(model, 8)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     cfg = GRPOConfig(group_size=4, prompt_batch_size=2, mini_batch_size=1, micro_batch_size=4, lr=1e-2)
     adv = group_advantages(torch.tensor(batch.rewards), 4) + torch.tensor([0.3, -0.3] * 4)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     one_mini = dataclasses.replace(cfg, mini_batch_size=2)
-    stats = grpo_update(model, opt, packed, adv, one_mini, Reference(model, use_lora=False))
+    stats = grpo_update(model, opt, batch, adv, one_mini, Reference(model, use_lora=False))
     assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-5)  # one mini-batch: on-policy
     assert stats["kl"] == pytest.approx(0.0, abs=1e-6)  # reference = policy before the update
     changed = [n for n, p in model.named_parameters() if not torch.equal(p, before[n])]
@@ -197,16 +209,17 @@ def test_full_update_changes_parameters_and_first_ratio_is_one():
 
 def test_gradient_accumulation_is_exact():
     grads = []
-    for micro in (8, 3):
+    for micro in (8, 3, 1):
         model = tiny_model()
-        batch, packed = toy_packed(model, 8, seed=1)
+        batch = ragged_batch(model, 8, seed=1)
         cfg = GRPOConfig(group_size=4, prompt_batch_size=2, mini_batch_size=2, micro_batch_size=micro,
-                         lr=1e-3, max_grad_norm=1e9, kl_coef=0.0)
+                         lr=1e-3, max_grad_norm=1e9)
         opt = torch.optim.SGD(model.parameters(), lr=0.0)
         adv = torch.linspace(-1, 1, 8)
-        grpo_update(model, opt, packed, adv, cfg, None)
+        grpo_update(model, opt, batch, adv, cfg, Reference(model, use_lora=False))
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
     torch.testing.assert_close(grads[0], grads[1], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(grads[0], grads[2], atol=1e-6, rtol=1e-5)
 
 
 def test_lora_trains_adapters_only_and_reference_is_base_model():
@@ -220,7 +233,7 @@ def test_lora_trains_adapters_only_and_reference_is_base_model():
     ref = Reference(policy, use_lora=True)
     opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=cfg.lr)
     for _ in range(2):
-        grpo_update(policy, opt, packed, torch.linspace(-1, 1, 8), cfg, ref)
+        grpo_update(policy, opt, batch, torch.linspace(-1, 1, 8), cfg, ref)
     for name, p in policy.named_parameters():
         if "lora_" in name:
             continue
@@ -287,11 +300,38 @@ def test_prompt_batches_cover_an_epoch_and_depend_only_on_seed_and_step():
 
 def test_bf16_autocast_update_keeps_fp32_master_weights():
     model = tiny_model()
-    batch, packed = toy_packed(model, 4)
+    batch, _ = toy_packed(model, 4)
     before = model.model.layers[0].mlp.up_proj.weight.detach().clone()
     cfg = GRPOConfig(group_size=4, prompt_batch_size=1, mini_batch_size=1, lr=1e-2, amp_dtype="bfloat16")
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-    stats = grpo_update(model, opt, packed, torch.tensor([1.0, -1.0, 0.5, -0.5]), cfg, Reference(model, False))
+    stats = grpo_update(model, opt, batch, torch.tensor([1.0, -1.0, 0.5, -0.5]), cfg, Reference(model, False))
     after = model.model.layers[0].mlp.up_proj.weight
     assert after.dtype == torch.float32 and not torch.equal(after, before)
     assert math.isfinite(stats["kl"]) and math.isfinite(stats["entropy"])
+
+
+def test_stop_after_then_resume_equals_uninterrupted(tmp_path):
+    straight = run_toy(tmp_path / "straight", steps=4)
+    cfg = GRPOConfig(group_size=4, prompt_batch_size=4, mini_batch_size=2, micro_batch_size=8, lr=3e-2,
+                     total_steps=4, val_every=2, lora_r=4, lora_alpha=8)
+    kwargs = dict(rollout_config=ToyRolloutConfig(), rollout_fn=toy_rollout, evaluate_fn=toy_evaluate)
+    first = train_grpo(tiny_model(), None, None, list(range(8)), list(range(8)), cfg, tmp_path / "x",
+                       stop_after=2, **kwargs)
+    assert first.history[-1]["step"] == 2 and 2 in first.val_by_step
+    rest = train_grpo(tiny_model(), None, None, list(range(8)), list(range(8)), cfg, tmp_path / "x", **kwargs)
+    assert rest.val_by_step == straight.val_by_step
+    for p, q in zip(straight.policy.parameters(), rest.policy.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_pick_learning_rate_keeps_the_best_run_and_breaks_ties(tmp_path):
+    def fake(val, reward):
+        return GRPOResult(policy=None, history=[{"step": 0}, {"step": 1, "reward/mean": reward, "grpo/kl": 0.0}],
+                          val_by_step={0: 0.1, 1: val}, base_val=0.1, best_step=1, best_val=val,
+                          best_path=None, last_path=tmp_path)
+
+    outcomes = {1e-4: (0.3, 0.5), 3e-4: (0.4, 0.1), 1e-3: (0.4, 0.2)}
+    lr, rows = pick_learning_rate(lambda lr, stop: fake(*outcomes[lr]), list(outcomes), 1)
+    assert lr == 1e-3 and [r["chosen"] for r in rows] == [False, False, True]
+    with pytest.raises(ValueError, match="not validated at sweep_steps = 2"):
+        pick_learning_rate(lambda lr, stop: fake(0.1, 0.1), [1e-4], 2)

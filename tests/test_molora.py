@@ -278,3 +278,16 @@ def test_paired_test_and_contrast_table():
     assert factorial.paired_test([1.0, 2.0], [1.0, 2.0])["t"] is None  # zero variance: undefined, not inf
     rows = factorial.contrast_table({"B3": ref, "+R": test})
     assert [r["contrast"] for r in rows] == ["router"] and rows[0]["paper_delta_nats"] == 0.0426
+
+
+def test_factorial_cells_share_cache_entries_with_notebook_11():
+    from copes_lib.molora.notebook_params import MoloraRouterParams
+
+    cells = factorial.cell_configs(MoloraFactorialParams(), [0, 1, 2])
+    assert list(cells) == ["B3", "+R", "+R+E", "+R+E+L", "+R+L (E0)"]
+    assert all(len(v) == 3 for v in cells.values())
+    router_nb = MoloraRouterParams()
+    assert cells["B3"][0].effective() == router_nb.cell("r0").effective()
+    assert cells["+R"][0].effective() == router_nb.cell("r1").effective()
+    assert cells["+R+E"][1].effective() == cells["+R"][1].effective()  # E is inert without L
+    assert cells["+R+E+L"][0].effective() != cells["+R+L (E0)"][0].effective()

@@ -67,8 +67,8 @@ def test_eval_facts_are_not_training_targets():
 
 
 def _countries():
+    from copes_lib.tasks import DATA_SEED, GENERATED_SIZES
     from copes_lib.tasks.qa_tasks import make_knowledge_base
-    from copes_lib.tasks import GENERATED_SIZES, DATA_SEED
 
     s = GENERATED_SIZES["smoke"]["qa"]
     return make_knowledge_base(s["people"], s["cities"], s["companies"], DATA_SEED).countries + list(

@@ -87,7 +87,7 @@ EVALS_PER_GRAD_STEP = 3  # forward + backward ~ 3 forward passes
 class SandboxConfig(Config):
     """One sandbox problem and the optimisers' settings (all sizes small: it runs on one CPU thread)."""
 
-    num_tasks: int = param(4, "number of tasks T (= adapter slots)", ge=2)
+    num_tasks: int = param(4, "number of tasks T, also the number of adapter slots", ge=2)
     input_dim: int = param(24, "input dimension d; needs d >= T * (1 + 2 * rank)", ge=2)
     hidden_dim: int = param(32, "hidden width of the frozen MLP substrate", ge=2)
     output_dim: int = param(8, "output dimension of the substrate", ge=1)
@@ -139,8 +139,8 @@ class SandboxNotebookParams(NotebookParams):
     """Parameters of notebooks/13_molora_sandbox.ipynb (defaults = the cpu profile)."""
 
     NUM_SEEDS: int = param(5, "seeds per cell (problem, adapters and optimiser all reseeded)", ge=1)
-    NUM_TASKS: int = param(4, "number of tasks T (= adapter slots)", ge=2)
-    INPUT_DIM: int = param(24, "input dimension; needs >= T * (1 + 2 * RANK)", ge=2)
+    NUM_TASKS: int = param(4, "number of tasks T, also the number of adapter slots", ge=2)
+    INPUT_DIM: int = param(24, "input dimension; at least T * (1 + 2 * RANK)", ge=2)
     HIDDEN_DIM: int = param(32, "hidden width of the frozen substrate", ge=2)
     RANK: int = param(2, "rank of true deltas and adapters", ge=1)
     TRAIN_PER_TASK: int = param(128, "training inputs per task", ge=4)

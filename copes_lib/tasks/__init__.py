@@ -40,7 +40,7 @@ from copes_lib.tasks.rewards import (
     qa_scores,
 )
 
-__all__ = ["Task", "load_tasks", "load_passages", "task_ids", "SPLITS", "TASK_KINDS", "TAGS", "SEARCH_K",
+__all__ = ["Task", "load_tasks", "load_passages", "task_ids", "data_fingerprint", "describe_split_file", "SPLITS", "TASK_KINDS", "TAGS", "SEARCH_K",
            "TOOL_LIMITS", "format_prompt", "split_trace", "extract_answer", "math_reward", "qa_reward",
            "format_reward", "math_correctness", "qa_scores", "qa_metrics", "math_equal", "GENERATED_SIZES"]
 
@@ -217,5 +217,18 @@ def load_passages(profile: str, kind: str) -> list[tuple[str, str, str]]:
 
 
 def describe_split_file(profile: str, kind: str) -> dict:
-    """The saved split record (ids per split and fingerprints)."""
-    return json.loads(split_file(profile, kind).read_text())
+    """The saved split record (ids per split and content fingerprints); generated on first use.
+    Reading it is cheap, so cache keys use it instead of generating the tasks."""
+    _check(profile, kind)
+    if profile == "gpu":
+        raise ConfigError("the gpu profile's splits come from local files; use load_tasks")
+    path = split_file(profile, kind)
+    if not path.exists():
+        _generated_tasks(profile, kind)
+    return json.loads(path.read_text())
+
+
+def data_fingerprint(profile: str, kind: str) -> dict:
+    """What a cache key needs to know about the generated data: split fingerprints, sizes, search k."""
+    return {"splits": describe_split_file(profile, kind)["fingerprint"], "sizes": GENERATED_SIZES[profile][kind],
+            "search_k": SEARCH_K[kind], "limits": TOOL_LIMITS[kind], "seed": DATA_SEED}

@@ -29,6 +29,7 @@ from copes_lib.tasks.protocol import ANSWER_CLOSE, ANSWER_OPEN, BOXED
 
 TOOL_BONUS = 0.1
 _MAX_SYMBOLIC = 120
+_PROTOCOL_TAG = re.compile(r"</?(python|search|answer|output|result)>")
 _ANSWER_BLOCK = re.compile(re.escape(ANSWER_OPEN) + r"(.*?)" + re.escape(ANSWER_CLOSE), re.S)
 
 
@@ -124,7 +125,7 @@ def math_equal(prediction: str, gold: str) -> bool:
         return abs(pn - gn) <= 1e-6 * max(1.0, abs(gn))
     # Babble from an untrained policy can make SymPy parse for seconds: a prediction without a digit
     # cannot equal a number, and none of the datasets' answers is longer than _MAX_SYMBOLIC chars.
-    if (gn is not None and not re.search(r"\d", p)) or len(p) > _MAX_SYMBOLIC:
+    if (gn is not None and not re.search(r"\d", p)) or len(p) > _MAX_SYMBOLIC or _PROTOCOL_TAG.search(p):
         return False
     from math_verify import parse, verify
 
