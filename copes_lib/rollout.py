@@ -230,7 +230,7 @@ def _growing_cache(model):
 
 
 class GrowingLayer(DynamicLayer):
-    """A DynamicLayer that writes into a preallocated buffer (capacity doubles when full) instead
+    """A DynamicLayer that writes into a preallocated buffer (grown by 25% when full) instead
     of concatenating the whole cache at every step: one decode step then copies one column, not
     the cache (profiled: the concatenation was a third of a QA rollout's time)."""
 
@@ -244,7 +244,7 @@ class GrowingLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         new = key_states.shape[-2]
         if self._k is None or self._n + new > self._k.shape[-2]:
-            capacity = max(64, 2 * (self._n + new))
+            capacity = self._n + new + max(128, self._n // 4)  # <= 25% slack: caches of 1000s of rows are big
             k = key_states.new_empty(*key_states.shape[:-2], capacity, key_states.shape[-1])
             v = value_states.new_empty(*value_states.shape[:-2], capacity, value_states.shape[-1])
             if self._n:

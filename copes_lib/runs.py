@@ -44,12 +44,16 @@ TRACKED_PACKAGES = ("torch", "transformers", "tokenizers", "peft", "numpy", "sci
 
 
 # --------------------------------------------------------------------------- atomic writes
+_UMASK = os.umask(0o022)  # read the process umask (os.umask can only read it by setting it) ...
+os.umask(_UMASK)  # ... and put it back at once
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
     """Write ``data`` to ``path`` through a temporary file in the same folder and an atomic rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        # mkstemp makes the file 0600; give it the mode a plain open() would (reports are shared).
+        os.fchmod(fd, 0o666 & ~_UMASK)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()

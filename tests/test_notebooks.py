@@ -124,9 +124,11 @@ def test_every_notebook_runs_under_smoke():
     records = status.get("notebooks", {})
     failures = {p.stem: records.get(p.stem, {}).get("error") for p in NOTEBOOKS
                 if records.get(p.stem, {}).get("status") != "ok"}
+    output = proc.stdout + proc.stderr
+    suite_lines = "\n".join(line for line in output.splitlines() if line.startswith("[suite"))
     assert proc.returncode == 0 and not failures, (
-        f"failed notebooks: {json.dumps(failures, indent=1)}\n--- runner output (tail) ---\n"
-        f"{(proc.stdout + proc.stderr)[-6000:]}"
+        f"failed notebooks: {json.dumps(failures, indent=1)}\n--- runner progress ---\n{suite_lines}\n"
+        f"--- runner output (tail) ---\n{output[-3000:]}\n(executed notebooks and HTML: {reports})"
     )
     for path in NOTEBOOKS:
         assert records.get(path.stem, {}).get("status") == "ok", f"{path.stem} was not run"

@@ -24,6 +24,13 @@ def test_atomic_write_replaces_whole_file(tmp_path):
     assert [p.name for p in path.parent.iterdir()] == ["a.json"]  # no temporary files left behind
 
 
+def test_atomic_write_gives_a_plain_files_mode(tmp_path):
+    plain = tmp_path / "plain.txt"
+    plain.write_text("x")
+    atomic = runs.atomic_write_text(tmp_path / "atomic.txt", "x")
+    assert atomic.stat().st_mode == plain.stat().st_mode  # not mkstemp's 0600
+
+
 def test_crash_mid_write_keeps_old_file(tmp_path, monkeypatch):
     path = tmp_path / "summary.json"
     runs.atomic_write_json(path, {"val_accuracy": 0.5})
