@@ -68,9 +68,11 @@ def target_modules(model: nn.Module, targets: tuple[str, ...]) -> dict[str, nn.L
 class AdapterPool(nn.Module):
     """S stacked LoRA slots hooked onto the target linears of ``model`` (which stays frozen).
 
-    >>> pool = AdapterPool(model, PoolConfig(n_slots=16, rank=8), seed=0)  # doctest: +SKIP
-    >>> with pool.gated(weights):           # weights: (batch, seq, 16), e.g. a router's output
-    ...     logits = model(input_ids=ids).logits
+    Usage (``weights``: (batch, seq, 16), e.g. a router's output)::
+
+        pool = AdapterPool(model, PoolConfig(n_slots=16, rank=8), seed=0)
+        with pool.gated(weights):
+            logits = model(input_ids=ids).logits
     """
 
     def __init__(self, model: nn.Module, cfg: PoolConfig, seed: int = 0):
