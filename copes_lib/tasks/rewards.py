@@ -20,6 +20,7 @@ a tool's output can never supply the answer block), ``answers`` a tuple of gold 
 from __future__ import annotations
 
 import collections
+import functools
 import re
 import threading
 import unicodedata
@@ -107,6 +108,7 @@ def _as_number(text: str) -> float | None:
         return None
 
 
+@functools.lru_cache(maxsize=1 << 16)  # rewards and details score the same answers twice
 def math_equal(prediction: str, gold: str) -> bool:
     """Regex clean-up, then exact numbers, then ``math-verify`` (SymPy) equivalence.
 
