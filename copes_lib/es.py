@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import copy
 import math
-import resource
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -497,12 +496,6 @@ def es_step(es: ES, step: int, objective: Objective, backend=None,
 
 
 # =========================================================================== training loop
-def peak_memory_gib(device: torch.device | str = "cpu") -> float:
-    if torch.device(device).type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**30
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
-
-
 @dataclass
 class TrainState:
     step: int = 0
@@ -580,7 +573,7 @@ def train_es(model: nn.Module, objective: Objective, config: ESConfig, *, steps:
                    "time/step_s": result.step_s, "time/rollout_s": result.rollout_s,
                    "time/noise_s": result.noise_s, "time/fitness_s": result.fitness_s,
                    "time/device_hours": hours,
-                   "mem/peak_gib": peak_memory_gib(device)}
+                   "mem/peak_gib": runs.peak_memory_gib(device)}
             if step % val_every == 0 or step == steps:
                 row.update(validate(step))
             state.step = step

@@ -56,8 +56,6 @@ import copy
 import dataclasses
 import math
 import random
-import resource
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -466,14 +464,6 @@ class GRPOResult:
         return self.val_by_step.get(step)
 
 
-def peak_memory_gib(device: torch.device) -> float:
-    """Peak accelerator memory allocated (GPU) or peak resident set size of this process (CPU), GiB."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**30
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
-    return rss / (2**30 if sys.platform == "darwin" else 2**20)
-
-
 def prompt_batch(tasks: Sequence[Any], step: int, batch_size: int, seed: int) -> list[Any]:
     """The prompts of training step ``step`` (1-based): epochs of seeded shuffles, consecutive slices.
 
@@ -602,7 +592,7 @@ def train_grpo(model: torch.nn.Module, tokenizer: Any, env: Any, train_tasks: Se
             "grpo/grad_norm": stats["grad_norm"],
             "grpo/zero_std_group_frac": float((group_std == 0).float().mean()),
             "grpo/model_tokens_mean": sum(map(sum, rb.model_mask)) / len(rb.model_mask),
-            "mem/peak_gib": peak_memory_gib(device),
+            "mem/peak_gib": runs.peak_memory_gib(device),
             "time/rollout_s": t1 - t0,
             "time/update_s": t2 - t1,
             "time/step_s": t2 - t0,
@@ -722,6 +712,6 @@ class GRPONotebookParams(NotebookParams):
 __all__ = [
     "GRPOConfig", "GRPONotebookParams", "GRPOResult", "PackedBatch", "Reference", "aggregate", "attach_lora",
     "batched_logprobs", "completion_logprobs", "device_hours_per_step", "group_advantages", "grpo_loss",
-    "grpo_update", "kl_penalty", "load_best", "mini_batches", "pack", "peak_memory_gib", "pick_learning_rate",
+    "grpo_update", "kl_penalty", "load_best", "mini_batches", "pack", "pick_learning_rate",
     "load_trainable_state", "prompt_batch", "train_grpo", "trainable_state",
 ]

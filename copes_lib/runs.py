@@ -137,6 +137,22 @@ def device_info() -> dict[str, Any]:
     return info
 
 
+def peak_memory_gib(device: Any = "cpu") -> float:
+    """Peak accelerator memory allocated (CUDA) or peak resident set size of this process (CPU), GiB.
+
+    On CPU the peak RSS only grows over a process's life: compare runs made in separate processes.
+    """
+    import resource
+    import sys
+
+    import torch
+
+    if torch.device(device).type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return rss / (2**30 if sys.platform == "darwin" else 2**20)
+
+
 # --------------------------------------------------------------------------- cache keys
 def cache_key(config: Any, data_ids: Iterable[Any] | None = None, version: str = __version__) -> str:
     """A short hash of (config, data ids, library version): equal keys mean reusable work."""
