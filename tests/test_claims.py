@@ -22,7 +22,8 @@ def test_partial_keys_are_missing_not_agreement():
 def test_direction_and_significance_rules():
     base = {"gain_recovery_copes": 0.8, "gain_recovery_es": 0.6}
     row = lambda s: next(r for r in claims.judge_claims({"05_fixed_budget_math": s}) if r["claim"] == "A1")  # noqa: E731
-    assert row(base)["verdict"] == claims.AGREES
+    assert row(base)["verdict"] == claims.PARTLY  # a direction without a significance test
+    assert row({**base, "copes_minus_es_significant": True})["verdict"] == claims.AGREES
     assert row({**base, "copes_minus_es_significant": False})["verdict"] == claims.PARTLY
     assert row({"gain_recovery_copes": 0.5, "gain_recovery_es": 0.6})["verdict"] == claims.DISAGREES
 
@@ -73,3 +74,10 @@ def test_none_is_missing_except_where_it_is_a_result():
     by_id = {r["claim"]: r for r in rows}
     assert by_id["A1"]["verdict"] == claims.MISSING
     assert by_id["A2"]["verdict"] == claims.AGREES and "never reached" in by_id["A2"]["ours"]
+
+
+def test_markdown_rows_never_break_the_table():
+    rows = [{"claim": "X", "paper": "A", "statement": "a | b", "paper_figure": "1", "ours": "|x|",
+             "verdict": claims.AGREES, "notebook": "05_fixed_budget_math"}]
+    line = claims.to_markdown(rows, "cpu").splitlines()[-1]
+    assert line.count("|") == 7
