@@ -1,7 +1,8 @@
 # The two commands of the suite:
 #   make reproduce   set up .venv, run every notebook under PROFILE (default cpu), render reports/
 #   make test        set up .venv, ruff, pytest (unit tests + every notebook under the smoke profile)
-# Options of `make reproduce`: PROFILE=smoke|cpu|gpu  ONLY=02,03  FORCE=1  RERUN_FAILED=1
+# Options of `make reproduce`: PROFILE=smoke|cpu|gpu  ONLY=02,03  FORCE=1  RERUN_FAILED=1  JOBS=2
+# (JOBS: notebooks run at once, each after the ones it reads from (config.NEEDS); 1 = in number order)
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -12,6 +13,7 @@ PROFILE ?= cpu
 ONLY ?=
 FORCE ?=
 RERUN_FAILED ?=
+JOBS ?= 2
 PYTEST_ARGS ?=
 LAB_ARGS ?=
 # SmolLM2-135M-Instruct as a local GGUF file, used by one rollout test; installed without the `llm`
@@ -37,7 +39,7 @@ export JUPYTER_PREFER_ENV_PATH := 1
 .PHONY: help venv test reproduce validate lab clean-reports
 
 help:
-	@echo "make reproduce [PROFILE=smoke|cpu|gpu] [ONLY=02,03] [FORCE=1] [RERUN_FAILED=1]"
+	@echo "make reproduce [PROFILE=smoke|cpu|gpu] [ONLY=02,03] [FORCE=1] [RERUN_FAILED=1] [JOBS=2]"
 	@echo "make test      ruff + pytest (unit tests and every notebook under the smoke profile)"
 	@echo "make lab       JupyterLab from .venv (LAB_ARGS=\"--no-browser --port 8888\" to pass options)"
 	@echo "make venv      create/update .venv from requirements.txt (no-op when up to date)"
@@ -65,7 +67,7 @@ test: venv
 	$(BIN)/ruff check .
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -n 2 --dist worksteal $(PYTEST_ARGS)
 
-REPRODUCE_ARGS = --profile $(PROFILE) $(if $(ONLY),--only $(ONLY)) $(if $(call truthy,$(FORCE)),--force) \
+REPRODUCE_ARGS = --profile $(PROFILE) --jobs $(JOBS) $(if $(ONLY),--only $(ONLY)) $(if $(call truthy,$(FORCE)),--force) \
 	$(if $(call truthy,$(RERUN_FAILED)),--rerun-failed)
 
 reproduce: venv

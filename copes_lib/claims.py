@@ -67,11 +67,19 @@ def _judge_es_steps(s: dict) -> Verdict:
 
 
 def _judge_k_sweep(s: dict) -> Verdict:
+    """agrees: K = 4 beats K = 1 and K = 8, both significant (paired over seeds); partly: K = 4 beats
+    at least one of them (in direction); does not: it beats neither."""
     k1, k4, k8 = s["val_accuracy_k1"], s["val_accuracy_k4"], s["val_accuracy_k8"]
     text = f"K=1 {_fmt(k1)}, K=4 {_fmt(k4)}, K=8 {_fmt(k8)}"
+    flags = [s.get(f"k4_minus_{arm}_significant") for arm in ("k1", "k8")]
+    if None in flags:
+        text += " (direction only: no significance test)"
+    else:
+        text += f" (K=4 > K=1 significant: {flags[0]}; K=4 > K=8 significant: {flags[1]})"
     wins = (k4 > k1) + (k4 > k8)
-    # no significance test across arms yet: the best a direction can earn is "partly"
-    return (PARTLY if wins >= 1 else DISAGREES), text + " (direction only: no significance test)"
+    if wins == 2 and all(flags):
+        return AGREES, text
+    return (PARTLY if wins >= 1 else DISAGREES), text
 
 
 def _judge_memory(s: dict) -> Verdict:
@@ -131,12 +139,20 @@ def _judge_collapse(s: dict) -> Verdict:
 
 
 def _judge_sandbox(s: dict) -> Verdict:
-    pre = s["evo_minus_grad_excess_loss_prealigned"]
-    others = [s[f"evo_minus_grad_excess_loss_{r}"] for r in ("random", "misaligned", "cotrained")]
-    text = f"evo - grad excess loss: pre-aligned {pre:+.3g}; others " + ", ".join(f"{o:+.3g}" for o in others)
-    helps_pre = pre < 0
-    hurts_rest = all(o >= 0 for o in others)
-    return (AGREES if helps_pre and hurts_rest else PARTLY if helps_pre or hurts_rest else DISAGREES), text
+    """Evolution "helps" in a regime when the 95% interval of evo - grad excess loss lies below 0 and
+    "does not help" when it does not (the rule of notebook 13's own verdict). agrees: helps with
+    pre-aligned adapters and nowhere else; partly: one of the two halves; does not: neither."""
+    regimes = ("prealigned", "random", "misaligned", "cotrained")
+    means = {r: s[f"evo_minus_grad_excess_loss_{r}"] for r in regimes}
+    highs = {r: s.get(f"evo_minus_grad_excess_loss_{r}_high") for r in regimes}
+    helps = {r: (highs[r] if highs[r] is not None else means[r]) < 0 for r in regimes}
+    text = (f"evo - grad excess loss: pre-aligned {means['prealigned']:+.3g}; others "
+            + ", ".join(f"{means[r]:+.3g}" for r in regimes[1:]))
+    if any(h is None for h in highs.values()):
+        text += " (sign of the mean only: no interval)"
+    helps_pre = helps["prealigned"]
+    not_elsewhere = not any(helps[r] for r in regimes[1:])
+    return (AGREES if helps_pre and not_elsewhere else PARTLY if helps_pre or not_elsewhere else DISAGREES), text
 
 
 CLAIMS: tuple[Claim, ...] = (
@@ -155,15 +171,16 @@ CLAIMS: tuple[Claim, ...] = (
           ("val_accuracy_k1", "val_accuracy_k4", "val_accuracy_k8"), _judge_k_sweep),
     Claim("A5", "A", "Joint z-scoring beats independent per-subspace z-scores", "MATH-500 88.3 vs 87.7",
           "06_copes_ablations", ("val_accuracy_k4", "val_accuracy_indep_z"),
-          _greater("val_accuracy_k4", "val_accuracy_indep_z")),
+          _greater("val_accuracy_k4", "val_accuracy_indep_z", "k4_minus_indep_z_significant")),
     Claim("A6", "A", "Standard ES with 2 sigma does not reproduce CoPES's gain", "MATH-500 65.3 vs 88.3",
           "06_copes_ablations", ("val_accuracy_k4", "val_accuracy_es_2sigma"),
-          _greater("val_accuracy_k4", "val_accuracy_es_2sigma")),
+          _greater("val_accuracy_k4", "val_accuracy_es_2sigma", "k4_minus_es_2sigma_significant")),
     Claim("A7", "A", "(our control) CoPES beats standard ES given the same update norm (sqrt(K) x alpha)",
           "not tested in the paper", "06_copes_ablations", ("val_accuracy_k4", "val_accuracy_es_sqrtk_alpha"),
-          _greater("val_accuracy_k4", "val_accuracy_es_sqrtk_alpha")),
-    Claim("A8", "A", "On multi-hop QA at a 48-step budget CoPES matches or beats standard ES in F1",
-          "2Wiki 55.50 vs 51.53", "07_multihop_qa", ("f1_copes", "f1_es"), _greater("f1_copes", "f1_es")),
+          _greater("val_accuracy_k4", "val_accuracy_es_sqrtk_alpha", "k4_minus_es_sqrtk_alpha_significant")),
+    Claim("A8", "A", "On multi-hop QA at a 48-step budget CoPES beats standard ES in F1",
+          "2Wiki 55.50 vs 51.53", "07_multihop_qa", ("f1_copes", "f1_es"),
+          _greater("f1_copes", "f1_es", "copes_minus_es_f1_significant")),
     Claim("A9", "A", "Analytic memory at 128K context (ES / full GRPO / LoRA-GRPO, Qwen3.5-4B)",
           "12.78 / 453.44 / 402.55 GiB", "08_memory_and_gpu_hours",
           ("qwen35_4b_es_gib_at_128k", "qwen35_4b_full_grpo_gib_at_128k", "qwen35_4b_lora_grpo_gib_at_128k"),

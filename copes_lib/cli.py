@@ -1,11 +1,16 @@
 """Command line of the suite: run the notebooks under a profile, or validate a profile.
 
-    python -m copes_lib.cli run --profile cpu [--only 02,03] [--force] [--rerun-failed]
+    python -m copes_lib.cli run --profile cpu [--only 02,03] [--force] [--rerun-failed] [--jobs 2]
     python -m copes_lib.cli validate --profile smoke
 
 ``run`` validates the profile's parameters for every selected notebook before anything runs, then
-executes each ``notebooks/NN_*.ipynb`` in order with papermill (kernel ``python3``, working directory
-``notebooks/``, parameters = the profile's section + ``PROFILE`` (+ ``FORCE``)). Executed notebooks
+executes each ``notebooks/NN_*.ipynb`` with papermill (kernel ``python3``, working directory
+``notebooks/``, parameters = the profile's section + ``PROFILE`` (+ ``FORCE``)).
+
+Order: a notebook starts once the notebooks it reads from have finished (``config.NEEDS``; an
+unregistered notebook waits for every lower-numbered one), lowest number first. ``--jobs N`` runs up
+to N notebooks at once, each kernel with ``cpu_count // N`` threads unless ``OMP_NUM_THREADS`` is
+set; ``--jobs 1`` is one notebook after another in number order. Executed notebooks
 and their HTML land in ``reports/<profile>/``; a failing notebook does not stop the others. Each
 notebook's status, duration and failing cell go to ``reports/<profile>/status.json`` (written
 atomically after every notebook), and ``reports/<profile>/index.html`` links everything. The exit
@@ -23,8 +28,10 @@ import logging
 import os
 import re
 import sys
+import threading
 import time
 import traceback
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +59,23 @@ def select(notebooks: list[Path], only: str | None) -> list[Path]:
             f"--only {only}: no notebook matches {missing}; notebooks: {[p.stem for p in notebooks]}"
         )
     return chosen
+
+
+def needs(notebooks: list[Path]) -> dict[str, set[str]]:
+    """For each selected notebook, the selected notebooks that must finish before it starts.
+
+    >>> names = ["02_standard_es", "03_copes", "10_molora_substrate", "41_unregistered", "99_summary"]
+    >>> {k: sorted(v) for k, v in needs([Path(n + ".ipynb") for n in names]).items()}  # doctest: +NORMALIZE_WHITESPACE
+    {'02_standard_es': [], '03_copes': ['02_standard_es'], '10_molora_substrate': [],
+     '41_unregistered': ['02_standard_es', '03_copes', '10_molora_substrate'],
+     '99_summary': ['02_standard_es', '03_copes', '10_molora_substrate']}
+    """
+    stems = [p.stem for p in sorted(notebooks)]
+    out = {}
+    for i, stem in enumerate(stems):
+        wanted = config.NEEDS.get(stem, stems[:i])
+        out[stem] = {s for s in wanted if s in stems}  # a need outside the selection: its cached work
+    return out
 
 
 def notebook_parameters(profile: str, stem: str, force: bool) -> dict[str, Any]:
@@ -148,8 +172,11 @@ def run_suite(
     reports_dir: str | Path | None = None,
     results_root: str | Path | None = None,
     figures_root: str | Path | None = None,
+    jobs: int = 1,
 ) -> int:
     """Run the selected notebooks under ``profile``; return the exit status (1 if any failed)."""
+    if not isinstance(jobs, int) or jobs < 1:
+        raise config.ConfigError(f"jobs = {jobs!r}: must be an integer >= 1 (chains run at once)")
     notebooks_dir = Path(notebooks_dir or config.REPO_ROOT / "notebooks").resolve()
     reports_dir = Path(reports_dir or config.REPO_ROOT / "reports" / profile).resolve()
     config.load_profile(profile)  # unknown profile or unknown notebook sections fail here
@@ -174,21 +201,44 @@ def run_suite(
     status.update(profile=profile, notebooks_dir=str(notebooks_dir))
     total = len(notebooks)
     suite_t0 = time.perf_counter()
-    for i, path in enumerate(notebooks, 1):
-        tag = f"[suite {i}/{total}] {path.stem}"
-        print(f"{tag} start ({profile})", flush=True)
-        status["notebooks"][path.stem] = {"status": "running", "started": _now()}
-        runs.atomic_write_json(status_path, status)
+    lock = threading.Lock()
+    started = [0]
+
+    def run_notebook(path: Path) -> None:
+        with lock:
+            started[0] += 1
+            tag = f"[suite {started[0]}/{total}] {path.stem}"
+            print(f"{tag} start ({profile})", flush=True)
+            status["notebooks"][path.stem] = {"status": "running", "started": _now()}
+            runs.atomic_write_json(status_path, status)
+        _CURRENT.stem = path.stem if jobs > 1 else None
         record = run_one(path, parameters[path.stem], reports_dir, cwd=notebooks_dir)
-        status["notebooks"][path.stem] = record
-        status["updated"] = _now()
-        runs.atomic_write_json(status_path, status)
-        line = f"{tag} {record['status']} in {record['duration_s']:.1f}s"
-        if record["error"]:
-            err = record["error"]
-            first = err["evalue"].splitlines()[0][:200] if err["evalue"] else ""
-            line += f" (cell {err['cell_index']}, In [{err['exec_count']}]: {err['ename']}: {first})"
-        print(line, flush=True)
+        with lock:
+            status["notebooks"][path.stem] = record
+            status["updated"] = _now()
+            runs.atomic_write_json(status_path, status)
+            line = f"{tag} {record['status']} in {record['duration_s']:.1f}s"
+            if record["error"]:
+                err = record["error"]
+                first = err["evalue"].splitlines()[0][:200] if err["evalue"] else ""
+                line += f" (cell {err['cell_index']}, In [{err['exec_count']}]: {err['ename']}: {first})"
+            print(line, flush=True)
+
+    waiting = needs(notebooks)
+    pending = list(notebooks)  # number order: the lowest ready notebook starts first
+    finished: set[str] = set()
+    with _kernel_threads(jobs), ThreadPoolExecutor(max_workers=jobs) as pool:
+        running: dict[Any, str] = {}
+        while pending or running:
+            for path in [p for p in pending if waiting[p.stem] <= finished][: jobs - len(running)]:
+                pending.remove(path)
+                running[pool.submit(run_notebook, path)] = path.stem
+            if not running:  # cannot happen with an acyclic NEEDS; fail loudly rather than hang
+                raise RuntimeError(f"notebooks {[p.stem for p in pending]} wait on each other: check NEEDS")
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                future.result()
+                finished.add(running.pop(future))
 
     index = report.render_index(profile, reports_dir, status, results_root=results_root,
                                 figures_root=figures_root, notebooks=[p.stem for p in discovered])
@@ -202,6 +252,33 @@ def run_suite(
     return 0
 
 
+_CURRENT = threading.local()  # the notebook a runner thread executes, to label its log lines
+
+
+class _kernel_threads:
+    """Give each of ``jobs`` concurrent kernels ``cpu_count // jobs`` threads (kernels inherit the
+    environment), unless the user set OMP_NUM_THREADS; restore the environment afterwards."""
+
+    def __init__(self, jobs: int):
+        self.jobs, self.saved = jobs, None
+
+    def __enter__(self):
+        if self.jobs > 1 and "OMP_NUM_THREADS" not in os.environ:
+            threads = str(max(1, (os.cpu_count() or 1) // self.jobs))
+            self.saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+            os.environ.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
+            print(f"[suite] {self.jobs} chains at once, {threads} thread(s) per kernel", flush=True)
+        return self
+
+    def __exit__(self, *exc):
+        for key, value in (self.saved or {}).items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        return False
+
+
 class _QuietCellMarkers(logging.Filter):
     """Shorten papermill's ``Executing Cell 3-----`` banners to ``-- cell 3``; drop ``Ending Cell``."""
 
@@ -211,6 +288,9 @@ class _QuietCellMarkers(logging.Filter):
             return False
         if message.startswith("Executing Cell"):
             record.msg, record.args = "-- cell " + message.removeprefix("Executing Cell").strip(" -"), ()
+        stem = getattr(_CURRENT, "stem", None)
+        if stem:  # parallel chains: say whose output this is
+            record.msg, record.args = f"[{stem}] {record.getMessage()}", ()
         return True
 
 
@@ -236,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
                      help="run only the notebooks whose last status in status.json is failed")
     run.add_argument("--notebooks-dir", default=None, help="default: notebooks/")
     run.add_argument("--reports-dir", default=None, help="default: reports/<profile>/")
+    run.add_argument("--jobs", type=int, default=1,
+                     help="notebooks run at once, each after those it reads from (config.NEEDS); 1 = in number order")
     validate = sub.add_parser("validate", help="check profiles/<profile>.yaml against every notebook")
     validate.add_argument("--profile", default="cpu", choices=config.PROFILES)
     args = parser.parse_args(argv)
@@ -255,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         _setup_logging()
         return run_suite(args.profile, only=args.only, force=args.force, rerun_failed=args.rerun_failed,
-                         notebooks_dir=args.notebooks_dir, reports_dir=args.reports_dir)
+                         notebooks_dir=args.notebooks_dir, reports_dir=args.reports_dir, jobs=args.jobs)
     except config.ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -48,6 +48,26 @@ NOTEBOOKS: dict[str, str] = {
     "99_summary": "copes_lib.config:SummaryParams",
 }
 
+# What each notebook reads from the others (their summaries or cached work). The runner starts a
+# notebook only after these have finished, so parallel runs (`make reproduce JOBS=2`) never race for
+# a cache entry; a notebook missing here waits for every lower-numbered notebook.
+NEEDS: dict[str, tuple[str, ...]] = {
+    "00_suite_overview": (),
+    "01_substrate_and_agent": (),  # trains and caches the math and QA warm starts
+    "02_standard_es": ("01_substrate_and_agent",),
+    "03_copes": ("02_standard_es",),  # ES's chosen sigma / alpha
+    "04_grpo": ("01_substrate_and_agent",),
+    "05_fixed_budget_math": ("02_standard_es", "03_copes", "04_grpo"),  # tuned settings, learning rates
+    "06_copes_ablations": ("05_fixed_budget_math",),  # reuses 05's K = 1 / K = 4 runs from the cache
+    "07_multihop_qa": ("01_substrate_and_agent",),  # the QA warm start
+    "08_memory_and_gpu_hours": ("01_substrate_and_agent",),
+    "10_molora_substrate": (),
+    "11_molora_router": ("10_molora_substrate",),
+    "12_molora_factorial": ("10_molora_substrate",),
+    "13_molora_sandbox": (),
+    "99_summary": tuple(n for n in NOTEBOOKS if n != "99_summary"),
+}
+
 
 class ConfigError(ValueError):
     """A parameter is unknown, of the wrong type, or out of range. The message says how to fix it."""

@@ -152,7 +152,7 @@ class AblationParams(_ExperimentParams):
     """Parameters of 06_copes_ablations (defaults = the cpu profile)."""
 
     BUDGET_STEPS: int = param(8, "the step budget of every arm (paper: 16)", ge=1)
-    SEEDS: int = param(2, "seeds per arm (paper: 1 run each)", ge=1)
+    SEEDS: int = param(3, "seeds per arm (paper: 1 run each)", ge=1)
 
     def check(self) -> None:
         super().check()

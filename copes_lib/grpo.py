@@ -677,7 +677,7 @@ class GRPONotebookParams(NotebookParams):
                                              "(empty: no sweep, use FULL_LR)")
     SWEEP_LRS_LORA: str = param("1e-3,3e-3", "comma-separated LoRA learning rates to sweep first (empty: use LORA_LR)")
     SWEEP_STEPS: int = param(4, "steps per sweep run; the best validation accuracy picks the rate", ge=1)
-    N_VAL: int = param(128, "validation problems (paper: 750)", ge=1)
+    N_VAL: int = param(512, "validation problems (paper: 750)", ge=1)
     GRPO_SEED: int = param(42, "GRPO seed (paper: 42)", ge=0)
     AMP: str = param("none", "autocast dtype of GRPO updates; with 'bfloat16' the model is trained in fp32 "
                              "(master weights) under bf16 autocast (gpu profile)", choices=("none", "bfloat16"))

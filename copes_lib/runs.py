@@ -99,14 +99,22 @@ def atomic_torch_save(obj: Any, path: str | Path) -> Path:
 
 
 # --------------------------------------------------------------------------- provenance
+OUTPUT_PATHS = ("results", "figures", "reports", "README.md")
+
+
 def git_state() -> dict[str, Any]:
-    """The repository's HEAD sha and whether the work tree differs from it ("unknown" outside git)."""
+    """The repository's HEAD sha and whether the work tree differs from it ("unknown" outside git).
+
+    The suite's own outputs (results/, figures/, reports/ and the README's generated claims table) do
+    not count as dirty: a full `make reproduce` rewrites them while it runs, and the later notebooks of
+    that run still come from the committed code."""
     def _git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True,
                               timeout=10).stdout.strip()
     try:
         sha = _git("rev-parse", "HEAD") or "unknown"
-        dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
+        dirty = bool(_git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                          *(f":(exclude){path}" for path in OUTPUT_PATHS)))
     except (OSError, subprocess.SubprocessError):
         sha, dirty = "unknown", False
     return {"git_sha": sha, "git_dirty": dirty}

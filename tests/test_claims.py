@@ -81,3 +81,27 @@ def test_markdown_rows_never_break_the_table():
              "verdict": claims.AGREES, "notebook": "05_fixed_budget_math"}]
     line = claims.to_markdown(rows, "cpu").splitlines()[-1]
     assert line.count("|") == 7
+
+
+def test_k_sweep_agrees_only_with_both_wins_significant():
+    s = {"val_accuracy_k1": 0.40, "val_accuracy_k4": 0.43, "val_accuracy_k8": 0.41}
+    verdict = lambda extra: next(r for r in claims.judge_claims({"06_copes_ablations": {**s, **extra}})  # noqa: E731
+                                 if r["claim"] == "A4")["verdict"]
+    assert verdict({}) == claims.PARTLY  # no test: direction only
+    assert verdict({"k4_minus_k1_significant": True, "k4_minus_k8_significant": False}) == claims.PARTLY
+    assert verdict({"k4_minus_k1_significant": True, "k4_minus_k8_significant": True}) == claims.AGREES
+    assert verdict({"val_accuracy_k4": 0.39, "k4_minus_k1_significant": True,
+                    "k4_minus_k8_significant": True}) == claims.DISAGREES
+
+
+def test_sandbox_claim_uses_the_interval_not_the_sign():
+    def verdict(pre_high, **others):
+        s = {"evo_minus_grad_excess_loss_prealigned": -0.01, "evo_minus_grad_excess_loss_prealigned_high": pre_high}
+        for regime in ("random", "misaligned", "cotrained"):
+            s[f"evo_minus_grad_excess_loss_{regime}"] = others.get(regime, 0.2)
+            s[f"evo_minus_grad_excess_loss_{regime}_high"] = others.get(regime, 0.2) + 0.05
+        return next(r for r in claims.judge_claims({"13_molora_sandbox": s}) if r["claim"] == "B6")["verdict"]
+
+    assert verdict(-0.001) == claims.AGREES  # interval below 0 with pre-aligned adapters only
+    assert verdict(+0.004) == claims.PARTLY  # negative mean, interval includes 0: does not "help"
+    assert verdict(+0.004, cotrained=-0.2) == claims.DISAGREES

@@ -117,10 +117,10 @@ def test_bad_profile_fails_before_anything_runs(suite, tmp_path, monkeypatch, ca
 @pytest.mark.parametrize(
     ("options", "expected"),
     [
-        ([], "-m copes_lib.cli run --profile cpu\n"),
-        (["PROFILE=smoke", "ONLY=02,03", "FORCE=1", "RERUN_FAILED=1"],
-         "-m copes_lib.cli run --profile smoke --only 02,03 --force --rerun-failed\n"),
-        (["PROFILE=gpu", "FORCE=0", "RERUN_FAILED=no"], "-m copes_lib.cli run --profile gpu\n"),
+        ([], "-m copes_lib.cli run --profile cpu --jobs 2\n"),
+        (["PROFILE=smoke", "ONLY=02,03", "FORCE=1", "RERUN_FAILED=1", "JOBS=1"],
+         "-m copes_lib.cli run --profile smoke --jobs 1 --only 02,03 --force --rerun-failed\n"),
+        (["PROFILE=gpu", "FORCE=0", "RERUN_FAILED=no"], "-m copes_lib.cli run --profile gpu --jobs 2\n"),
     ],
 )
 def test_make_reproduce_passes_options(options, expected):
@@ -136,3 +136,39 @@ def test_ci_entrypoint_runs_make_test():
     assert os.access(ci, os.X_OK)
     text = ci.read_text()
     assert "set -euo pipefail" in text and "make test" in text
+
+
+def test_parallel_runs_respect_needs_and_run_the_summary_last(tmp_path, capsys):
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    stamp = 'import time, os\nwith open("order.log", "a") as f:\n    f.write(f"{time.time()} {THIS} {os.environ.get(\'OMP_NUM_THREADS\')}\\n")'
+    for stem in ("01_a", "02_b", "10_c", "11_d", "99_sum"):
+        _notebook(notebooks / f"{stem}.ipynb", f"THIS = {stem!r}", stamp)
+    kwargs = {"notebooks_dir": notebooks, "reports_dir": tmp_path / "reports", "results_root": tmp_path / "r",
+              "figures_root": tmp_path / "f"}
+    env_before = os.environ.get("OMP_NUM_THREADS")
+    os.environ.pop("OMP_NUM_THREADS", None)
+    try:
+        assert cli.run_suite("smoke", jobs=2, **kwargs) == 0
+        assert "OMP_NUM_THREADS" not in os.environ  # restored after the run
+    finally:
+        if env_before is not None:
+            os.environ["OMP_NUM_THREADS"] = env_before
+    rows = [line.split() for line in (notebooks / "order.log").read_text().splitlines()]
+    order = [name for _, name, _ in sorted(rows, key=lambda r: float(r[0]))]
+    assert order.index("01_a") < order.index("02_b") and order.index("10_c") < order.index("11_d")
+    assert order[-1] == "99_sum"
+    expected_threads = str(max(1, (os.cpu_count() or 1) // 2))
+    assert {threads for _, name, threads in rows if name != "99_sum"} == {expected_threads}
+    status = runs.read_json(tmp_path / "reports" / "status.json")["notebooks"]
+    assert all(v["status"] == "ok" for v in status.values()) and len(status) == 5
+    with pytest.raises(config.ConfigError, match="jobs"):
+        cli.run_suite("smoke", jobs=0, **kwargs)
+
+
+def test_needs_are_registered_notebooks_and_acyclic():
+    stems = {p.stem for p in cli.discover_notebooks(config.REPO_ROOT / "notebooks")}
+    assert set(config.NEEDS) == stems == set(config.NOTEBOOKS)
+    for stem, wanted in config.NEEDS.items():
+        assert set(wanted) <= stems - {stem}, stem
+        assert all(w < stem for w in wanted), f"{stem} needs a later notebook: {wanted}"  # number order = a topological order

@@ -157,3 +157,25 @@ def test_summary_line_is_one_line(capsys):
     line = runs.summary_line("es", 8, {"reward/mean": 0.41234, "eval/val_accuracy": 0.5})
     assert line == "[es] step 8 reward/mean=0.4123 eval/val_accuracy=0.5"
     assert capsys.readouterr().out == line + "\n"
+
+
+def test_git_state_ignores_the_suites_own_outputs(tmp_path, monkeypatch):
+    import subprocess
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    git("config", "user.email", "t@t")
+    git("config", "user.name", "t")
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "summary.json").write_text("{}")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("add", ".")
+    git("commit", "-qm", "init")
+    monkeypatch.setattr(runs, "REPO_ROOT", tmp_path)
+    assert runs.git_state()["git_dirty"] is False
+    (tmp_path / "results" / "summary.json").write_text('{"new": 1}')  # an output: still clean
+    assert runs.git_state()["git_dirty"] is False
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert runs.git_state()["git_dirty"] is True
