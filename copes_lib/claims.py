@@ -53,7 +53,7 @@ def _greater(a_key: str, b_key: str, sig_key: str | None = None) -> Callable[[di
             return DISAGREES, text
         if sig_key is None or sig_key not in s:
             return PARTLY, text + " (direction only: no significance test)"
-        return (AGREES, text) if s[sig_key] else (PARTLY, text + " (not significant)")
+        return (AGREES, text + " (significant)") if s[sig_key] else (PARTLY, text + " (not significant)")
     return judge
 
 

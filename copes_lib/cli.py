@@ -200,7 +200,7 @@ def run_suite(
     reports_dir.mkdir(parents=True, exist_ok=True)
     status.update(profile=profile, notebooks_dir=str(notebooks_dir))
     total = len(notebooks)
-    suite_t0 = time.perf_counter()
+    suite_t0, suite_started, code = time.perf_counter(), _now(), runs.git_state()
     lock = threading.Lock()
     started = [0]
 
@@ -243,6 +243,10 @@ def run_suite(
     index = report.render_index(profile, reports_dir, status, results_root=results_root,
                                 figures_root=figures_root, notebooks=[p.stem for p in discovered])
     failed = [p.stem for p in notebooks if status["notebooks"][p.stem]["status"] != "ok"]
+    if not only and not rerun_failed and notebooks == discovered:
+        record_suite_run(Path(results_root or runs.RESULTS_ROOT) / profile / "suite_run.json", profile=profile,
+                         jobs=jobs, force=force, code=code, started=suite_started,
+                         wall_s=time.perf_counter() - suite_t0, notebooks=status["notebooks"])
     print(f"[suite] {total} notebook(s) run in {time.perf_counter() - suite_t0:.1f}s; "
           f"report: {index}", flush=True)
     if failed:
@@ -252,7 +256,27 @@ def run_suite(
     return 0
 
 
+def record_suite_run(path: Path, *, profile: str, jobs: int, force: bool, code: dict[str, Any], started: str,
+                     wall_s: float, notebooks: dict[str, dict[str, Any]]) -> None:
+    """Provenance of the last complete run of the suite (every notebook, one command), written beside
+    the results it produced: the commit, the settings, and each notebook's status and duration."""
+    runs.atomic_write_json(path, {
+        "profile": profile, **code, "jobs": jobs, "force": force, "cpu_count": os.cpu_count(),
+        "threads_per_kernel": _threads_per_kernel(jobs), "started": started, "ended": _now(),
+        "wall_s": round(wall_s, 1),
+        "notebooks": {stem: {k: rec.get(k) for k in ("status", "started", "ended", "duration_s")}
+                      for stem, rec in sorted(notebooks.items())},
+    })
+
+
 _CURRENT = threading.local()  # the notebook a runner thread executes, to label its log lines
+
+
+def _threads_per_kernel(jobs: int) -> str | None:
+    """OMP_NUM_THREADS of each kernel: the user's, else cores // jobs when jobs > 1 (None: torch's default)."""
+    if "OMP_NUM_THREADS" in os.environ or jobs == 1:
+        return os.environ.get("OMP_NUM_THREADS")
+    return str(max(1, (os.cpu_count() or 1) // jobs))
 
 
 class _kernel_threads:
@@ -264,10 +288,10 @@ class _kernel_threads:
 
     def __enter__(self):
         if self.jobs > 1 and "OMP_NUM_THREADS" not in os.environ:
-            threads = str(max(1, (os.cpu_count() or 1) // self.jobs))
+            threads = _threads_per_kernel(self.jobs)
             self.saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
             os.environ.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
-            print(f"[suite] {self.jobs} chains at once, {threads} thread(s) per kernel", flush=True)
+            print(f"[suite] up to {self.jobs} notebooks at once, {threads} thread(s) per kernel", flush=True)
         return self
 
     def __exit__(self, *exc):

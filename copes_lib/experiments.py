@@ -593,6 +593,8 @@ def ablation_reading(per_seed: dict[str, Sequence[float]], norms: dict[str, floa
         direction = "higher than" if d["mean"] > 0 else "lower than" if d["mean"] < 0 else "equal to"
         if d["low"] is None:
             sure = "one seed, no interval"
+        elif d["p"] is None:  # every seed gave the same difference: no spread, the t-test is undefined
+            sure = f"the same {100 * d['mean']:+.2f} points in each of {n} seeds: no spread, no test"
         elif d["low"] > 0 or d["high"] < 0:
             sure = f"paired 95% interval [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}] points excludes 0"
         else:

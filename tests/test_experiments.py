@@ -137,6 +137,9 @@ def test_ablation_arms_and_reading():
     per_seed["k4"] = [0.50, 0.53]
     lines = ex.ablation_reading(per_seed, {k: 1.0 for k in ex.ABLATION_KEYS})
     assert len(lines) == 8 and "k4 is higher than k1" in lines[0] and "excludes 0" in lines[0]
+    per_seed["k1"] = [0.47, 0.50]  # the same difference in every seed: no spread, so no test
+    lines = ex.ablation_reading(per_seed, {k: 1.0 for k in ex.ABLATION_KEYS})
+    assert "no spread, no test" in lines[0] and "excludes 0" not in lines[0]
 
 
 # --------------------------------------------------------------------------- cached runs on a toy objective

@@ -162,6 +162,12 @@ def test_parallel_runs_respect_needs_and_run_the_summary_last(tmp_path, capsys):
     assert {threads for _, name, threads in rows if name != "99_sum"} == {expected_threads}
     status = runs.read_json(tmp_path / "reports" / "status.json")["notebooks"]
     assert all(v["status"] == "ok" for v in status.values()) and len(status) == 5
+    record = runs.read_json(tmp_path / "r" / "smoke" / "suite_run.json")  # a complete run leaves its provenance
+    assert record["jobs"] == 2 and set(record["notebooks"]) == set(status) and record["wall_s"] > 0
+    assert record["threads_per_kernel"] == expected_threads and "git_sha" in record
+    (tmp_path / "r" / "smoke" / "suite_run.json").unlink()
+    assert cli.run_suite("smoke", only="01", jobs=2, **kwargs) == 0
+    assert not (tmp_path / "r" / "smoke" / "suite_run.json").exists()  # a partial run is not a suite run
     with pytest.raises(config.ConfigError, match="jobs"):
         cli.run_suite("smoke", jobs=0, **kwargs)
 
