@@ -428,6 +428,28 @@ def paired_comparison(a: Sequence[float], b: Sequence[float], alpha: float = 0.0
     return finite
 
 
+def protocol_reading(compare: dict[str, dict[str, Any]], headline: str) -> list[str]:
+    """Sentences on the two protocols of notebook 05: CoPES - ES under each, which one gave CoPES the
+    larger edge, and whether the expectation behind the default headline (FINDINGS.md: CoPES at ES's
+    sigma / alpha is handicapped) held in this run."""
+    lines = []
+    for proto in ("paper", "tuned"):
+        d = compare[proto]["copes_minus_es"]
+        p = "undefined" if d["p"] is None else f"{d['p']:.3g}"
+        lines.append(f"{proto} protocol: CoPES - ES = {100 * d['mean']:+.2f} points at the budget "
+                     f"(paired over seeds, p = {p}: {'significant' if d['significant'] else 'not significant'}).")
+    edge = {proto: compare[proto]["copes_minus_es"]["mean"] for proto in ("paper", "tuned")}
+    if edge["paper"] > edge["tuned"]:
+        lines.append("CoPES's edge is larger under the paper's protocol: the expectation that sharing ES's "
+                     "sigma / alpha handicaps CoPES did NOT hold in this run.")
+    elif edge["paper"] < edge["tuned"]:
+        lines.append("CoPES's edge is larger under its own tuned sigma / alpha, as expected.")
+    else:
+        lines.append("CoPES's edge is the same under both protocols.")
+    lines.append(f"The headline keys use the {headline} protocol.")
+    return lines
+
+
 def mean_step_seconds(history: Sequence[dict[str, Any]]) -> float | None:
     times = [r["time/step_s"] for r in history if "time/step_s" in r]
     return float(np.mean(times)) if times else None
@@ -615,7 +637,7 @@ def ablation_reading(per_seed: dict[str, Sequence[float]], norms: dict[str, floa
     return lines
 
 
-__all__ = ["ablation_reading", "FixedBudgetParams", "AblationParams", "MultihopQAParams", "ESRun", "GRPORun", "upstream_settings",
+__all__ = ["ablation_reading", "protocol_reading", "FixedBudgetParams", "AblationParams", "MultihopQAParams", "ESRun", "GRPORun", "upstream_settings",
            "es_config", "seeded_agent", "es_run", "seed_runs", "continue_runs",
            "compare_at_budget", "es_run_folder", "grpo_run", "grpo_policy", "es_model",
            "val_points", "val_at", "best_validated", "mean_curve", "steps_to_match", "gain_recovery_or_none",

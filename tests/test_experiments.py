@@ -167,3 +167,14 @@ def test_es_run_continuation_equals_uninterrupted_run(tmp_path, monkeypatch):
     again = ex.es_run(params, seeded, config, steps=4, val_every=params.VAL_EVERY, label="again")  # cached: no training
     assert again.history == longer.history
     assert math.isfinite(ex.mean_update_norm(longer.history))
+
+
+def test_protocol_reading_says_which_protocol_favoured_copes():
+    def compare(paper, tuned):
+        diff = lambda m, sig: {"copes_minus_es": {"mean": m, "p": 0.01 if sig else None, "significant": sig}}  # noqa: E731
+        return {"paper": diff(*paper), "tuned": diff(*tuned)}
+
+    lines = ex.protocol_reading(compare((0.011, True), (0.008, False)), "tuned")
+    assert "p = 0.01: significant" in lines[0] and "p = undefined: not significant" in lines[1]
+    assert "did NOT hold" in lines[2] and lines[3].endswith("the tuned protocol.")
+    assert "as expected" in ex.protocol_reading(compare((0.001, False), (0.008, True)), "tuned")[2]
