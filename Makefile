@@ -13,7 +13,8 @@ PROFILE ?= cpu
 ONLY ?=
 FORCE ?=
 RERUN_FAILED ?=
-JOBS ?= 2
+# two notebooks at once on CPU; one at a time on the gpu profile, where each notebook wants the whole GPU
+JOBS ?= $(if $(filter gpu,$(PROFILE)),1,2)
 PYTEST_ARGS ?=
 LAB_ARGS ?=
 # SmolLM2-135M-Instruct as a local GGUF file, used by one rollout test; installed without the `llm`

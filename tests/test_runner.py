@@ -120,7 +120,7 @@ def test_bad_profile_fails_before_anything_runs(suite, tmp_path, monkeypatch, ca
         ([], "-m copes_lib.cli run --profile cpu --jobs 2\n"),
         (["PROFILE=smoke", "ONLY=02,03", "FORCE=1", "RERUN_FAILED=1", "JOBS=1"],
          "-m copes_lib.cli run --profile smoke --jobs 1 --only 02,03 --force --rerun-failed\n"),
-        (["PROFILE=gpu", "FORCE=0", "RERUN_FAILED=no"], "-m copes_lib.cli run --profile gpu --jobs 2\n"),
+        (["PROFILE=gpu", "FORCE=0", "RERUN_FAILED=no"], "-m copes_lib.cli run --profile gpu --jobs 1\n"),
     ],
 )
 def test_make_reproduce_passes_options(options, expected):
