@@ -23,6 +23,7 @@ treats it as failed).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import logging
 import os
@@ -176,7 +177,7 @@ def run_suite(
 ) -> int:
     """Run the selected notebooks under ``profile``; return the exit status (1 if any failed)."""
     if not isinstance(jobs, int) or jobs < 1:
-        raise config.ConfigError(f"jobs = {jobs!r}: must be an integer >= 1 (chains run at once)")
+        raise config.ConfigError(f"jobs = {jobs!r}: must be an integer >= 1 (notebooks run at once)")
     notebooks_dir = Path(notebooks_dir or config.REPO_ROOT / "notebooks").resolve()
     reports_dir = Path(reports_dir or config.REPO_ROOT / "reports" / profile).resolve()
     config.load_profile(profile)  # unknown profile or unknown notebook sections fail here
@@ -279,28 +280,25 @@ def _threads_per_kernel(jobs: int) -> str | None:
     return str(max(1, (os.cpu_count() or 1) // jobs))
 
 
-class _kernel_threads:
+@contextlib.contextmanager
+def _kernel_threads(jobs: int):
     """Give each of ``jobs`` concurrent kernels ``cpu_count // jobs`` threads (kernels inherit the
     environment), unless the user set OMP_NUM_THREADS; restore the environment afterwards."""
-
-    def __init__(self, jobs: int):
-        self.jobs, self.saved = jobs, None
-
-    def __enter__(self):
-        if self.jobs > 1 and "OMP_NUM_THREADS" not in os.environ:
-            threads = _threads_per_kernel(self.jobs)
-            self.saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-            os.environ.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
-            print(f"[suite] up to {self.jobs} notebooks at once, {threads} thread(s) per kernel", flush=True)
-        return self
-
-    def __exit__(self, *exc):
-        for key, value in (self.saved or {}).items():
+    if jobs == 1 or "OMP_NUM_THREADS" in os.environ:
+        yield
+        return
+    threads = _threads_per_kernel(jobs)
+    saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    os.environ.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
+    print(f"[suite] up to {jobs} notebooks at once, {threads} thread(s) per kernel", flush=True)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-        return False
 
 
 class _QuietCellMarkers(logging.Filter):
@@ -313,7 +311,7 @@ class _QuietCellMarkers(logging.Filter):
         if message.startswith("Executing Cell"):
             record.msg, record.args = "-- cell " + message.removeprefix("Executing Cell").strip(" -"), ()
         stem = getattr(_CURRENT, "stem", None)
-        if stem:  # parallel chains: say whose output this is
+        if stem:  # parallel notebooks: say whose output this is
             record.msg, record.args = f"[{stem}] {record.getMessage()}", ()
         return True
 
