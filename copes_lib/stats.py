@@ -1,4 +1,4 @@
-"""Small statistics used across the paper-A experiments: pass@k, intervals, paired tests, budgets.
+"""Statistics for every claim: pass@k, intervals, the seeds x problems noise model, Holm, TOST, MDE.
 
 >>> round(pass_at_k(n=4, c=2, k=1), 3)
 0.5
@@ -10,8 +10,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
+import re
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 from scipy import stats as _st
@@ -71,3 +76,443 @@ def first_step_reaching(steps: Sequence[int], values: Sequence[float], target: f
         if value >= target:
             return int(step)
     return None
+
+
+# ============================================================================ claims' statistics
+# Every claim compares two methods evaluated on the SAME problems, each trained with several seeds:
+# a score array of shape (seeds, problems) per method (0/1 accuracy, F1, a per-chunk log-PPL...).
+# Two sources of noise move the difference of the means: the training seed (a rerun trains another
+# model) and the evaluation set (another draw of problems scores differently). A t-test over seed means
+# counts only the first; a test over problems with one seed counts only the second.
+#
+# The model: score[s, p] = mu + seed_s + problem_p + residual_sp (a crossed random-effects design,
+# applied to the per-cell difference when seeds are paired). The variance of the grand mean is
+#     Var = sigma_seed^2 / S + sigma_problem^2 / P + sigma_residual^2 / (S P),
+# estimated from the two-way ANOVA mean squares (MS_seed, MS_problem, MS_residual) as
+#     se^2 = [MS_seed + max(0, MS_problem - MS_residual)] / (S P),
+# i.e. the paired t-test over seed means (MS_seed / (S P) = var(seed means) / S) plus the problem-sampling
+# variance it ignores. Degrees of freedom by Satterthwaite; S - 1 when the problem term is zero, so the
+# test never claims more certainty than the seeds allow. With 3 to 5 seeds this is better calibrated
+# than a percentile bootstrap over seeds (which has 10 to 126 distinct seed resamples and shrinks the
+# seed variance by (S - 1) / S); the two-level bootstrap below is kept as a cross-check (same se for
+# many seeds, tested) and for statistics that are not means.
+
+ALPHA = 0.05
+POWER = 0.8
+EFFECT, EQUIVALENT, INCONCLUSIVE, OPPOSITE = "effect", "no effect (equivalent)", "inconclusive", "opposite"
+
+
+def _as_scores(x: Any, name: str) -> np.ndarray:
+    arr = np.asarray(x, dtype=float)
+    if arr.ndim == 1:
+        arr = arr[None, :]
+    if arr.ndim != 2 or arr.size == 0:
+        raise ValueError(f"{name} must be a (seeds, problems) array, got shape {np.shape(x)}")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} holds non-finite scores")
+    return arr
+
+
+def _mean_squares(d: np.ndarray) -> tuple[float, float, float]:
+    """Two-way ANOVA (no replication) mean squares of a (S, P) array: seed, problem, residual (nan if
+    a factor has one level)."""
+    s, p = d.shape
+    grand, rows, cols = d.mean(), d.mean(axis=1), d.mean(axis=0)
+    ms_seed = p * float(((rows - grand) ** 2).sum()) / (s - 1) if s > 1 else math.nan
+    ms_prob = s * float(((cols - grand) ** 2).sum()) / (p - 1) if p > 1 else math.nan
+    if s > 1 and p > 1:
+        resid = d - rows[:, None] - cols[None, :] + grand
+        ms_res = float((resid ** 2).sum()) / ((s - 1) * (p - 1))
+    else:
+        ms_res = math.nan
+    return ms_seed, ms_prob, ms_res
+
+
+def _satterthwaite(terms: list[tuple[float, float]]) -> float:
+    """df of a sum of (variance term, its df) pairs."""
+    total = sum(t for t, _ in terms)
+    denom = sum(t * t / df for t, df in terms if t != 0)
+    return total * total / denom if denom > 0 else math.inf
+
+
+@dataclasses.dataclass(frozen=True)
+class NoiseModel:
+    """The standard error of mean(a) - mean(b) and what went into it."""
+
+    estimate: float
+    se: float
+    df: float
+    n_seeds: tuple[int, int]
+    n_problems: int
+    paired_seeds: bool
+    seed_noise_counted: bool  # False when an arm has one seed: its training noise is not measured
+    problem_noise_counted: bool  # False with one problem column (nested designs collapse to seed means)
+    components: dict[str, float]  # variance of the estimate from each source
+
+
+def seed_problem_model(a: Any, b: Any, *, paired_seeds: bool | None = None, nested: bool = False) -> NoiseModel:
+    """se and df of mean(a) - mean(b) for (seeds, problems) score arrays on the same problems.
+
+    Seeds are paired (row i of a with row i of b) when both arms have the same number of seeds, unless
+    ``paired_seeds=False``. ``nested=True`` is for designs where each seed draws its own problems (the
+    sandbox): problems are then not shared across seeds, each seed's mean already carries its
+    evaluation noise, and the test is over seed means.
+    """
+    a, b = _as_scores(a, "a"), _as_scores(b, "b")
+    if a.shape[1] != b.shape[1]:
+        raise ValueError(f"a and b must score the same problems, got {a.shape[1]} and {b.shape[1]} columns")
+    if nested:
+        a, b = a.mean(axis=1, keepdims=True), b.mean(axis=1, keepdims=True)
+    (sa, p), sb = a.shape, b.shape[0]
+    if paired_seeds is None:
+        paired_seeds = sa == sb
+    if paired_seeds and sa != sb:
+        raise ValueError(f"paired seeds need equal seed counts, got {sa} and {sb}")
+    estimate = float(a.mean() - b.mean())
+    if paired_seeds:
+        ms_seed, ms_prob, ms_res = _mean_squares(a - b)
+        seed_var = ms_seed / (sa * p) if sa > 1 else 0.0
+        prob_var = 0.0
+        if p > 1:  # with one seed the problem term is var(column means) / P, the residual inseparable
+            prob_var = max(0.0, ms_prob - (ms_res if sa > 1 else 0.0)) / (sa * p)
+        terms = [(seed_var, sa - 1)] if sa > 1 else []
+        if prob_var > 0:
+            terms += [(ms_prob / (sa * p), p - 1)]
+            if sa > 1:
+                terms += [(-ms_res / (sa * p), (sa - 1) * (p - 1))]
+        components = {"seed": seed_var, "problem": prob_var}
+    else:
+        parts = {name: _mean_squares(x) for name, x in (("a", a), ("b", b))}
+        seed_var = sum(ms[0] / (x.shape[0] * p) for ms, x in ((parts["a"], a), (parts["b"], b)) if x.shape[0] > 1)
+        cols = a.mean(axis=0) - b.mean(axis=0)
+        resid = sum(ms[2] / (x.shape[0] * p) for ms, x in ((parts["a"], a), (parts["b"], b))
+                    if x.shape[0] > 1 and p > 1)
+        col_var = float(cols.var(ddof=1)) / p if p > 1 else 0.0
+        prob_var = max(0.0, col_var - resid)
+        terms = [(ms[0] / (x.shape[0] * p), x.shape[0] - 1) for ms, x in ((parts["a"], a), (parts["b"], b))
+                 if x.shape[0] > 1]
+        if prob_var > 0:
+            terms += [(col_var, p - 1)]
+        components = {"seed": seed_var, "problem": prob_var}
+    se = math.sqrt(seed_var + prob_var)
+    df = _satterthwaite(terms) if terms else math.inf
+    if sa > 1 and sb > 1:
+        df = max(df, min(sa, sb) - 1)  # the floor the seeds alone allow (Satterthwaite can dip below)
+    return NoiseModel(estimate, se, df, (sa, sb), p, bool(paired_seeds), sa > 1 and sb > 1, p > 1, components)
+
+
+def hierarchical_bootstrap(a: Any, b: Any, *, n_boot: int = 2000, seed: int = 0,
+                           paired_seeds: bool | None = None) -> np.ndarray:
+    """Replicates of mean(a) - mean(b) under two-level resampling: seeds and problems are drawn with
+    replacement, independently (the crossed "pigeonhole" bootstrap, Owen 2007), problems jointly for
+    both arms (they are the same problems), seeds jointly when paired. Seeded; vectorised as counts:
+    a replicate's mean is w_seed @ scores @ w_problem / (S P)."""
+    a, b = _as_scores(a, "a"), _as_scores(b, "b")
+    if a.shape[1] != b.shape[1]:
+        raise ValueError(f"a and b must score the same problems, got {a.shape[1]} and {b.shape[1]} columns")
+    if n_boot < 1:
+        raise ValueError(f"n_boot must be >= 1, got {n_boot}")
+    (sa, p), sb = a.shape, b.shape[0]
+    paired_seeds = sa == sb if paired_seeds is None else paired_seeds
+    rng = np.random.default_rng(seed)
+    w_prob = rng.multinomial(p, np.full(p, 1.0 / p), size=n_boot)
+    w_a = rng.multinomial(sa, np.full(sa, 1.0 / sa), size=n_boot)
+    if paired_seeds:
+        if sa != sb:
+            raise ValueError(f"paired seeds need equal seed counts, got {sa} and {sb}")
+        return np.einsum("bs,sp,bp->b", w_a, a - b, w_prob) / (sa * p)
+    w_b = rng.multinomial(sb, np.full(sb, 1.0 / sb), size=n_boot)
+    return (np.einsum("bs,sp,bp->b", w_a, a, w_prob) / (sa * p)
+            - np.einsum("bs,sp,bp->b", w_b, b, w_prob) / (sb * p))
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm-adjusted p-values (step-down, monotone, capped at 1); nan stays nan and is not counted."""
+    p = np.asarray(p_values, dtype=float)
+    out = np.full_like(p, math.nan)
+    valid = np.flatnonzero(~np.isnan(p))
+    m, running = len(valid), 0.0
+    for rank, i in enumerate(valid[np.argsort(p[valid], kind="stable")]):
+        running = max(running, min(1.0, (m - rank) * p[i]))
+        out[i] = running
+    return out.tolist()
+
+
+def minimum_detectable_effect(se: float, df: float = math.inf, *, alpha: float = ALPHA,
+                              power: float = POWER) -> float:
+    """The smallest true difference a two-sided level-alpha test detects with the given power:
+    (t_{1-alpha/2} + t_{power}) x se (the usual normal-theory approximation, Student t with df)."""
+    if not (0 < alpha < 1 and 0 < power < 1):
+        raise ValueError(f"alpha and power must be in (0, 1), got {alpha} and {power}")
+    if not math.isfinite(se) or df <= 0:
+        return math.nan
+    dist = _st.t(df) if math.isfinite(df) else _st.norm
+    return float((dist.ppf(1 - alpha / 2) + dist.ppf(power)) * se)
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    """mean(a) - mean(b) with both noise sources counted, and its verdict.
+
+    verdict: ``effect`` (Holm-adjusted p < alpha, in the expected direction), ``opposite`` (significant,
+    the other way), ``no effect (equivalent)`` (not significant and the (1 - 2 alpha) interval lies inside
+    +-margin: TOST), else ``inconclusive``. A study that cannot measure seed noise (one seed in an arm) is
+    inconclusive whatever its p. ``mde`` is at ``power`` and the Bonferroni level alpha / family size
+    (Holm's strictest step), so it is what the family could detect for sure.
+    """
+
+    name: str
+    estimate: float
+    low: float  # (1 - alpha) two-sided interval
+    high: float
+    se: float
+    df: float
+    p: float
+    p_holm: float
+    mde: float
+    verdict: str
+    reason: str
+    expected_sign: int = 1
+    margin: float | None = None
+    paper_effect: float | None = None  # the paper's effect in our units, if it has one
+    tost_p: float | None = None
+    n_seeds: tuple[int, int] = (0, 0)
+    n_problems: int = 0
+    seed_noise_counted: bool = True
+    family_size: int = 1
+    alpha: float = ALPHA
+    power: float = POWER
+
+    def describe(self, scale: float = 1.0, unit: str = "") -> str:
+        f = lambda x: f"{x * scale:+.3g}{unit}"  # noqa: E731
+        return (f"{self.name}: {f(self.estimate)} [{f(self.low)}, {f(self.high)}], p = {self.p:.2g}, "
+                f"Holm p = {self.p_holm:.2g} ({self.family_size} tests); MDE {self.mde * scale:.3g}{unit} "
+                f"at {self.power:.0%} power; {self.n_seeds[0]}/{self.n_seeds[1]} seeds x {self.n_problems} "
+                f"problems -> {self.verdict}")
+
+
+def _decide(c: Comparison) -> Comparison:
+    alpha, m = c.alpha, max(1, c.family_size)
+    mde = minimum_detectable_effect(c.se, c.df, alpha=alpha / m, power=c.power)
+    width = c.high - c.low
+    if not c.seed_noise_counted:
+        verdict, reason = INCONCLUSIVE, "one training seed in an arm: seed noise is not measured"
+    elif c.se == 0:
+        verdict = INCONCLUSIVE if c.estimate == 0 else (EFFECT if c.estimate * c.expected_sign > 0 else OPPOSITE)
+        reason = "no variance at all (identical computations?)" if c.estimate == 0 else "no variance"
+        if c.estimate == 0 and c.margin is not None and c.margin > 0:
+            verdict, reason = EQUIVALENT, "identical scores: zero difference, zero variance"
+    elif c.p_holm < alpha:
+        verdict = EFFECT if c.estimate * c.expected_sign > 0 else OPPOSITE
+        reason = f"Holm p = {c.p_holm:.2g} < {alpha}"
+    elif c.tost_p is not None and c.tost_p < alpha:
+        verdict, reason = EQUIVALENT, f"TOST p = {c.tost_p:.2g}: within +-{c.margin:.3g}"
+    else:
+        verdict = INCONCLUSIVE
+        reason = f"Holm p = {c.p_holm:.2g}; interval width {width:.3g}"
+        if c.paper_effect is not None and width > abs(c.paper_effect):
+            reason += f" wider than the paper's effect {abs(c.paper_effect):.3g}"
+        if c.margin is not None:
+            reason += f"; not inside the equivalence margin +-{c.margin:.3g}"
+        reason += f"; MDE {mde:.3g}"
+    return dataclasses.replace(c, mde=mde, verdict=verdict, reason=reason)
+
+
+def compare(a: Any, b: Any, *, name: str = "a - b", expected_sign: int = 1, margin: float | None = None,
+            paper_effect: float | None = None, alpha: float = ALPHA, power: float = POWER,
+            paired_seeds: bool | None = None, nested: bool = False, method: str = "model",
+            n_boot: int = 2000, seed: int = 0) -> Comparison:
+    """Compare two methods scored on the same problems: a, b are (seeds, problems) arrays.
+
+    ``expected_sign`` is the sign the claim predicts for mean(a) - mean(b); ``margin`` (> 0, in score
+    units, declared before the run) enables the equivalence test; ``paper_effect`` (score units) is
+    reported beside the interval. ``method``: ``model`` (crossed random effects, t with Satterthwaite df;
+    the default) or ``bootstrap`` (two-level percentile bootstrap; see :func:`hierarchical_bootstrap`).
+    The verdict is for a family of one; pass a family through :func:`holm_family`.
+    """
+    if expected_sign not in (1, -1):
+        raise ValueError(f"expected_sign must be +1 or -1, got {expected_sign}")
+    if margin is not None and not margin > 0:
+        raise ValueError(f"margin must be > 0 (or None), got {margin}")
+    if method not in ("model", "bootstrap"):
+        raise ValueError(f"method must be 'model' or 'bootstrap', got {method!r}")
+    model = seed_problem_model(a, b, paired_seeds=paired_seeds, nested=nested)
+    est, se, df = model.estimate, model.se, model.df
+    if method == "bootstrap":
+        reps = hierarchical_bootstrap(a, b, n_boot=n_boot, seed=seed, paired_seeds=paired_seeds)
+        se, df = float(reps.std(ddof=1)), math.inf
+        low, high = (float(v) for v in np.quantile(reps, [alpha / 2, 1 - alpha / 2]))
+        p = min(1.0, 2 * min(float(np.mean(reps <= 0)), float(np.mean(reps >= 0))))
+        tost_p = None
+        if margin is not None:
+            tost_p = max(float(np.mean(reps <= -margin)), float(np.mean(reps >= margin)))
+    else:
+        dist = _st.t(df) if math.isfinite(df) else _st.norm
+        if se > 0:
+            half = float(dist.ppf(1 - alpha / 2)) * se
+            low, high = est - half, est + half
+            p = float(2 * dist.sf(abs(est) / se))
+            tost_p = None if margin is None else float(max(dist.sf((est + margin) / se),
+                                                           dist.sf((margin - est) / se)))
+        else:
+            low = high = est
+            p = 1.0 if est == 0 else 0.0
+            tost_p = None if margin is None else (0.0 if abs(est) < margin else 1.0)
+    c = Comparison(name=name, estimate=est, low=low, high=high, se=se, df=df, p=p, p_holm=p, mde=math.nan,
+                   verdict="", reason="", expected_sign=expected_sign, margin=margin, paper_effect=paper_effect,
+                   tost_p=tost_p, n_seeds=model.n_seeds, n_problems=model.n_problems,
+                   seed_noise_counted=model.seed_noise_counted, alpha=alpha, power=power)
+    return _decide(c)
+
+
+def holm_family(comparisons: Sequence[Comparison]) -> list[Comparison]:
+    """The same comparisons with Holm-adjusted p-values over the family, and their verdicts redone."""
+    adjusted = holm([c.p for c in comparisons])
+    return [_decide(dataclasses.replace(c, p_holm=ph, family_size=len(comparisons)))
+            for c, ph in zip(comparisons, adjusted, strict=True)]
+
+
+def planned_mde(a: Any, b: Any, *, n_seeds: int | None = None, n_problems: int | None = None,
+                alpha: float = ALPHA, power: float = POWER, nested: bool = False) -> float:
+    """The MDE of mean(a) - mean(b) for a study of n_seeds x n_problems (default: the observed sizes),
+    with the variance components measured on a, b (paired seeds)."""
+    a, b = _as_scores(a, "a"), _as_scores(b, "b")
+    if nested:
+        a, b = a.mean(axis=1, keepdims=True), b.mean(axis=1, keepdims=True)
+    s, p = a.shape
+    if b.shape != a.shape:
+        raise ValueError(f"planned_mde needs paired arrays of equal shape, got {a.shape} and {b.shape}")
+    if s < 2:
+        raise ValueError("planned_mde needs >= 2 seeds to measure seed noise")
+    n_s, n_p = n_seeds or s, n_problems or p
+    if n_s < 2 or n_p < 1:
+        raise ValueError(f"planned study needs n_seeds >= 2 and n_problems >= 1, got {n_s} and {n_p}")
+    ms_seed, ms_prob, ms_res = _mean_squares(a - b)
+    var_res = ms_res if p > 1 else 0.0
+    var_seed = max(0.0, ms_seed - var_res) / p  # sigma_seed^2
+    var_prob = max(0.0, ms_prob - var_res) / s if p > 1 else 0.0
+    if p == 1:  # seed means only: their variance is all we can project
+        var_seed = ms_seed
+        n_p = 1
+    se2 = var_seed / n_s + var_prob / n_p + var_res / (n_s * n_p)
+    # expected mean squares of the planned design, for its df
+    e_seed = var_res + n_p * var_seed
+    e_prob = var_res + n_s * var_prob
+    terms = [(e_seed / (n_s * n_p), n_s - 1)]
+    if var_prob > 0 and n_p > 1:
+        terms += [(e_prob / (n_s * n_p), n_p - 1), (-var_res / (n_s * n_p), (n_s - 1) * (n_p - 1))]
+    df = max(_satterthwaite(terms), n_s - 1)
+    return minimum_detectable_effect(math.sqrt(se2), df, alpha=alpha, power=power)
+
+
+def power_note(a: Any, b: Any, *, n_seeds: int | None = None, n_problems: int | None = None,
+               scale: float = 1.0, unit: str = "", alpha: float = ALPHA, power: float = POWER,
+               nested: bool = False) -> str:
+    """One line for a notebook: the MDE of this comparison (and, given n_seeds / n_problems, of a planned
+    study), with the share of variance from seeds vs problems."""
+    a_arr, b_arr = _as_scores(a, "a"), _as_scores(b, "b")
+    if nested:
+        a_arr, b_arr = a_arr.mean(axis=1, keepdims=True), b_arr.mean(axis=1, keepdims=True)
+    s, p = a_arr.shape
+    model = seed_problem_model(a_arr, b_arr)
+    now = minimum_detectable_effect(model.se, model.df, alpha=alpha, power=power)
+    total = sum(model.components.values())
+    share = model.components["seed"] / total if total > 0 else math.nan
+    text = (f"power: with {s} seeds x {p} problems the smallest difference detectable at {power:.0%} power "
+            f"(alpha {alpha}) is {now * scale:.3g}{unit}; seeds carry {share:.0%} of the variance")
+    if s < 2:
+        return text.split(";")[0] + " (one seed: seed noise is not measured, so this is a lower bound)"
+    if n_seeds or n_problems:
+        planned = planned_mde(a_arr, b_arr, n_seeds=n_seeds, n_problems=n_problems, alpha=alpha, power=power)
+        text += f"; with {n_seeds or s} seeds x {n_problems or p} problems: {planned * scale:.3g}{unit}"
+    return text
+
+
+# ============================================================================ per-problem score files
+SCORES_FILE = "scores.npz"
+_NAME = re.compile(r"^[a-z0-9_]+$")
+_SEP = "::"
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoreSet:
+    """One metric's per-seed per-problem scores for each arm of a notebook."""
+
+    metric: str
+    arms: dict[str, np.ndarray]  # arm -> (seeds, problems)
+    seeds: dict[str, tuple[int, ...]]  # arm -> the seed of each row
+    nested: bool = False  # each seed draws its own problems (columns are not shared across seeds)
+
+    def compare(self, a: str, b: str, **kwargs: Any) -> Comparison:
+        """compare() of arm a against arm b; seeds are paired when both arms used the same seed list."""
+        for arm in (a, b):
+            if arm not in self.arms:
+                raise KeyError(f"metric {self.metric!r} has no arm {arm!r}; arms: {sorted(self.arms)}")
+        kwargs.setdefault("paired_seeds", self.seeds[a] == self.seeds[b])
+        kwargs.setdefault("nested", self.nested)
+        return compare(self.arms[a], self.arms[b], **kwargs)
+
+
+def save_scores(out_dir: str | Path, metric: str, arms: dict[str, Any], seeds: dict[str, Sequence[int]] |
+                Sequence[int], *, nested: bool = False) -> Path:
+    """Add one metric's per-seed per-problem scores to ``<out_dir>/scores.npz`` (atomic write).
+
+    ``arms``: arm name -> array (seeds, problems), every arm on the same problems in the same column
+    order; ``seeds``: the seed of each row, one list for all arms or one per arm (rows with the same seed
+    in two arms are paired). Names are lower-case snake_case. A metric already in the file is refused:
+    results are never silently overwritten.
+    """
+    if not _NAME.match(metric):
+        raise ValueError(f"metric must be lower-case snake_case, got {metric!r}")
+    if not arms:
+        raise ValueError("arms is empty: nothing to save")
+    seeds_by_arm = seeds if isinstance(seeds, dict) else {arm: seeds for arm in arms}
+    entries: dict[str, np.ndarray] = {}
+    n_problems = None
+    for arm, values in arms.items():
+        if not _NAME.match(arm):
+            raise ValueError(f"arm names must be lower-case snake_case, got {arm!r}")
+        arr = _as_scores(values, f"arms[{arm!r}]")
+        if n_problems is not None and arr.shape[1] != n_problems:
+            raise ValueError(f"arm {arm!r} scores {arr.shape[1]} problems, others {n_problems}")
+        n_problems = arr.shape[1]
+        if arm not in seeds_by_arm:
+            raise ValueError(f"seeds has no entry for arm {arm!r}")
+        arm_seeds = np.asarray(list(seeds_by_arm[arm]), dtype=np.int64)
+        if arm_seeds.shape != (arr.shape[0],):
+            raise ValueError(f"arm {arm!r} has {arr.shape[0]} seed rows but {arm_seeds.size} seeds")
+        entries[f"{metric}{_SEP}{arm}"] = arr
+        entries[f"{metric}{_SEP}{arm}{_SEP}seeds"] = arm_seeds
+    entries[f"{metric}{_SEP}{_SEP}nested"] = np.asarray(bool(nested))
+    path = Path(out_dir) / SCORES_FILE
+    existing: dict[str, np.ndarray] = {}
+    if path.exists():
+        with np.load(path) as f:
+            existing = {k: f[k] for k in f.files}
+        if any(k.split(_SEP)[0] == metric for k in existing):
+            raise FileExistsError(f"{path} already holds metric {metric!r}; save each metric once per run")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.npz")
+    np.savez_compressed(tmp, **existing, **entries)
+    os.replace(tmp, path)
+    return path
+
+
+def load_scores(out_dir: str | Path) -> dict[str, ScoreSet] | None:
+    """metric -> ScoreSet from ``<out_dir>/scores.npz``; None when the notebook saved none."""
+    path = Path(out_dir) / SCORES_FILE
+    if not path.exists():
+        return None
+    with np.load(path) as f:
+        data = {k: f[k] for k in f.files}
+    out: dict[str, ScoreSet] = {}
+    for key in sorted(data):
+        parts = key.split(_SEP)
+        if len(parts) != 2 or not parts[1]:
+            continue
+        metric, arm = parts
+        if metric not in out:
+            out[metric] = ScoreSet(metric, {}, {}, bool(data.get(f"{metric}{_SEP}{_SEP}nested", False)))
+        out[metric].arms[arm] = data[key]
+        out[metric].seeds[arm] = tuple(int(s) for s in data[f"{key}{_SEP}seeds"])
+    return out
