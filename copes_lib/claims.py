@@ -371,14 +371,15 @@ CLAIMS: tuple[Claim, ...] = (
 
 def load_summaries(profile: str, root: str | Path | None = None) -> dict[str, dict[str, Any]]:
     """Every ``results/<profile>/<notebook>/summary.json`` there is, keyed by notebook; a notebook's
-    per-problem scores (``scores.npz``), when it saved them, under the summary's ``SCORES`` key."""
+    per-problem scores (``scores.npz``) under the summary's ``SCORES`` key when the summary's
+    ``scores_sha256`` names that very file (a file left by an earlier run is ignored)."""
     base = Path(root or RESULTS_ROOT) / profile
     out = {}
     for path in sorted(base.glob("*/summary.json")):
         summary = read_json(path)
-        scores = stats.load_scores(path.parent)
-        if scores is not None:
-            summary[SCORES] = scores
+        digest = stats.scores_digest(path.parent)
+        if digest is not None and digest == summary.get("scores_sha256"):
+            summary[SCORES] = stats.load_scores(path.parent)
         out[path.parent.name] = summary
     return out
 

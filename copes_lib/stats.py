@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import os
 import re
@@ -496,6 +497,14 @@ def save_scores(out_dir: str | Path, metric: str, arms: dict[str, Any], seeds: d
     np.savez_compressed(tmp, **existing, **entries)
     os.replace(tmp, path)
     return path
+
+
+def scores_digest(out_dir: str | Path) -> str | None:
+    """sha256 of ``<out_dir>/scores.npz`` (None if absent). A notebook records it in its summary as
+    ``scores_sha256`` after its last save_scores, so a scores file left by an earlier run is never read
+    as this run's."""
+    path = Path(out_dir) / SCORES_FILE
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else None
 
 
 def load_scores(out_dir: str | Path) -> dict[str, ScoreSet] | None:

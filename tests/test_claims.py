@@ -1,6 +1,8 @@
 """The claims table: missing results never count as agreement; every rule can agree, disagree, or say
 inconclusive; README regeneration."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -226,10 +228,13 @@ def test_markdown_rows_never_break_the_table():
 def test_load_summaries_attaches_scores(tmp_path):
     nb = tmp_path / "cpu" / "05_fixed_budget_math"
     nb.mkdir(parents=True)
-    (nb / "summary.json").write_text('{"gain_recovery_copes": 0.5}')
     rng = np.random.default_rng(6)
     stats.save_scores(nb, "val_accuracy_at_budget", {"copes": _binary(rng, 0.6), "es": _binary(rng, 0.4)},
                       list(range(5)))
+    (nb / "summary.json").write_text('{"gain_recovery_copes": 0.5, "scores_sha256": "stale"}')
+    assert claims.SCORES not in claims.load_summaries("cpu", root=tmp_path)["05_fixed_budget_math"]
+    (nb / "summary.json").write_text(json.dumps({"gain_recovery_copes": 0.5,
+                                                 "scores_sha256": stats.scores_digest(nb)}))
     summaries = claims.load_summaries("cpu", root=tmp_path)
     ss = summaries["05_fixed_budget_math"][claims.SCORES]["val_accuracy_at_budget"]
     assert ss.arms["copes"].shape == (5, 600)
