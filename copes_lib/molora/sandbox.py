@@ -775,7 +775,7 @@ def region_sentence(region: dict[str, Any]) -> str:
         if found:
             parts.append(f"at {bu} evaluations " + ", ".join(found))
     shape = ("the region is monotone (higher alignment and lower noise keep a win)" if region["monotone"]
-             else "the region is not monotone (some win is lost at a higher alignment or a lower noise)")
+             else "the region is not monotone (a win has a tie or a loss at a higher alignment or a lower noise)")
     return (f"evolution (CMA-ES on the routing) beats gradient in {region['wins']} of {region['cells']} cells "
             f"({region['win_fraction']:.0%}), only where alignment >= {region['min_alignment']:g} and adapter "
             f"noise <= {region['max_noise']:g}, at budgets {region['budgets_with_wins']}; win tails: "
