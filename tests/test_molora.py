@@ -286,9 +286,15 @@ def test_paired_test_and_contrast_table():
     out = factorial.paired_test(test, ref)
     assert out["delta"] == pytest.approx(0.25 / 3)
     assert out["t"] == pytest.approx(stats.ttest_rel(ref, test).statistic)
+    # the 95% interval is the paired t-interval: it excludes 0 exactly when p < 0.05
+    diffs = [r - t for r, t in zip(ref, test)]
+    half = stats.t.ppf(0.975, 2) * stats.tstd(diffs) / 3 ** 0.5
+    assert (out["low"], out["high"]) == pytest.approx((0.25 / 3 - half, 0.25 / 3 + half))
+    assert (out["low"] > 0) == (out["p"] < 0.05)
     assert factorial.paired_test([1.0, 2.0], [1.0, 2.0])["t"] is None  # zero variance: undefined, not inf
     rows = factorial.contrast_table({"B3": ref, "+R": test})
     assert [r["contrast"] for r in rows] == ["router"] and rows[0]["paper_delta_nats"] == 0.0426
+    assert rows[0]["delta_low"] == pytest.approx(out["low"]) and rows[0]["delta_high"] == pytest.approx(out["high"])
 
 
 def test_factorial_cells_share_cache_entries_with_notebook_11():
