@@ -3,8 +3,9 @@
 One adapter step: a balanced batch (equal sequences per domain) -> router features (R0: embedding
 prefix means; R1: a first, adapter-free pass) -> mixing weights -> the substrate with the pool's
 mixed LoRA updates -> next-token cross-entropy -> AdamW on the pool and the router (separate
-learning rates; one Adam step counter per slot, so slots reborn by the lifecycle restart Adam). Every ``evolve_every`` steps (when the lifecycle is on) the fitness of each slot
-is measured on validation windows (scope E0 or E1) and one lifecycle event runs.
+learning rates; one Adam step counter per slot, so slots reborn by the lifecycle restart Adam).
+Every ``evolve_every`` steps (when the lifecycle is on) the fitness of each slot is measured on
+validation windows (scope E0 or E1) and one lifecycle event runs.
 At the end the balanced log-PPL on the fixed test windows is the cell's result.
 
 The data order depends only on ``seed`` (its own generator), so cells with the same seed see the
