@@ -319,3 +319,20 @@ def test_close_leaves_no_processes():
     assert not any(path.exists() for path in temp_dirs)
     with pytest.raises(RuntimeError, match="closed"):
         sandbox.run("print('after close')")
+
+
+def test_the_verdict_comes_from_the_exit_status_not_the_report():
+    from copes_lib.tools import sandbox as sbx
+
+    settings = {"timeout_s": 1.0}
+    exited = lambda code: code << 8  # noqa: E731 - a waitpid status for a normal exit with `code`
+    forged_ok = (True, "", "forged")
+    assert sbx._verdict(exited(sbx.FINISHED_EXIT), forged_ok, settings) == (True, "", "forged")
+    ok, error, _ = sbx._verdict(exited(sbx.DENIED_EXIT), forged_ok, settings)
+    assert not ok and error.startswith("PermissionError: sandbox:")
+    ok, error, _ = sbx._verdict(exited(sbx.FAILED_EXIT), forged_ok, settings)
+    assert not ok and error
+    ok, error, _ = sbx._verdict(exited(sbx.FINISHED_EXIT), None, settings)
+    assert not ok and error.startswith("SystemExit")
+    ok, error, _ = sbx._verdict(signal.SIGKILL, None, settings)  # killed by a signal
+    assert not ok and error.startswith("MemoryError")
