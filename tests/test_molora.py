@@ -14,7 +14,8 @@ from copes_lib.molora.adapt import train_cell
 from copes_lib.molora.lm import SubstrateConfig, pretrain, train_tokenizer
 from copes_lib.molora.notebook_params import MoloraFactorialParams
 from copes_lib.molora.pool import AdapterPool, PoolConfig, export_peft
-from copes_lib.molora.routers import RouterConfig, make_router
+from copes_lib.molora.routers import RouterConfig, make_router, router_rows
+from copes_lib.molora.slot_adam import SlotAdamW
 
 TINY = SubstrateConfig(corpus_source="sample", max_chars_per_domain=0, vocab_size=400, d_model=32, n_layers=2,
                        n_heads=2, n_kv_heads=1, intermediate=64, seq_len=32, batch_per_domain=2, steps=3,
@@ -223,8 +224,9 @@ def test_lifecycle_event_kills_weakest_clones_best_and_resets_state(sub):
     try:
         _randomise_b(pool)
         router = make_router(RouterConfig(kind="r1"), 32, 5)
-        optimizer = torch.optim.AdamW(list(pool.parameters()) + list(router.parameters()))
-        pool.B[pool.keys["model.layers.0.self_attn.q_proj"]].sum().backward()
+        optimizer = SlotAdamW(list(pool.parameters()) + list(router.parameters()),
+                              slot_dims=[*pool.slot_parameters(), *router_rows(router)])
+        (pool.B[pool.keys["model.layers.0.self_attn.q_proj"]].sum() + router.proj.weight.sum()).backward()
         optimizer.step()
         fit = torch.tensor([0.5, -0.2, 0.9, -0.5, 0.1])
         ages = torch.tensor([10, 10, 10, 1, 10])  # slot 3 is weakest but within its grace period
@@ -242,6 +244,15 @@ def test_lifecycle_event_kills_weakest_clones_best_and_resets_state(sub):
         for slot in dead:
             key = pool.keys["model.layers.0.self_attn.q_proj"]
             assert optimizer.state[pool.B[key]]["exp_avg"][slot].abs().max() == 0
+            assert optimizer.state[pool.B[key]]["step"][slot].item() == 0  # Adam restarts for the slot
+            assert optimizer.state[router.proj.weight]["step"][slot].item() == 0
+        survivors = [s for s in range(5) if s not in dead and s not in {e["into"] for e in events
+                                                                          if e["event"] == "inherit"}]
+        assert all(optimizer.state[pool.B[key]]["step"][s].item() == 1 for s in survivors)
+        assert all(optimizer.state[router.proj.weight]["step"][s].item() == 1 for s in survivors)
+        with pytest.raises(TypeError, match="SlotAdamW"):
+            lifecycle.evolve(pool, router, torch.optim.AdamW(pool.parameters()), fit, torch.full((5,), 10),
+                             11, cfg, torch.Generator().manual_seed(0))
             torch.testing.assert_close(router.proj.weight[slot], router.proj.weight[2], atol=0.05, rtol=0)
     finally:
         pool.remove()
@@ -275,9 +286,15 @@ def test_paired_test_and_contrast_table():
     out = factorial.paired_test(test, ref)
     assert out["delta"] == pytest.approx(0.25 / 3)
     assert out["t"] == pytest.approx(stats.ttest_rel(ref, test).statistic)
+    # the 95% interval is the paired t-interval: it excludes 0 exactly when p < 0.05
+    diffs = [r - t for r, t in zip(ref, test)]
+    half = stats.t.ppf(0.975, 2) * stats.tstd(diffs) / 3 ** 0.5
+    assert (out["low"], out["high"]) == pytest.approx((0.25 / 3 - half, 0.25 / 3 + half))
+    assert (out["low"] > 0) == (out["p"] < 0.05)
     assert factorial.paired_test([1.0, 2.0], [1.0, 2.0])["t"] is None  # zero variance: undefined, not inf
     rows = factorial.contrast_table({"B3": ref, "+R": test})
     assert [r["contrast"] for r in rows] == ["router"] and rows[0]["paper_delta_nats"] == 0.0426
+    assert rows[0]["delta_low"] == pytest.approx(out["low"]) and rows[0]["delta_high"] == pytest.approx(out["high"])
 
 
 def test_factorial_cells_share_cache_entries_with_notebook_11():

@@ -129,6 +129,64 @@ def test_crossing_point_and_boundary():
     assert out["alignment_boundary_low"] <= out["alignment_boundary"] <= out["alignment_boundary_high"]
 
 
+def _map_rows(diff):
+    """Synthetic map rows with evolution - gradient excess loss = diff(alignment, noise, budget) + seed noise."""
+    return [{"regime": "aligned", "alignment": al, "adapter_noise": nl, "budget_evals": bu, "seed": s,
+             "optimiser": opt,
+             "excess_loss": 1.0 + (diff(al, nl, bu) + 0.001 * (s - 2) if opt == "evolution" else 0.0)}
+            for al in (0.0, 0.5, 1.0) for nl in (0.0, 0.1) for bu in (100, 1000)
+            for opt in ("evolution", "gradient") for s in range(5)]
+
+
+def test_region_map_verdict_finds_the_known_region():
+    # evolution wins where alignment >= 0.5 and noise == 0, and at alignment 1 with any noise at 100
+    # evaluations; it loses at alignment 0; ties (a mean of 0 with seed noise) elsewhere
+    def diff(al, nl, bu):
+        if al == 0.0:
+            return 0.5
+        if nl == 0.0 or (al == 1.0 and bu == 100):
+            return -0.5
+        return 0.0
+    cells = sb.region_table(_map_rows(diff))
+    assert len(cells) == 12 and all(c["seeds"] == 5 for c in cells)
+    outcome = {(c["alignment"], c["adapter_noise"], c["budget_evals"]): c["outcome"] for c in cells}
+    assert outcome[(0.0, 0.0, 100)] == "loss" and outcome[(1.0, 0.1, 1000)] == "tie"
+    region = sb.claim_region(cells)
+    assert region["wins"] == 5 and region["win_fraction"] == pytest.approx(5 / 12)
+    assert region["min_alignment"] == 0.5 and region["max_noise"] == 0.1
+    assert region["budgets_with_wins"] == [100, 1000]
+    assert region["win_tails"][100] == {0.0: 0.5, 0.1: 1.0}
+    assert region["win_tails"][1000] == {0.0: 0.5, 0.1: None}
+    assert region["monotone"] and region["holds_somewhere"]
+    sentence = sb.region_sentence(region)
+    assert "5 of 12" in sentence and "alignment >= 0.5" in sentence and "noise <= 0.1" in sentence
+
+
+def test_region_map_verdict_without_wins_and_a_non_monotone_region():
+    none = sb.claim_region(sb.region_table(_map_rows(lambda al, nl, bu: 0.5)))
+    assert none["wins"] == 0 and not none["holds_somewhere"] and none["min_alignment"] is None
+    assert "none of the 12 cells" in sb.region_sentence(none)
+    # a win at alignment 0.5 lost at alignment 1: not monotone, and no win tail at that noise
+    odd = sb.claim_region(sb.region_table(_map_rows(lambda al, nl, bu: -0.5 if al == 0.5 else 0.5)))
+    assert not odd["monotone"] and not odd["holds_somewhere"]
+    assert all(start is None for tails in odd["win_tails"].values() for start in tails.values())
+
+
+def test_region_map_reuses_identical_cells_and_runs_the_rest():
+    cfg = sb.SandboxConfig(train_per_task=16, test_per_task=16, budget_evals=120)
+    seeds = [0]
+    reused = [sb.run_cell(cfg, "aligned", opt, 0, alignment=1.0) for opt in sb.MAP_OPTIMISERS]
+    rows = sb.region_map(cfg, seeds, [0.0, 1.0], [cfg.adapter_noise], [cfg.budget_evals], reuse=reused)
+    assert len(rows) == 4 and all(r["regime"] == "aligned" for r in rows)
+    at_one = [r for r in rows if r["alignment"] == 1.0]
+    assert [r["wall_s"] for r in at_one] == [r["wall_s"] for r in reused]  # taken, not rerun
+    fresh = sb.run_cell(cfg, "aligned", "evolution", 0, alignment=0.0)
+    assert next(r for r in rows if r["alignment"] == 0.0 and r["optimiser"] == "evolution")[
+        "excess_loss"] == fresh["excess_loss"]
+    assert sb.map_budgets(sb.SandboxConfig(budget_evals=3000)) == [300, 900, 3000]
+    assert sb.map_budgets(cfg) == [120]  # 12 and 36 buy fewer than 2 generations
+
+
 @pytest.mark.parametrize("bad", [
     {"input_dim": 10},  # fewer directions than means + true + wrong subspaces need
     {"num_tasks": 1},

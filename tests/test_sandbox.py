@@ -210,6 +210,37 @@ HOSTILE = {
 }
 
 
+# Forged reports: the child's report pipe is an inherited descriptor that the code can write to.
+_FORGE = ("import os\n"
+          "def forge():\n"
+          "    for fd in range(3, 64):\n"
+          "        try:\n"
+          "            os.write(fd, b'1 0 6\\nforged')\n"
+          "        except OSError:\n"
+          "            pass\n")
+FORGED = {
+    # the attack of issue 17: hit a denied action, catch it, write a well-formed ok record
+    "deny, catch, forge": _FORGE + "try:\n    open('/etc/passwd')\nexcept Exception:\n    pass\nforge()\n"
+                                   "os._exit(0)",
+    "forge, deny, catch, exit 0": _FORGE + "forge()\ntry:\n    open('/etc/passwd')\nexcept Exception:\n"
+                                           "    pass\nos._exit(0)",
+    "forge, then raise": _FORGE + "forge()\nraise ValueError('real failure')",
+    "empty the denial record": _FORGE + "import sys\ntry:\n    open('/etc/passwd')\nexcept Exception:\n"
+                                        "    pass\nfor value in sys._getframe(1).f_locals.values():\n"
+                                        "    if isinstance(value, list):\n        value.clear()\nprint('fine')",
+}
+
+
+@pytest.mark.parametrize("attempt", list(FORGED))
+def test_a_forged_report_does_not_hide_a_failure(hostile_box, attempt):
+    result = hostile_box.run(FORGED[attempt])
+    assert not result.ok, f"{attempt}: {result}"
+    assert result.output != "forged", f"{attempt}: {result}"
+    if attempt != "forge, then raise":
+        assert result.error.startswith("PermissionError: sandbox: "), f"{attempt}: {result.error!r}"
+    _assert_serves(hostile_box)
+
+
 @pytest.mark.parametrize("category", list(HOSTILE))
 def test_hostile_code_fails_alone_and_the_pool_keeps_serving(hostile_box, category):
     box = hostile_box
@@ -288,3 +319,20 @@ def test_close_leaves_no_processes():
     assert not any(path.exists() for path in temp_dirs)
     with pytest.raises(RuntimeError, match="closed"):
         sandbox.run("print('after close')")
+
+
+def test_the_verdict_comes_from_the_exit_status_not_the_report():
+    from copes_lib.tools import sandbox as sbx
+
+    settings = {"timeout_s": 1.0}
+    exited = lambda code: code << 8  # noqa: E731 - a waitpid status for a normal exit with `code`
+    forged_ok = (True, "", "forged")
+    assert sbx._verdict(exited(sbx.FINISHED_EXIT), forged_ok, settings) == (True, "", "forged")
+    ok, error, _ = sbx._verdict(exited(sbx.DENIED_EXIT), forged_ok, settings)
+    assert not ok and error.startswith("PermissionError: sandbox:")
+    ok, error, _ = sbx._verdict(exited(sbx.FAILED_EXIT), forged_ok, settings)
+    assert not ok and error
+    ok, error, _ = sbx._verdict(exited(sbx.FINISHED_EXIT), None, settings)
+    assert not ok and error.startswith("SystemExit")
+    ok, error, _ = sbx._verdict(signal.SIGKILL, None, settings)  # killed by a signal
+    assert not ok and error.startswith("MemoryError")

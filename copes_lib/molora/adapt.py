@@ -3,8 +3,9 @@
 One adapter step: a balanced batch (equal sequences per domain) -> router features (R0: embedding
 prefix means; R1: a first, adapter-free pass) -> mixing weights -> the substrate with the pool's
 mixed LoRA updates -> next-token cross-entropy -> AdamW on the pool and the router (separate
-learning rates). Every ``evolve_every`` steps (when the lifecycle is on) the fitness of each slot
-is measured on validation windows (scope E0 or E1) and one lifecycle event runs.
+learning rates; one Adam step counter per slot, so slots reborn by the lifecycle restart Adam).
+Every ``evolve_every`` steps (when the lifecycle is on) the fitness of each slot is measured on
+validation windows (scope E0 or E1) and one lifecycle event runs.
 At the end the balanced log-PPL on the fixed test windows is the cell's result.
 
 The data order depends only on ``seed`` (its own generator), so cells with the same seed see the
@@ -23,7 +24,8 @@ from copes_lib.config import Config, ConfigError, param
 from copes_lib.molora import fitness, lifecycle, metrics
 from copes_lib.molora.lm import Substrate, domain_nll, eval_windows, lm_loss, sample_batch
 from copes_lib.molora.pool import AdapterPool, PoolConfig
-from copes_lib.molora.routers import RouterConfig, make_router
+from copes_lib.molora.routers import RouterConfig, make_router, router_rows
+from copes_lib.molora.slot_adam import SlotAdamW
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,10 +85,10 @@ def train_cell(sub: Substrate, cfg: CellConfig, on_log=None) -> dict:
     router = make_router(cfg.router, model.config.hidden_size, cfg.pool.n_slots, seed=cfg.seed)
     device = next(model.parameters()).device
     router.to(device)
-    optimizer = torch.optim.AdamW([
+    optimizer = SlotAdamW([
         {"params": list(pool.parameters()), "lr": cfg.lr},
         {"params": list(router.parameters()), "lr": cfg.router_lr},
-    ], weight_decay=0.0)
+    ], slot_dims=[*pool.slot_parameters(), *router_rows(router)], weight_decay=0.0)
     data_gen = torch.Generator().manual_seed(10_000 + cfg.seed)
     life_gen = torch.Generator().manual_seed(20_000 + cfg.seed)
     val = eval_windows(sub.streams, "val", cfg.fitness_windows, seq_len)
@@ -172,6 +174,8 @@ def run_cell(profile: str, sub: Substrate, cfg: CellConfig, force: bool = False,
     from copes_lib import runs
 
     effective = cfg.effective()
-    key = runs.cache_key({"substrate": sub.config.to_dict(), "cell": effective.to_dict()})
+    # "optimizer" names the per-slot Adam restart: cells cached before it are not reused
+    key = runs.cache_key({"substrate": sub.config.to_dict(), "cell": effective.to_dict(),
+                          "optimizer": "slot_adamw"})
     path = runs.cache_dir(profile, "molora_cell", key) / "result.json"
     return runs.cached(path, lambda: train_cell(sub, effective, on_log), force=force)

@@ -18,6 +18,8 @@ contrast can also be measured where it can act: +R+E+L vs +R+L (E0).
 Each cell runs with seeds SEED..SEED+n-1; a seed fixes the pool/router initialisation and the batch
 order, identical across cells, so the t-tests are paired (scipy.stats.ttest_rel, df = n - 1).
 Delta = balanced log-PPL(reference) - balanced log-PPL(test), nats; positive = the factor helps.
+Each contrast also carries the 95% t-interval of the mean paired difference (df = n - 1), drawn in
+notebook 12's figure.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from __future__ import annotations
 import math
 
 from scipy import stats
+
+from copes_lib.stats import mean_ci
 
 # The paper's Table (PAPERS.md B2): contrast -> (Delta nats, t, p); None where the paper gives none.
 PAPER_B2 = {
@@ -74,15 +78,16 @@ def cell_configs(params, seeds: list[int]) -> dict[str, list]:
 
 
 def paired_test(test: list[float], ref: list[float]) -> dict:
-    """Delta = mean(ref - test) and the paired t-test; t and p are None when undefined (zero variance)."""
+    """Delta = mean(ref - test), its 95% t-interval and the paired t-test; t and p are None when undefined
+    (zero variance)."""
     if len(test) != len(ref) or len(test) < 2:
         raise ValueError(f"paired test needs two equal-length lists of >= 2 values, got {len(test)} and {len(ref)}")
     diffs = [r - t for r, t in zip(ref, test)]
-    delta = sum(diffs) / len(diffs)
+    delta, low, high = mean_ci(diffs)
     result = stats.ttest_rel(ref, test)
     t, p = float(result.statistic), float(result.pvalue)
-    return {"delta": delta, "t": t if math.isfinite(t) else None, "p": p if math.isfinite(p) else None,
-            "df": len(diffs) - 1, "diffs": diffs}
+    return {"delta": delta, "low": low, "high": high, "t": t if math.isfinite(t) else None,
+            "p": p if math.isfinite(p) else None, "df": len(diffs) - 1, "diffs": diffs}
 
 
 def contrast_table(log_ppl: dict[str, list[float]]) -> list[dict]:
@@ -94,6 +99,7 @@ def contrast_table(log_ppl: dict[str, list[float]]) -> list[dict]:
         ours = paired_test(log_ppl[test], log_ppl[ref])
         paper = PAPER_B2.get(name, (None, None, None))
         rows.append({"contrast": name, "test": test, "reference": ref, "measures": what,
-                     "delta_nats": ours["delta"], "t": ours["t"], "p": ours["p"], "df": ours["df"],
+                     "delta_nats": ours["delta"], "delta_low": ours["low"], "delta_high": ours["high"],
+                     "t": ours["t"], "p": ours["p"], "df": ours["df"],
                      "paper_delta_nats": paper[0], "paper_t": paper[1], "paper_p": paper[2]})
     return rows

@@ -11,8 +11,11 @@ One evolution event (every M adapter steps when the lifecycle is on):
    get Gaussian noise of relative size ``mutation_scale``, S a log-normal factor of the same size, and
    the product is re-factorised to rank r.
 4. Slot reallocation: the router's row of slot d becomes b's row plus noise (``realloc_noise`` times
-   the row's std); the optimizer state (Adam moments) of slot d's adapter and router rows is zeroed.
-   The slot's age restarts at 0.
+   the row's std); Adam restarts for slot d's adapter and router rows (moments and step counter to
+   0, :class:`~copes_lib.molora.slot_adam.SlotAdamW`), so its next update is a fresh optimizer's
+   first update. The slot's age restarts at 0.
+The neighbour rewritten by inheritance restarts Adam the same way (its moments describe a weight
+that no longer exists).
 
 Departures: the abstract names these four mechanisms only; counts, alpha, noise sizes and the
 grace period are our parameters (stated in notebook 12).
@@ -26,6 +29,7 @@ import torch
 
 from copes_lib.config import Config, ConfigError, param
 from copes_lib.molora.routers import router_rows
+from copes_lib.molora.slot_adam import SlotAdamW
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,18 +59,17 @@ def _perturbed(delta: torch.Tensor, rank: int, scale: float, generator: torch.Ge
     return (u * s) @ vh
 
 
-def _reset_optimizer_rows(optimizer: torch.optim.Optimizer, pairs, slot: int) -> None:
-    for tensor, dim in pairs:
-        state = optimizer.state.get(tensor)
-        if not state:
-            continue
-        for name in ("exp_avg", "exp_avg_sq"):
-            if name in state:
-                state[name].select(dim, slot).zero_()
+def _reset_optimizer_rows(optimizer: SlotAdamW, pairs, slot: int) -> None:
+    """Restart Adam (moments and step count) for ``slot``'s rows of each (tensor, slot dim) pair."""
+    if not isinstance(optimizer, SlotAdamW):
+        # zeroing a shared step counter's moments would give the reborn rows ~3-5x the step size
+        raise TypeError(f"the lifecycle needs a SlotAdamW (per-slot step counters), got {type(optimizer).__name__}")
+    for tensor, _ in pairs:
+        optimizer.reset_slot(tensor, slot)
 
 
 @torch.no_grad()
-def evolve(pool, router, optimizer, fitness: torch.Tensor, ages: torch.Tensor, step: int,
+def evolve(pool, router, optimizer: SlotAdamW, fitness: torch.Tensor, ages: torch.Tensor, step: int,
            cfg: LifecycleConfig, generator: torch.Generator) -> list[dict]:
     """Run one evolution event in place (pool, router, optimizer state, ages); return its events."""
     n_slots = pool.cfg.n_slots

@@ -492,7 +492,7 @@ def run_cell(cfg: SandboxConfig, regime: str, optimiser: str, seed: int,
             "alignment": alignment if alignment is not None else math.nan,
             **metrics, "start_excess_loss": start["excess_loss"],
             "oracle_test_loss": problem.oracle_test_loss, "base_test_loss": problem.base_test_loss,
-            "adapter_noise": cfg.adapter_noise,
+            "adapter_noise": cfg.adapter_noise, "budget_evals": cfg.budget_evals,
             "function_evals": out["function_evals"], "grad_steps": out["grad_steps"],
             "generations": out["generations"], "wall_s": wall}
 
@@ -530,27 +530,67 @@ def budget_sweep(cfg: SandboxConfig, seeds: list[int], fractions: tuple[float, .
     budgets = [int(f * cfg.budget_evals) for f in fractions if int(f * cfg.budget_evals) >= cfg.min_budget_evals]
     cells = [(bu, o, s) for bu in budgets for o in optimisers for s in seeds]
     iterator = progress(cells, desc="budget sweep") if progress else cells
-    return [run_cell(dataclasses.replace(cfg, budget_evals=bu), "prealigned", o, s) | {"budget_evals": bu}
-            for bu, o, s in iterator]
+    return [run_cell(dataclasses.replace(cfg, budget_evals=bu), "prealigned", o, s) for bu, o, s in iterator]
+
+
+MAP_OPTIMISERS = ("gradient", "evolution")
+
+
+def map_budgets(cfg: SandboxConfig, fractions: tuple[float, ...] = BUDGET_FRACTIONS) -> list[int]:
+    """The budget axis of the map: the smaller budgets that buy >= 2 generations, then the full one."""
+    small = [int(f * cfg.budget_evals) for f in fractions]
+    return sorted({b for b in small if b >= cfg.min_budget_evals} | {cfg.budget_evals})
+
+
+def _map_key(alignment: float, noise: float, budget: int, optimiser: str, seed: int) -> tuple:
+    return round(float(alignment), 6), round(float(noise), 6), int(budget), optimiser, int(seed)
+
+
+def region_map(cfg: SandboxConfig, seeds: list[int], alignments: list[float], noise_levels: list[float],
+               budgets: list[int], reuse: list[dict] = (), progress=None) -> list[dict]:
+    """Evolution (routing only) and gradient on aligned adapters at every (alignment, adapter noise,
+    budget) and seed: the map of where evolving the routing pays.
+
+    Rows of ``reuse`` (e.g. the alignment sweep, run at ``cfg.adapter_noise`` and the full budget) with
+    the same (alignment, noise, budget, optimiser, seed) are identical computations and are taken
+    as they are. Every returned row has ``regime = "aligned"``.
+    """
+    done = {_map_key(r["alignment"], r["adapter_noise"], r["budget_evals"], r["optimiser"], r["seed"]): r
+            for r in reuse if r["regime"] in ("aligned", "prealigned", "misaligned")}
+    cells = [(al, nl, bu, o, s) for bu in budgets for nl in noise_levels for al in alignments
+             for o in MAP_OPTIMISERS for s in seeds]
+    iterator = progress(cells, desc="region map") if progress else cells
+    rows = []
+    for al, nl, bu, o, s in iterator:
+        row = done.get(_map_key(al, nl, bu, o, s))
+        if row is None:
+            row = run_cell(dataclasses.replace(cfg, adapter_noise=nl, budget_evals=bu), "aligned", o, s,
+                           alignment=al)
+        rows.append(dict(row, regime="aligned"))
+    return rows
 
 
 def run_experiment(cfg: SandboxConfig, seeds: list[int], alignments: list[float], noise_levels: list[float],
-                   progress=None) -> dict[str, list[dict]]:
-    """The notebook's four experiments (regime grid, alignment, adapter-noise and budget sweeps). The sweep's end points (0 and 1) and the noise sweep's top level
-    are the grid's misaligned / pre-aligned cells (identical by construction), so they are reused."""
+                   map_alignments: list[float] | None = None, progress=None) -> dict[str, list[dict]]:
+    """The notebook's experiments: the regime grid, the alignment sweep and the region map.
+
+    The sweep's end points (0 and 1) are the grid's misaligned / pre-aligned cells (identical by
+    construction) and are reused; so are the map's cells at ``cfg.adapter_noise`` and the full
+    budget. The noise and budget sweeps are slices of the map at alignment 1 (labelled
+    ``prealigned``): at the full budget, and at ``cfg.adapter_noise``.
+    """
     grid = regime_grid(cfg, seeds, progress)
     interior = [al for al in alignments if 0.0 < al < 1.0]
     sweep = alignment_sweep(cfg, seeds, interior, progress=progress)
     sweep += [dict(r, regime="aligned") for r in grid if r["regime"] in ("prealigned", "misaligned")
               and (r["alignment"] in alignments)]
-    new_levels = [nl for nl in noise_levels if nl != cfg.adapter_noise]
-    noise = noise_sweep(cfg, seeds, new_levels, progress=progress)
-    if cfg.adapter_noise in noise_levels:
-        noise += [r for r in grid if r["regime"] == "prealigned" and r["optimiser"] in ("gradient", "evolution")]
-    budget = budget_sweep(cfg, seeds, progress=progress)
-    budget += [r | {"budget_evals": cfg.budget_evals} for r in grid
-               if r["regime"] == "prealigned" and r["optimiser"] in ("gradient", "evolution")]
-    return {"grid": grid, "sweep": sweep, "noise": noise, "budget": budget}
+    budgets = map_budgets(cfg)
+    levels = sorted(set(noise_levels) | {cfg.adapter_noise})
+    region = region_map(cfg, seeds, map_alignments or alignments, levels, budgets, reuse=sweep, progress=progress)
+    top = [dict(r, regime="prealigned") for r in region if r["alignment"] == 1.0]
+    noise = [r for r in top if r["budget_evals"] == cfg.budget_evals]
+    budget = [r for r in top if r["adapter_noise"] == cfg.adapter_noise]
+    return {"grid": grid, "sweep": sweep, "noise": noise, "budget": budget, "map": region}
 
 
 def summary_table(rows: list[dict], by: tuple[str, ...],
@@ -652,6 +692,94 @@ def alignment_boundary(rows: list[dict], evo: str = "evolution", bootstrap: int 
             "bootstrap_share_no_crossing": float(no_crossing.mean()),
             "per_seed": per_seed, "alignments": alignments, "mean_diff": diff.mean(axis=0).tolist(),
             "diff": diff.tolist()}
+
+
+# --------------------------------------------------------------------------- the map's verdict
+def region_table(rows: list[dict]) -> list[dict[str, Any]]:
+    """Per (alignment, adapter noise, budget): evolution - gradient excess loss paired by seed, its 95%
+    t-interval and the cell's outcome by the pre-stated rule: ``win`` when the interval lies below 0
+    (evolution better), ``loss`` when above 0, ``tie`` otherwise (with one seed: the sign of the mean)."""
+    table = {_map_key(r["alignment"], r["adapter_noise"], r["budget_evals"], r["optimiser"], r["seed"]):
+             r["excess_loss"] for r in rows}
+    cells = sorted({k[:3] for k in table})
+    out = []
+    for al, nl, bu in cells:
+        seeds = sorted(k[4] for k in table if k[:3] == (al, nl, bu) and k[3] == "evolution"
+                       and (al, nl, bu, "gradient", k[4]) in table)
+        if not seeds:
+            continue
+        d = stats.paired_difference([table[(al, nl, bu, "evolution", s)] for s in seeds],
+                                    [table[(al, nl, bu, "gradient", s)] for s in seeds])
+        low, high = (d["mean"], d["mean"]) if len(seeds) < 2 else (d["low"], d["high"])
+        outcome = "win" if high < 0 else "loss" if low > 0 else "tie"
+        out.append({"alignment": al, "adapter_noise": nl, "budget_evals": bu, "seeds": len(seeds),
+                    "evo_minus_grad": d["mean"], "evo_minus_grad_low": d["low"], "evo_minus_grad_high": d["high"],
+                    "outcome": outcome})
+    return out
+
+
+def claim_region(cells: list[dict]) -> dict[str, Any]:
+    """Where on the map the paper's claim ("evolving the routing pays with pre-aligned adapters") holds.
+
+    Per budget and noise level, the win tail is the smallest alignment from which every cell up to the
+    largest alignment is a win (None: no such tail). The region is summarised by its bounds: the
+    smallest alignment and the largest noise of any win, and the budgets with wins. It is *monotone*
+    when every win stays a win at a higher alignment and at a lower noise (same budget); only then
+    does "alignment >= a and noise <= b" describe it without exceptions (per budget, a staircase).
+    The claim holds somewhere when evolution wins in at least one cell at the largest alignment and
+    in none at the smallest.
+    """
+    if not cells:
+        raise ValueError("claim_region needs at least one map cell (region_table of an empty map?)")
+    wins = [c for c in cells if c["outcome"] == "win"]
+    alignments = sorted({c["alignment"] for c in cells})
+    budgets = sorted({c["budget_evals"] for c in cells})
+    levels = sorted({c["adapter_noise"] for c in cells})
+    outcome = {(c["alignment"], c["adapter_noise"], c["budget_evals"]): c["outcome"] for c in cells}
+    tails: dict[int, dict[float, float | None]] = {}
+    for bu in budgets:
+        tails[bu] = {}
+        for nl in levels:
+            start = None
+            for al in reversed(alignments):
+                if outcome.get((al, nl, bu)) != "win":
+                    break
+                start = al
+            tails[bu][nl] = start
+    win_keys = {(c["alignment"], c["adapter_noise"], c["budget_evals"]) for c in wins}
+    monotone = all((al2, nl2, bu) in win_keys
+                   for al, nl, bu in win_keys for al2 in alignments for nl2 in levels
+                   if al2 >= al and nl2 <= nl and (al2, nl2, bu) in outcome)
+    return {
+        "cells": len(cells), "wins": len(wins),
+        "win_fraction": len(wins) / len(cells),
+        "loss_fraction": sum(c["outcome"] == "loss" for c in cells) / len(cells),
+        "min_alignment": min((c["alignment"] for c in wins), default=None),
+        "max_noise": max((c["adapter_noise"] for c in wins), default=None),
+        "budgets_with_wins": sorted({c["budget_evals"] for c in wins}),
+        "monotone": monotone,
+        "win_tails": tails,
+        "holds_somewhere": any(c["alignment"] == alignments[-1] for c in wins)
+                           and not any(c["alignment"] == alignments[0] for c in wins),
+    }
+
+
+def region_sentence(region: dict[str, Any]) -> str:
+    """The map's verdict in words, generated from :func:`claim_region` (no number typed by hand)."""
+    if not region["wins"]:
+        return (f"evolution (CMA-ES on the routing) beats gradient in none of the {region['cells']} cells of "
+                "the map (alignment x adapter noise x budget): the paper's claim holds nowhere here")
+    parts = []
+    for bu, tails in region["win_tails"].items():
+        found = [f"noise {nl:g}: alignment >= {start:g}" for nl, start in tails.items() if start is not None]
+        if found:
+            parts.append(f"at {bu} evaluations " + ", ".join(found))
+    shape = ("the region is monotone (higher alignment and lower noise keep a win)" if region["monotone"]
+             else "the region is not monotone (a win has a tie or a loss at a higher alignment or a lower noise)")
+    return (f"evolution (CMA-ES on the routing) beats gradient in {region['wins']} of {region['cells']} cells "
+            f"({region['win_fraction']:.0%}), only where alignment >= {region['min_alignment']:g} and adapter "
+            f"noise <= {region['max_noise']:g}, at budgets {region['budgets_with_wins']}; win tails: "
+            + ("; ".join(parts) if parts else "none reach the largest alignment") + f"; {shape}")
 
 
 def config_dict(cfg: SandboxConfig) -> dict[str, Any]:

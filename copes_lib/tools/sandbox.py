@@ -11,7 +11,8 @@ How a call runs::
                                    --fork()--> a child, prepared BEFORE the call arrives: drops
                                    privileges (when root), sets rlimits, enters its own temp dir,
                                    then waits for the code; installs the audit hook, exec()s the
-                                   code, reports (ok, output, error) and is killed
+                                   code, reports (ok, output, error) and exits; the zygote
+                                   judges by the exit status
 
 The zygote forks the next child right after replying, while the host is busy, so a call does not pay
 for starting an interpreter (tens of ms) nor, mostly, for the fork. ``benchmarks/bench_sandbox.py``
@@ -32,7 +33,10 @@ imports of modules outside the standard library and the preloaded packages. os f
 audit event (pidfd_open, mkfifo, ...) are deleted in the child, together with ``_imp.create_builtin``
 / ``create_dynamic`` so that no fresh copy of a builtin module brings them back (a consequence: the code
 can import pure-Python modules and what is preloaded, but no extension module that is not). A denied
-action fails the call even if the code catches the exception. Errors come back as Python's last
+action ends the call at once, from inside the audit hook (the code cannot catch it, and no line of it
+runs afterwards), and the zygote takes the verdict from the child's exit status, not from the child's
+report: the report pipe is open while the code runs, so a report is only text the code could have
+printed, and a forged "ok" report does not turn a denied action into a success. Errors come back as Python's last
 traceback line (``NameError: name 'x' is not defined``), so a small model can learn from them.
 
 Determinism: PYTHONHASHSEED=0, ``random`` (and numpy's global RNG when preloaded) are reseeded with 0
@@ -136,6 +140,9 @@ UNAUDITED_OS_FUNCTIONS = ("pidfd_open", "mkfifo", "mknod", "openpty", "login_tty
 # the fork), and ctypes comes with numpy (see "What this does not protect against").
 SCIENTIFIC_PRELOAD = DEFAULT_PRELOAD + ",numpy,numpy.random,numpy.linalg,numpy.fft,sympy"
 _HEADER = struct.Struct(">I")
+# Exit statuses of a child: the code finished (0) or raised (1); the audit hook ended it on a denied
+# action (DENIED_EXIT). The zygote trusts the status, not the report's ok flag (see _verdict).
+FINISHED_EXIT, FAILED_EXIT, DENIED_EXIT = 0, 1, 86
 MAX_CODE_CHARS = 1_000_000
 _ADDRESS = re.compile(r"( at 0x)[0-9a-fA-F]+")  # object addresses in reprs
 
@@ -552,12 +559,18 @@ class _CapturedOutput:
         return text
 
 
-def _make_audit_hook(tmp_dir: str, read_roots: tuple[str, ...], importable: frozenset, blocked: list):
+def _make_audit_hook(tmp_dir: str, read_roots: tuple[str, ...], importable: frozenset, output_parts: list,
+                     result_fd: int, max_output_chars: int):
     """The audit hook of one child. Every helper it uses is bound here, before the untrusted code runs,
-    so rebinding module attributes (``os.path.realpath = ...``) cannot change its decisions."""
+    so rebinding module attributes (``os.path.realpath = ...``) cannot change its decisions.
+
+    A denied action ends the process at once, from inside the hook, with exit status ``DENIED_EXIT``:
+    no line of the code runs after it, so the code can neither catch the denial nor forge a report
+    afterwards; the zygote reads the verdict from the exit status, which the code cannot change
+    retroactively. The hook's own report (the error and the output printed so far) is only text."""
     import posix
 
-    getcwd, readlink = posix.getcwd, posix.readlink
+    getcwd, readlink, write, exit_now = posix.getcwd, posix.readlink, posix.write, posix._exit
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
     exact_str, exact_bytes, exact_int = str, bytes, int
     denied_imports, denied_events = DENIED_IMPORTS, DENIED_EVENTS
@@ -565,9 +578,20 @@ def _make_audit_hook(tmp_dir: str, read_roots: tuple[str, ...], importable: froz
     devices = ("/dev/null", "/dev/urandom", "/dev/random", "/dev/zero")
 
     def deny(message: str):
-        if not blocked:
-            blocked.append(f"PermissionError: sandbox: {message}")
-        raise PermissionError(f"sandbox: {message}")
+        # No user code may run in here either: output_parts is a plain list of str written by
+        # _CapturedOutput (str.join reads str data without calling methods of the items)
+        try:
+            try:
+                printed = "".join(output_parts)[:max_output_chars]
+            except BaseException:  # noqa: BLE001 - the code put something else in the list
+                printed = ""
+            error = f"PermissionError: sandbox: {message}"[:max_output_chars]
+            err_b, out_b = error.encode("utf-8", "backslashreplace"), printed.encode("utf-8", "backslashreplace")
+            data = b"%d %d %d\n" % (0, len(err_b), len(out_b)) + err_b + out_b
+            while data:
+                data = data[write(result_fd, data):]
+        finally:
+            exit_now(DENIED_EXIT)
 
     def resolve(path: str) -> str | None:
         """Absolute path with symlinks resolved, using only primitives bound above; None = refused."""
@@ -675,11 +699,14 @@ def _set_limits(settings: dict, base_vsz: int) -> None:
 
 def _child(settings: dict, state: dict, tmp_dir: str, code_fd: int, result_fd: int) -> None:
     """Runs in a forked child; never returns. Prepares itself, then waits for the code on ``code_fd``
-    (the zygote forks the next child while the host is still busy) and reports
-    ``ok error-bytes output-bytes`` on ``result_fd``."""
+    (the zygote forks the next child while the host is still busy), reports
+    ``ok error-bytes output-bytes`` on ``result_fd`` and exits with FINISHED_EXIT or FAILED_EXIT.
+
+    ``result_fd`` stays open while the code runs (any descriptor of the process can be named by
+    number), so the report is only text the code could have printed: the verdict comes from the
+    exit status, and a denied action ends the process inside the audit hook (DENIED_EXIT)."""
     write, exit_now = os.write, os._exit
-    blocked: list[str] = []
-    ok, error = False, ""
+    ok, error, status = False, "", FAILED_EXIT
     output = _CapturedOutput(settings["max_output_chars"], settings["max_printed_chars"])
     try:
         devnull = os.open(os.devnull, os.O_RDWR)
@@ -725,7 +752,8 @@ def _child(settings: dict, state: dict, tmp_dir: str, code_fd: int, result_fd: i
             exit_now(0)
         sys.stdout = sys.stderr = output
         program = compile(b"".join(chunks).decode("utf-8", "replace"), "<sandbox>", "exec")
-        sys.addaudithook(_make_audit_hook(tmp_dir, state["read_roots"], state["importable"], blocked))
+        sys.addaudithook(_make_audit_hook(tmp_dir, state["read_roots"], state["importable"], output.parts,
+                                          result_fd, settings["max_output_chars"]))
         import builtins
 
         exec(program, {"__name__": "__main__", "__builtins__": builtins})
@@ -742,15 +770,14 @@ def _child(settings: dict, state: dict, tmp_dir: str, code_fd: int, result_fd: i
         if output.exceeded and ok:  # the code caught the limit exception
             ok, error = False, (f"OutputLimitError: the code printed more than {settings['max_printed_chars']} "
                                 "characters and was stopped")
-        if blocked:  # the first denied action is the error, even if the code caught it
-            ok, error = False, blocked[0]
         err_b = _truncate(error, settings["max_output_chars"]).encode("utf-8", "backslashreplace")
         out_b = output.text().encode("utf-8", "backslashreplace")
         data = b"%d %d %d\n" % (int(ok), len(err_b), len(out_b)) + err_b + out_b
         while data:
             data = data[write(result_fd, data):]
+        status = FINISHED_EXIT if ok else FAILED_EXIT
     finally:
-        exit_now(0)
+        exit_now(status)
 
 
 def _signal_error(signum: int, settings: dict) -> str:
@@ -778,6 +805,30 @@ def _parse_child_report(data: bytes) -> tuple[bool, str, str] | None:
     if len(body) != n_err + n_out or ok not in (0, 1):
         return None
     return bool(ok), body[:n_err].decode("utf-8", "replace"), body[n_err:].decode("utf-8", "replace")
+
+
+def _verdict(status: int, report: tuple[bool, str, str] | None, settings: dict) -> tuple[bool, str, str]:
+    """(ok, error, output) of a child that exited with ``status`` after writing ``report``.
+
+    The exit status decides: DENIED_EXIT fails the call whatever the report says (the code may have
+    written a well-formed ok report before its denied action), and ok needs both FINISHED_EXIT and
+    an ok report. What the code can still do -- write an ok report and call os._exit(0) -- gains it
+    nothing it could not get by catching its own exceptions and printing.
+    """
+    if os.WIFSIGNALED(status):
+        return False, _signal_error(os.WTERMSIG(status), settings), ""
+    exit_code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1
+    if exit_code == DENIED_EXIT:
+        if report is not None and not report[0] and report[1].startswith("PermissionError: sandbox:"):
+            return report
+        return False, "PermissionError: sandbox: a denied action stopped the code", ""
+    if report is not None and exit_code in (FINISHED_EXIT, FAILED_EXIT):
+        ok, error, output = report
+        if ok and exit_code == FINISHED_EXIT:
+            return True, "", output
+        return False, error or "RuntimeError: the code failed after reporting success", output
+    return False, (f"SystemExit: the process exited with status {exit_code} before returning "
+                   "a result (os._exit is not allowed)"), ""
 
 
 def _new_call_dir(state: dict) -> str:
@@ -840,9 +891,10 @@ def _run_one(code: bytes, settings: dict, state: dict) -> tuple[dict, dict]:
     read_fd, pidfd = child["result_r"], child["pidfd"]
     deadline = start + settings["timeout_s"]
     limit = 4 * (settings["max_output_chars"] * 2 + 200) + 65536
-    data, report, timed_out, exited, status = b"", None, False, False, None
+    data, timed_out, exited, status = b"", False, False, None
     watch = [read_fd] if pidfd is None else [read_fd, pidfd]
-    while report is None and not exited:
+    # wait for the child's exit, not for its report: the report is text the code can write itself
+    while not exited:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             timed_out = True
@@ -854,36 +906,28 @@ def _run_one(code: bytes, settings: dict, state: dict) -> tuple[dict, dict]:
                 watch.remove(read_fd)
             elif len(data) < limit:
                 data += chunk
-                report = _parse_child_report(data)
         if pidfd is not None:
             exited = pidfd in ready
-        elif report is None:
+        else:
             reaped, status = os.waitpid(child["pid"], os.WNOHANG)
             exited = child["reaped"] = reaped != 0
     elapsed = time.monotonic() - start
     if not child.get("reaped"):  # (a reaped pid may already belong to someone else)
-        _kill_group(child["pid"])  # the report is in (or time is up): nothing may run after it
-    if report is None and not timed_out:  # it died: drain what it wrote, then ask why
+        _kill_group(child["pid"])  # it exited (or time is up): nothing it started may survive
+    if not timed_out:
         if not child.get("reaped"):
             _, status = os.waitpid(child["pid"], 0)
             child["reaped"] = True
-        while read_fd in watch and select.select([read_fd], [], [], 0)[0]:
+        while read_fd in watch and select.select([read_fd], [], [], 0)[0]:  # drain what it wrote
             chunk = os.read(read_fd, 65536)
             if not chunk:
                 break
-            data += chunk
-        report = _parse_child_report(data[:limit])
-
+            if len(data) < limit:
+                data += chunk
     if timed_out:
         ok, error, output = False, f"TimeoutError: the code ran longer than {settings['timeout_s']:g} s and was stopped", ""
-    elif report is not None:
-        ok, error, output = report
-    elif os.WIFSIGNALED(status):
-        ok, error, output = False, _signal_error(os.WTERMSIG(status), settings), ""
     else:
-        code_ = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1
-        ok, error, output = False, (f"SystemExit: the process exited with status {code_} before returning "
-                                    "a result (os._exit is not allowed)"), ""
+        ok, error, output = _verdict(status, _parse_child_report(data[:limit]), settings)
     # object addresses differ between workers; mask them so equal code gives equal output
     output = _ADDRESS.sub(r"\1...", output)
     error = _ADDRESS.sub(r"\1...", error)
