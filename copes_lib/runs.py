@@ -1,6 +1,6 @@
 """Run folders, manifests, atomic writes, caching and checkpoints.
 
-Layout (DESIGN.md, "Results contract")::
+Layout (docs/suite_design.md#d4-results-contract)::
 
     results/<profile>/<NN_topic>/summary.json    flat JSON, numbers as numbers
                                  metrics.jsonl   one object per step, fixed namespaces
@@ -11,22 +11,32 @@ Layout (DESIGN.md, "Results contract")::
 
 A run writes into ``results/<profile>/<NN_topic>/.partial/`` and only :meth:`Run.finish` moves the
 files into place, each with an atomic rename, so a run that fails or is interrupted keeps the
-previous good results. Every file is written to a temporary name and renamed, so a crash never
-leaves a truncated file.
+previous good results. Figures are staged the same way (``figures/<profile>/.partial/<NN_topic>/``) and
+land beside the results in :meth:`Run.finish`, so a failed rerun leaves the previous figures too.
+Every file is written to a temporary name and renamed, so a crash never leaves a truncated file.
+
+A cache entry that cannot be read (a truncated ``torch``/``safetensors``/JSON file, from a disk that
+filled up or a copy that was cut short) is reported with its path and the command that rebuilds it,
+deleted so that it is never reused, and rebuilt by the caller (:func:`load_cache_entry`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
 import json
 import math
 import os
+import pickle
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
 import time
+import warnings
+import zipfile
 from collections.abc import Callable, Iterable
 from importlib import metadata
 from pathlib import Path
@@ -180,6 +190,88 @@ def cache_dir(profile: str, name: str, key: str) -> Path:
     return path
 
 
+class CorruptCacheWarning(UserWarning):
+    """A cache entry could not be read; it was deleted and is being rebuilt."""
+
+
+class CorruptCacheError(RuntimeError):
+    """A stored file that cannot be rebuilt here could not be read (the message says what to run)."""
+
+
+# What torch.load, safetensors, json and tokenizers say about a truncated or garbled file.
+_CORRUPTION_TEXT = re.compile(
+    r"zip archive|central directory|incomplete metadata|header too (?:large|small)|safetensor|"
+    r"unexpected EOF|EOF while parsing|Expecting (?:value|property name|',' delimiter)|Unterminated string|"
+    r"Extra data|invalid load key|truncated|corrupt|Error while deserializing|could not parse|failed reading",
+    re.IGNORECASE)
+
+
+def is_corruption(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an error it was raised from) says a stored file is truncated or garbled."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, (EOFError, json.JSONDecodeError, UnicodeDecodeError, pickle.UnpicklingError,
+                            zipfile.BadZipFile)):
+            return True
+        if _CORRUPTION_TEXT.search(f"{type(exc).__name__}: {exc}"):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def rebuild_command(profile: str, notebook: str) -> str:
+    """The command that recomputes what ``notebook`` caches under ``profile``.
+
+    >>> rebuild_command("cpu", "01_substrate_and_agent")
+    'make reproduce PROFILE=cpu ONLY=01 FORCE=1'
+    """
+    return f"make reproduce PROFILE={profile} ONLY={notebook.split('_', 1)[0]} FORCE=1"
+
+
+def _default_rebuild(entry: Path) -> str:
+    """A rebuild hint when the caller gives none: the profile comes from the cache path, the notebook
+    from the run open in this process, if any."""
+    try:
+        profile = Path(entry).resolve().relative_to(Path(CACHE_ROOT).resolve()).parts[0]
+    except (ValueError, IndexError):
+        profile = "<profile>"
+    notebook = next(reversed(_OPEN_RUNS), None)
+    command = (rebuild_command(profile, notebook[1]) if notebook
+               else f"make reproduce PROFILE={profile} ONLY=<the notebook that wrote it> FORCE=1")
+    return f"{command} (or delete {entry})"
+
+
+def _discard(entry: Path) -> None:
+    if entry.is_dir():
+        shutil.rmtree(entry)
+        entry.mkdir(parents=True)  # the caller rebuilds into the same folder
+    else:
+        entry.unlink(missing_ok=True)
+
+
+def load_cache_entry(entry: str | Path, load: Callable[[], Any], *, rebuild: str | None = None) -> Any | None:
+    """``load()`` the cache entry ``entry`` (a file, or a folder of files), or None when it cannot be read.
+
+    A truncated or corrupted entry is reported (a :class:`CorruptCacheWarning` naming the entry, the
+    error and ``rebuild``, the command that rebuilds it), deleted so that it is never reused, and None
+    tells the caller to rebuild it. Errors that do not look like a damaged file propagate unchanged.
+    """
+    entry = Path(entry)
+    try:
+        return load()
+    except Exception as exc:  # noqa: BLE001 - re-raised below unless it is a damaged file
+        if not is_corruption(exc):
+            raise
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        warnings.warn(
+            f"corrupted cache entry {entry} ({type(exc).__name__}: {first}); it was deleted and is rebuilt "
+            f"now. To rebuild it yourself: {rebuild or _default_rebuild(entry)}",
+            CorruptCacheWarning, stacklevel=2)
+        _discard(entry)
+        return None
+
+
 def cached(
     path: str | Path,
     compute: Callable[[], Any],
@@ -187,16 +279,21 @@ def cached(
     force: bool = False,
     save: Callable[[Any, Path], Any] | None = None,
     load: Callable[[Path], Any] | None = None,
+    rebuild: str | None = None,
 ) -> Any:
     """Return the object stored at ``path``, or compute it, store it atomically and return it.
 
-    ``save``/``load`` default to JSON; pass ``atomic_torch_save`` / ``torch.load`` for tensors.
+    ``save``/``load`` default to JSON; pass ``atomic_torch_save`` / ``torch.load`` for tensors. A stored
+    file that cannot be read is reported (with ``rebuild``, the command that recomputes it) and
+    recomputed (:func:`load_cache_entry`).
     """
     path = Path(path)
     save = save or (lambda obj, p: atomic_write_json(p, obj))
     load = load or read_json
     if path.exists() and not force:
-        return load(path)
+        loaded = load_cache_entry(path, lambda: load(path), rebuild=rebuild)
+        if loaded is not None:
+            return loaded
     obj = compute()
     save(obj, path)
     return obj
@@ -208,14 +305,26 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
     return atomic_torch_save(state, path)
 
 
-def load_checkpoint(path: str | Path, map_location: str = "cpu") -> dict[str, Any] | None:
-    """The state saved at ``path``, or None if there is none (a fresh start)."""
+def load_checkpoint(path: str | Path, map_location: str = "cpu", *, required: bool = False,
+                    rebuild: str | None = None) -> dict[str, Any] | None:
+    """The state saved at ``path``, or None if there is none (a fresh start).
+
+    A damaged file is reported and deleted (:func:`load_cache_entry`): a resumed run then starts
+    afresh. With ``required=True`` (the weights of a finished run) a missing or damaged file raises
+    :class:`CorruptCacheError` naming the path and ``rebuild`` instead of returning None.
+    """
     import torch
 
     path = Path(path)
-    if not path.exists():
-        return None
-    return torch.load(path, map_location=map_location, weights_only=False)
+    if path.exists():
+        state = load_cache_entry(path, lambda: torch.load(path, map_location=map_location, weights_only=False),
+                                 rebuild=rebuild)
+        if state is not None:
+            return state
+    if required:
+        raise CorruptCacheError(f"{path} is missing or was corrupted (and has been deleted); rebuild it with "
+                                f"{rebuild or _default_rebuild(path)}")
+    return None
 
 
 # --------------------------------------------------------------------------- summaries
@@ -235,8 +344,17 @@ def check_summary(summary: dict[str, Any]) -> None:
         raise ValueError(f"summary[{key!r}] has type {type(value).__name__}; summaries are flat")
 
 
+# (profile, notebook) of the runs open in this process, oldest first (names the notebook in cache messages).
+_OPEN_RUNS: dict[tuple[str, str], None] = {}
+# (profile, notebook) -> {final figure path: staged file}: figures saved in this process, awaiting finish.
+_STAGED_FIGURES: dict[tuple[str, str], dict[Path, Path]] = {}
+
+
 class Run:
     """One execution of one notebook under one profile.
+
+    Its files (and the figures :func:`save_figure` stages for the same notebook) become visible only
+    when :meth:`finish` succeeds.
 
     >>> run = Run("smoke", "00_suite_overview", config={"SEED": 0}, seeds=[0])  # doctest: +SKIP
     >>> run.log(0, {"reward/mean": 0.1})                                           # doctest: +SKIP
@@ -255,6 +373,7 @@ class Run:
         self.started = _dt.datetime.now(_dt.UTC)
         self._t0 = time.perf_counter()
         self._metrics = open(self.partial / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115
+        _OPEN_RUNS[(profile, notebook)] = None
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         """Append one step's metrics (namespaced keys such as ``reward/mean``) to metrics.jsonl."""
@@ -298,12 +417,14 @@ class Run:
         atomic_write_json(self.partial / "manifest.json", manifest)
         # In the notebook's own key order: the first keys are the headline numbers of reports/index.html.
         atomic_write_json(self.partial / "summary.json", full, sort_keys=False)
+        publish_figures(self.profile, self.notebook)
         # summary.json last: its presence marks a complete run.
         for name in ("metrics.jsonl", "config.json", "manifest.json", "summary.json"):
             os.replace(self.partial / name, self.dir / name)
         for extra in sorted(self.partial.iterdir()):
             os.replace(extra, self.dir / extra.name)
         self.partial.rmdir()
+        _OPEN_RUNS.pop((self.profile, self.notebook), None)
         return full
 
     def write_table(self, name: str, frame: Any) -> Path:
@@ -324,16 +445,43 @@ def figure_path(profile: str, notebook: str, what: str, suffix: str = "png") -> 
     return path
 
 
+def _figure_staging(profile: str, notebook: str) -> Path:
+    return FIGURES_ROOT / profile / ".partial" / notebook
+
+
 def save_figure(fig: Any, profile: str, notebook: str, what: str) -> list[Path]:
-    """Save a matplotlib figure as PNG and SVG atomically; return the paths."""
+    """Stage a matplotlib figure as PNG and SVG; they land in ``figures/<profile>/`` when the notebook's
+    :meth:`Run.finish` succeeds, with its results (a failed rerun leaves the previous figures).
+
+    Returns the final paths (which exist once the run has finished). Saving the same ``what`` again
+    before finish replaces the staged file.
+    """
     import io
 
+    staged = _STAGED_FIGURES.setdefault((profile, notebook), {})
     paths = []
     for suffix in ("png", "svg"):
         buffer = io.BytesIO()
         fig.savefig(buffer, format=suffix, dpi=120, bbox_inches="tight")
-        paths.append(atomic_write_bytes(figure_path(profile, notebook, what, suffix), buffer.getvalue()))
+        final = figure_path(profile, notebook, what, suffix)
+        staged[final] = atomic_write_bytes(_figure_staging(profile, notebook) / final.name, buffer.getvalue())
+        paths.append(final)
     return paths
+
+
+def publish_figures(profile: str, notebook: str) -> list[Path]:
+    """Move the figures staged in this process for ``notebook`` into ``figures/<profile>/`` (each an
+    atomic rename) and clear its staging folder, including leftovers of runs that failed."""
+    moved = []
+    for final, staged in sorted(_STAGED_FIGURES.pop((profile, notebook), {}).items()):
+        if staged.exists():
+            final.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(staged, final)
+            moved.append(final)
+    shutil.rmtree(_figure_staging(profile, notebook), ignore_errors=True)
+    with contextlib.suppress(OSError):  # the shared .partial folder goes once no notebook uses it
+        _figure_staging(profile, notebook).parent.rmdir()
+    return moved
 
 
 # --------------------------------------------------------------------------- progress

@@ -127,9 +127,13 @@ def get_tokenizer(profile: str, params: SubstrateNotebookParams | None = None, f
     data = {kind: data_fingerprint(profile, kind) for kind in ("math", "qa")}
     folder = runs.cache_dir(profile, "tokenizer", runs.cache_key({"vocab_size": params.VOCAB_SIZE, "data": data}))
     final = folder / "tokenizer"
-    if force or not final.exists():
-        tokenizer = train_tokenizer(tokenizer_texts(profile), params.VOCAB_SIZE)
-        _save_atomically(folder, "tokenizer", tokenizer.save_pretrained)
+    if not force and final.exists():
+        tokenizer = runs.load_cache_entry(folder, lambda: AutoTokenizer.from_pretrained(final, padding_side="left"),
+                                          rebuild=runs.rebuild_command(profile, "01_substrate_and_agent"))
+        if tokenizer is not None:
+            return tokenizer
+    tokenizer = train_tokenizer(tokenizer_texts(profile), params.VOCAB_SIZE)
+    _save_atomically(folder, "tokenizer", tokenizer.save_pretrained)
     return AutoTokenizer.from_pretrained(final, padding_side="left")
 
 
@@ -313,10 +317,13 @@ def warm_start(profile: str, kind: str = "math", seed: int = 0, force: bool = Fa
     config = _warm_config(params, kind, seed)
     folder, complete = warm_start_folder(profile, kind, seed, params)
     if not force and complete:
-        model = Qwen3ForCausalLM.from_pretrained(folder / "model", dtype=torch.float32)
-        model.eval()
-        info = {**runs.read_json(folder / "info.json"), "cached": True}
-        return model, tokenizer, info
+        def load():
+            info = {**runs.read_json(folder / "info.json"), "cached": True}
+            return Qwen3ForCausalLM.from_pretrained(folder / "model", dtype=torch.float32).eval(), tokenizer, info
+
+        loaded = runs.load_cache_entry(folder, load, rebuild=runs.rebuild_command(profile, "01_substrate_and_agent"))
+        if loaded is not None:
+            return loaded
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
     model = build_model(params.MODEL_SIZE, len(tokenizer), seed, params.MAX_CONTEXT, tokenizer)

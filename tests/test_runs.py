@@ -137,20 +137,144 @@ def test_checkpoint_roundtrip(tmp_path):
     assert torch.equal(torch.randn(2, generator=resumed), torch.randn(2, generator=gen))
 
 
-def test_save_figure_writes_png_and_svg(tmp_path, monkeypatch):
+def _figure(value: float):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    monkeypatch.setattr(runs, "FIGURES_ROOT", tmp_path)
     fig, ax = plt.subplots()
-    ax.plot([0, 1], [1, 0])
-    paths = runs.save_figure(fig, "smoke", "05_fixed_budget_math", "passk")
+    ax.plot([0, 1], [value, 0])
+    return fig
+
+
+def test_save_figure_writes_png_and_svg_on_finish(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    monkeypatch.setattr(runs, "FIGURES_ROOT", tmp_path / "figures")
+    fig = _figure(1.0)
+    paths = runs.save_figure(fig, "smoke", "05_fixed_budget_math", "passk")  # before the Run exists
     plt.close(fig)
     assert [p.name for p in paths] == ["05_passk.png", "05_passk.svg"]
+    assert not any(p.exists() for p in paths)  # staged, not yet visible
+    run = runs.Run("smoke", "05_fixed_budget_math", ToyParams(), root=tmp_path / "results")
+    run.finish({"val_accuracy": 0.5})
     assert all(p.stat().st_size > 0 for p in paths)
     assert paths[0].read_bytes()[:4] == b"\x89PNG"
+    assert sorted(p.name for p in (tmp_path / "figures" / "smoke").iterdir()) == ["05_passk.png", "05_passk.svg"]
+
+
+def test_failed_rerun_keeps_previous_figures(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    monkeypatch.setattr(runs, "FIGURES_ROOT", tmp_path / "figures")
+    first = _figure(1.0)
+    png, _ = runs.save_figure(first, "smoke", "05_fixed_budget_math", "passk")
+    runs.Run("smoke", "05_fixed_budget_math", ToyParams(), root=tmp_path / "results").finish({"val_accuracy": 0.5})
+    before = png.read_bytes()
+
+    rerun = runs.Run("smoke", "05_fixed_budget_math", ToyParams(SEED=1), root=tmp_path / "results")
+    second = _figure(-3.0)
+    runs.save_figure(second, "smoke", "05_fixed_budget_math", "passk")
+    runs.save_figure(second, "smoke", "05_fixed_budget_math", "new_plot")
+    with pytest.raises(ValueError, match="not finite"):  # the rerun fails at finish
+        rerun.finish({"val_accuracy": float("nan")})
+    assert png.read_bytes() == before
+    assert not (png.parent / "05_new_plot.png").exists()
+
+    # the next successful run publishes only its own figures, not the failed run's leftovers
+    runs._STAGED_FIGURES.clear()  # a new kernel: the failed run's figures were staged by another process
+    third = _figure(2.0)
+    runs.save_figure(third, "smoke", "05_fixed_budget_math", "passk")
+    runs.Run("smoke", "05_fixed_budget_math", ToyParams(SEED=2), root=tmp_path / "results").finish({"val_accuracy": 1})
+    plt.close("all")
+    assert png.read_bytes() != before
+    assert not (png.parent / "05_new_plot.png").exists()
+    assert not (tmp_path / "figures" / "smoke" / ".partial").exists()
+
+
+# --------------------------------------------------------------------------- damaged cache entries
+def test_truncated_json_cache_is_reported_and_recomputed(tmp_path, monkeypatch):
+    monkeypatch.setattr(runs, "CACHE_ROOT", tmp_path)
+    path = runs.cache_dir("smoke", "pass_at_k", "abc") / "result.json"
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return {"scores": list(range(50)), "n": len(calls)}
+
+    assert runs.cached(path, compute)["n"] == 1
+    path.write_text(path.read_text()[:40])  # a copy cut short
+    with pytest.warns(runs.CorruptCacheWarning) as caught:
+        assert runs.cached(path, compute, rebuild="make reproduce PROFILE=smoke ONLY=05 FORCE=1")["n"] == 2
+    message = str(caught[0].message)
+    assert str(path) in message and "JSONDecodeError" in message
+    assert "make reproduce PROFILE=smoke ONLY=05 FORCE=1" in message
+    assert runs.cached(path, compute)["n"] == 2 and len(calls) == 2  # the rebuilt entry is reused
+
+
+def test_default_rebuild_hint_names_profile_and_open_notebook(tmp_path, monkeypatch):
+    monkeypatch.setattr(runs, "CACHE_ROOT", tmp_path / "cache")
+    path = runs.cache_dir("cpu", "budget", "k") / "costs.json"
+    path.write_text("{")
+    run = runs.Run("cpu", "08_memory_and_gpu_hours", ToyParams(), root=tmp_path / "results")
+    with pytest.warns(runs.CorruptCacheWarning, match="make reproduce PROFILE=cpu ONLY=08 FORCE=1"):
+        assert runs.cached(path, lambda: {"ok": 1}) == {"ok": 1}
+    run.finish({"x": 1})
+
+
+def test_other_load_errors_are_not_taken_for_damage(tmp_path):
+    path = tmp_path / "a.json"
+    path.write_text("{}")
+
+    def broken(_):
+        raise KeyError("config")
+
+    with pytest.raises(KeyError):
+        runs.cached(path, lambda: {}, load=broken)
+    assert path.exists()  # not deleted
+
+
+def test_truncated_checkpoint_is_reported_and_resume_starts_afresh(tmp_path):
+    path = tmp_path / "es_runs-abc" / "state.pt"
+    runs.save_checkpoint(path, {"step": 3, "theta": torch.zeros(1000)})
+    path.write_bytes(path.read_bytes()[:500])
+    with pytest.warns(runs.CorruptCacheWarning, match="PytorchStreamReader") as caught:
+        assert runs.load_checkpoint(path) is None
+    assert str(path) in str(caught[0].message) and not path.exists()
+
+    runs.save_checkpoint(path, {"step": 3})
+    path.write_bytes(path.read_bytes()[:100])
+    with pytest.warns(runs.CorruptCacheWarning), pytest.raises(runs.CorruptCacheError, match="ONLY=05 FORCE=1"):
+        runs.load_checkpoint(path, required=True, rebuild="make reproduce PROFILE=cpu ONLY=05 FORCE=1")
+
+
+def test_corrupted_warm_start_is_reported_and_rebuilt(tmp_path, monkeypatch):
+    """The failure of issue 17: a truncated model.safetensors in the warm-start cache. The next notebook
+    that asks for the warm start (02, 03, ...) reports the path and the command, then retrains it."""
+    from copes_lib import substrate
+
+    monkeypatch.setattr(runs, "CACHE_ROOT", tmp_path)
+    trained = []
+
+    def quick_training(*args, **kwargs):  # the real training is a minute; what is cached is what matters
+        trained.append(1)
+        return [{"step": 0, "loss": 1.0, "val_score": 0.0, "time_s": 0.0}]
+
+    monkeypatch.setattr(substrate, "train_warm_start", quick_training)
+    _, _, info = substrate.warm_start("smoke", "math")
+    assert not info["cached"] and len(trained) == 1
+    weights = tmp_path / "smoke" / info["cache_dir"].split("/")[-1] / "model" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+
+    with pytest.warns(runs.CorruptCacheWarning) as caught:
+        _, _, info = substrate.warm_start("smoke", "math")
+    message = str(caught[0].message)
+    assert str(weights.parent.parent) in message and "SafetensorError" in message
+    assert "make reproduce PROFILE=smoke ONLY=01 FORCE=1" in message
+    assert not info["cached"] and len(trained) == 2  # rebuilt, not reused
+    _, _, info = substrate.warm_start("smoke", "math")
+    assert info["cached"] and len(trained) == 2
 
 
 def test_summary_line_is_one_line(capsys):

@@ -261,7 +261,12 @@ def get_substrate(profile: str, cfg: SubstrateConfig, force: bool = False, devic
     """The cached substrate for ``cfg`` (trained and cached if missing); returns (substrate, was_cached)."""
     folder = substrate_cache_folder(profile, cfg)
     if (folder / "meta.json").exists() and not force:
-        return load_substrate(folder, device, dtype), True
+        from copes_lib import runs
+
+        sub = runs.load_cache_entry(folder, lambda: load_substrate(folder, device, dtype),
+                                    rebuild=runs.rebuild_command(profile, "10_molora_substrate"))
+        if sub is not None:
+            return sub, True
     sub = pretrain(cfg, device, dtype, on_log=on_log)
     save_substrate(sub, folder)
     return sub, False
