@@ -2,6 +2,7 @@
 
     python -m copes_lib.cli run --profile cpu [--only 02,03] [--force] [--rerun-failed] [--jobs 2]
     python -m copes_lib.cli validate --profile smoke
+    python -m copes_lib.cli report --profile smoke    # render reports/<profile>/ again, run nothing
 
 ``run`` validates the profile's parameters for every selected notebook before anything runs, then
 executes each ``notebooks/NN_*.ipynb`` with papermill (kernel ``python3``, working directory
@@ -121,20 +122,34 @@ def _failure(exc: BaseException) -> dict[str, Any]:
             "cell_source": ""}
 
 
-def export_html(executed: Path, html_path: Path) -> None:
-    """nbconvert HTML of an executed notebook, written atomically."""
-    import nbformat
-    from nbconvert import HTMLExporter
+def export_html(executed: Path, html_path: Path, profile: str, record: dict[str, Any] | None = None,
+                results_root: str | Path | None = None, figures_root: str | Path | None = None) -> None:
+    """The reader's HTML of an executed notebook (claims, numbers and figures first; code hidden), atomically."""
+    report.export_notebook_html(executed, html_path, profile, record=record, results_root=results_root,
+                                figures_root=figures_root)
 
-    body, _ = HTMLExporter().from_notebook_node(nbformat.read(executed, as_version=4))
-    runs.atomic_write_text(html_path, body)
+
+def render_reports(profile: str, reports_dir: str | Path | None = None, notebooks_dir: str | Path | None = None,
+                   results_root: str | Path | None = None, figures_root: str | Path | None = None) -> Path:
+    """Render the HTML of every executed notebook in ``reports/<profile>/`` and the index again, from
+    what is there (after a change to the report layout, or to results written since): runs nothing."""
+    reports_dir = Path(reports_dir or config.REPO_ROOT / "reports" / profile).resolve()
+    notebooks_dir = Path(notebooks_dir or config.REPO_ROOT / "notebooks").resolve()
+    status = load_status(reports_dir / "status.json")
+    for stem, record in status["notebooks"].items():
+        executed = reports_dir / f"{stem}.ipynb"
+        if executed.exists():
+            export_html(executed, executed.with_suffix(".html"), profile, record, results_root, figures_root)
+    return report.render_index(profile, reports_dir, status, results_root=results_root, figures_root=figures_root,
+                               notebooks=[p.stem for p in discover_notebooks(notebooks_dir)])
 
 
 def _now() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
-def run_one(path: Path, parameters: dict[str, Any], reports_dir: Path, cwd: Path) -> dict[str, Any]:
+def run_one(path: Path, parameters: dict[str, Any], reports_dir: Path, cwd: Path,
+            results_root: str | Path | None = None, figures_root: str | Path | None = None) -> dict[str, Any]:
     """Execute one notebook with papermill; return its status record (never raises on notebook errors)."""
     import papermill
 
@@ -157,7 +172,8 @@ def run_one(path: Path, parameters: dict[str, Any], reports_dir: Path, cwd: Path
     record["ended"] = _now()
     if executed.exists():
         try:
-            export_html(executed, executed.with_suffix(".html"))
+            export_html(executed, executed.with_suffix(".html"), parameters["PROFILE"], record,
+                        results_root, figures_root)
             record["html"] = executed.with_suffix(".html").name
         except Exception as exc:  # noqa: BLE001 - a report problem must not hide the run's status
             print(f"  (HTML export of {executed.name} failed: {type(exc).__name__}: {exc})", flush=True)
@@ -213,7 +229,8 @@ def run_suite(
             status["notebooks"][path.stem] = {"status": "running", "started": _now()}
             runs.atomic_write_json(status_path, status)
         _CURRENT.stem = path.stem if jobs > 1 else None
-        record = run_one(path, parameters[path.stem], reports_dir, cwd=notebooks_dir)
+        record = run_one(path, parameters[path.stem], reports_dir, cwd=notebooks_dir, results_root=results_root,
+                         figures_root=figures_root)
         with lock:
             status["notebooks"][path.stem] = record
             status["updated"] = _now()
@@ -340,6 +357,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--reports-dir", default=None, help="default: reports/<profile>/")
     run.add_argument("--jobs", type=int, default=1,
                      help="notebooks run at once, each after those it reads from (config.NEEDS); 1 = in number order")
+    rerender = sub.add_parser("report", help="render reports/<profile>/ (HTML + index) again from the executed "
+                              "notebooks and results there; runs nothing")
+    rerender.add_argument("--profile", default="cpu", choices=config.PROFILES)
     validate = sub.add_parser("validate", help="check profiles/<profile>.yaml against every notebook")
     validate.add_argument("--profile", default="cpu", choices=config.PROFILES)
     args = parser.parse_args(argv)
@@ -356,6 +376,9 @@ def main(argv: list[str] | None = None) -> int:
             if problems:
                 return 2
             print(f"profiles/{args.profile}.yaml is valid for its {len(sections)} notebook section(s)")
+            return 0
+        if args.command == "report":
+            print(f"report: {render_reports(args.profile)}")
             return 0
         _setup_logging()
         return run_suite(args.profile, only=args.only, force=args.force, rerun_failed=args.rerun_failed,

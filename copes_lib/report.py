@@ -1,21 +1,29 @@
-"""The suite map and the HTML index of a profile's reports.
+"""Reports for readers: each notebook's HTML and the index of a profile.
 
-``reports/<profile>/index.html`` lists every notebook of the suite with what it reproduces, its last
-status and duration (from ``status.json``, written by :mod:`copes_lib.cli`), the headline numbers of
-its ``results/<profile>/<NN_topic>/summary.json``, and links to its HTML report, executed notebook,
-summary and figures (``figures/<profile>/<NN>_*.png``). Plain HTML with inline CSS, no template engine,
-so the page opens from disk anywhere.
+Each notebook's HTML (:func:`export_notebook_html`) opens with what a reader came for: the claims the
+notebook tests (:mod:`copes_lib.claims`), our numbers beside the paper's, the verdicts and the
+figures; the notebook follows with its code hidden behind a toggle (the executed ``.ipynb`` keeps
+everything). Progress bars and library warnings are left out of the HTML; ``np.float64(0.5)`` reprs
+read ``0.5``.
+
+``reports/<profile>/index.html`` (:func:`render_index`) has one row per notebook: status and
+duration (from ``status.json``, written by :mod:`copes_lib.cli`), the headline numbers of its
+``results/<profile>/<NN_topic>/summary.json`` beside the paper's with verdicts, figure thumbnails
+(``figures/<profile>/<NN>_*.png``) and links. Plain HTML with inline CSS, no template engine, so the
+pages open from disk anywhere.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import html
 import os
+import re
 from pathlib import Path
 from typing import Any
 
-from copes_lib import runs
+from copes_lib import claims, paper, runs
 
 PAPER_A = "A: CoPES (cooperative coevolution ES for agentic LLM post-training)"
 PAPER_B = "B: decomposing evolutionary mixture-of-LoRA"
@@ -40,45 +48,177 @@ SUITE_MAP: dict[str, tuple[str, str]] = {
 
 # Keys every summary.json carries (runs.Run.finish); not headline numbers.
 META_KEYS = {"profile", "notebook", "seeds", "seed", "library_version", "git_sha", "git_dirty"}
-HEADLINE_MAX = 8
+FALLBACK_ROWS = 6
 
 
-def headline(summary: dict[str, Any] | None, limit: int = HEADLINE_MAX) -> list[tuple[str, str]]:
-    """The first ``limit`` non-metadata entries of a summary (in the notebook's order), formatted.
+@dataclasses.dataclass(frozen=True)
+class Headline:
+    """One number of a notebook's summary.json worth a reader's glance, with the paper's counterpart."""
 
-    >>> headline({"profile": "smoke", "val_accuracy": 0.4567891, "steps": 3})
-    [('val_accuracy', '0.4568'), ('steps', '3')]
+    key: str
+    label: str
+    paper: str | None = None  # the paper's figure, as text (None: the paper has none)
+    unit: str = ""  # "%": the value is a fraction shown in percent
+
+
+def _pct(x: float) -> str:
+    return f"{x:.2f}%"
+
+
+_T1 = paper.TABLE1
+# Numbers that no claim of copes_lib.claims covers: the settings and intermediate results. Notebooks
+# with claims show their claims first and these after them.
+HEADLINES: dict[str, tuple[Headline, ...]] = {
+    "00_suite_overview": (
+        Headline("notebooks_total", "notebooks in the suite"),
+        Headline("profile_valid", "profile valid for every notebook"),
+        Headline("torch_version", "torch"),
+        Headline("torch_threads", "torch threads"),
+    ),
+    "01_substrate_and_agent": (
+        Headline("substrate_params", "substrate parameters", f"{paper.QWEN35_4B_PARAMS:,} (Qwen3.5-4B)"),
+        Headline("base_math_val_accuracy", "base model, math validation accuracy", _pct(_T1["base"]["val_acc"]), "%"),
+        Headline("base_qa_val_f1", "base model, QA validation F1", None, "%"),
+        Headline("math_tool_use_rate", "math trajectories that call a tool", None, "%"),
+    ),
+    "02_standard_es": (
+        Headline("base_val_accuracy", "base validation accuracy", _pct(_T1["base"]["val_acc"]), "%"),
+        Headline("val_accuracy_at_16", "standard ES, validation accuracy at step 16",
+                 _pct(_T1["es_at_16"]["val_acc"]), "%"),
+        Headline("best_val_accuracy", "standard ES, best validation accuracy",
+                 f"{_pct(_T1['es_best']['val_acc'])} (step {paper.ES_BEST_STEP})", "%"),
+        Headline("device_hours", "device-hours of the run", f"{_T1['es_at_16']['gpu_hours']} GPU-h (16 steps)"),
+        Headline("chosen_sigma", "sigma", f"{paper.HYPERPARAMETERS_A['sigma']:g}"),
+    ),
+    "03_copes": (
+        Headline("val_accuracy_at_16", "CoPES, validation accuracy at step 16", _pct(_T1["copes_at_16"]["val_acc"]), "%"),
+        Headline("es_val_accuracy_at_16", "standard ES, same settings, step 16", _pct(_T1["es_at_16"]["val_acc"]), "%"),
+        Headline("copes_minus_es_best_val_accuracy", "CoPES minus ES (points of accuracy)",
+                 f"{_T1['copes_at_16']['val_acc'] - _T1['es_at_16']['val_acc']:+.2f} points", "%"),
+        Headline("mean_update_norm_ratio_copes_over_es", "update norm, CoPES / ES", "not reported"),
+    ),
+    "04_grpo": (
+        Headline("base_val_accuracy", "base validation accuracy", _pct(_T1["base"]["val_acc"]), "%"),
+        Headline("full_best_val_accuracy", "full GRPO, best validation accuracy",
+                 _pct(_T1["full_grpo_best"]["val_acc"]), "%"),
+        Headline("lora_best_val_accuracy", "LoRA-GRPO, best validation accuracy",
+                 _pct(_T1["lora_grpo_best"]["val_acc"]), "%"),
+        Headline("lora_val_accuracy_at_16", "LoRA-GRPO at step 16", _pct(_T1["lora_grpo_at_16"]["val_acc"]), "%"),
+    ),
+    "10_molora_substrate": (
+        Headline("substrate_params", "substrate parameters", "~150M"),
+        Headline("d_model", "d_model", "1536"),
+        Headline("vocab_size", "vocabulary", "32,000"),
+        Headline("test_balanced_log_ppl", "test balanced log-PPL (nats)"),
+    ),
+    "99_summary": (
+        Headline("claims_agree", "claims that agree"),
+        Headline("claims_partly", "claims that partly agree"),
+        Headline("claims_disagree", "claims that do not agree"),
+        Headline("claims_missing", "claims not yet measured"),
+    ),
+}
+
+
+def format_value(value: Any, unit: str = "") -> str:
+    """A summary value for reading: 4 significant digits, fractions in percent where ``unit`` is "%".
+
+    >>> format_value(0.4567891), format_value(0.4567891, "%"), format_value(1373856), format_value(None)
+    ('0.4568', '45.68%', '1,373,856', '—')
     """
+    if value is None:
+        return "\u2014"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if unit == "%":
+            return f"{100 * value:.2f}%"
+        if value != 0 and (abs(value) >= 1e5 or abs(value) < 1e-3):
+            return f"{value:.3g}"
+        return f"{value:.4g}"
+    if isinstance(value, list):
+        return ", ".join(format_value(v) for v in value[:6]) + (" ..." if len(value) > 6 else "")
+    return str(value)
+
+
+def headline(summary: dict[str, Any] | None, stem: str | None = None) -> list[dict[str, str]]:
+    """A notebook's headline rows: the claims it tests (paper, ours, verdict), then :data:`HEADLINES`.
+
+    >>> [r["ours"] for r in headline({"val_accuracy_at_16": 0.5}, "02_standard_es")][:2]
+    ['—', '50.00%']
+    """
+    summary = summary or {}
     rows = []
-    for key, value in (summary or {}).items():
-        if key in META_KEYS:
-            continue
-        if isinstance(value, float):
-            text = f"{value:.4g}"
-        elif isinstance(value, list):
-            text = ", ".join(str(v) for v in value[:6]) + (" ..." if len(value) > 6 else "")
-        else:
-            text = str(value)
-        rows.append((key, text))
-        if len(rows) == limit:
-            break
+    if stem is not None:
+        for row in claims.judge_claims({stem: summary}):
+            if row["notebook"] == stem:
+                rows.append({"label": f"{row['claim']}: {row['statement']}", "ours": row["ours"],
+                             "paper": row["paper_figure"], "verdict": row["verdict"]})
+    for item in HEADLINES.get(stem or "", ()):
+        rows.append({"label": item.label, "ours": format_value(summary.get(item.key), item.unit),
+                     "paper": item.paper or "\u2014", "verdict": ""})
+    if not rows:  # a notebook the suite map does not know: its first numbers, in its own order
+        for key, value in [(k, v) for k, v in summary.items() if k not in META_KEYS][:FALLBACK_ROWS]:
+            rows.append({"label": key, "ours": format_value(value), "paper": "\u2014", "verdict": ""})
     return rows
 
 
 def _link(target: Path, base: Path, text: str) -> str:
-    href = os.path.relpath(target, base).replace(os.sep, "/")
-    return f'<a href="{html.escape(href)}">{html.escape(text)}</a>'
+    return f'<a href="{html.escape(_href(target, base))}">{html.escape(text)}</a>'
 
+
+def _href(target: Path, base: Path) -> str:
+    return os.path.relpath(target, base).replace(os.sep, "/")
+
+
+def _figures(figures_root: Path, profile: str, stem: str) -> list[Path]:
+    folder = figures_root / profile
+    return sorted(folder.glob(f"{stem.split('_', 1)[0]}_*.png")) if folder.exists() else []
+
+
+_VERDICT_CLASS = {claims.AGREES: "agrees", claims.PARTLY: "partly", claims.DISAGREES: "disagrees",
+                  claims.MISSING: "missing"}
 
 _CSS = """
-body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
-table { border-collapse: collapse; width: 100%; }
-th, td { border: 1px solid #ccc; padding: 6px 8px; vertical-align: top; text-align: left; }
-th { background: #f3f3f3; }
-.ok { color: #11691b; font-weight: bold; } .failed, .running { color: #b00020; font-weight: bold; }
-.notrun { color: #777; } .err { font-family: monospace; font-size: 90%; white-space: pre-wrap; }
-td.nums { font-family: monospace; font-size: 90%; } .what { color: #555; font-size: 90%; }
+body.cr { font-family: system-ui, sans-serif; margin: 0 auto; padding: 1.5em 2em; max-width: 1500px; color: #222;
+          line-height: 1.4; }
+.cr table { border-collapse: collapse; }
+.cr table.index { width: 100%; table-layout: fixed; }
+.cr table.headline { width: 100%; }
+.cr th, .cr td { border-bottom: 1px solid #e3e3e3; padding: 5px 10px; vertical-align: top; text-align: left; }
+.cr th { background: #f5f5f5; font-weight: 600; }
+.cr .ok { color: #11691b; font-weight: 600; } .cr .failed, .cr .running { color: #b00020; font-weight: 600; }
+.cr .notrun { color: #888; }
+.cr .err { font-family: monospace; font-size: 85%; white-space: pre-wrap; color: #b00020; }
+.cr .what { color: #555; font-size: 90%; }
+.cr .num { font-variant-numeric: tabular-nums; white-space: nowrap; }
+.cr .verdict { font-weight: 600; white-space: nowrap; padding: 1px 6px; border-radius: 4px; }
+.cr .agrees { background: #e3f4e4; color: #11691b; } .cr .partly { background: #fff4d6; color: #805b00; }
+.cr .disagrees { background: #fde3e3; color: #b00020; } .cr .missing { background: #eee; color: #666; }
+.cr .thumbs img { max-width: 100%; max-height: 110px; border: 1px solid #ddd; margin: 2px; background: white; }
+.cr .figs { display: flex; flex-wrap: wrap; gap: 12px; align-items: flex-start; }
+.cr .figs figure { margin: 0; } .cr .figs figcaption { font-size: 85%; color: #555; text-align: center; }
+.cr .figs img { max-width: 100%; max-height: 380px; border: 1px solid #ddd; background: white; }
+.cr .note { color: #555; font-size: 90%; }
+.cr .stale { background: #fff4d6; padding: 6px 10px; border-radius: 4px; }
+.cr table.headline td.label { width: 45%; } .cr table.headline td.num { white-space: normal; }
 """
+
+
+def _headline_table(rows: list[dict[str, str]], compact: bool = False) -> str:
+    if not rows:
+        return "<span class='note'>no summary yet</span>"
+    body = []
+    for r in rows:
+        verdict = (f"<span class='verdict {_VERDICT_CLASS.get(r['verdict'], '')}'>{html.escape(r['verdict'])}</span>"
+                   if r["verdict"] else "")
+        body.append(f"<tr><td class='label'>{html.escape(r['label'])}</td><td class='num'>{html.escape(r['ours'])}</td>"
+                    f"<td class='num'>{html.escape(r['paper'])}</td><td>{verdict}</td></tr>")
+    size = " style='font-size:90%'" if compact else ""
+    return (f"<table class='headline'{size}><thead><tr><th>{'' if compact else 'quantity'}</th><th>ours</th>"
+            f"<th>paper</th><th>verdict</th></tr></thead><tbody>{''.join(body)}</tbody></table>")
 
 
 def render_index(
@@ -100,19 +240,19 @@ def render_index(
     records = status.get("notebooks", {})
     stems = sorted(notebooks if notebooks is not None else records)
     counts = {"ok": 0, "failed": 0}
+    verdicts: dict[str, int] = {}
     rows = []
     for stem in stems:
         rec = records.get(stem, {})
         state = rec.get("status", "not run")
         counts[state] = counts.get(state, 0) + 1
-        paper, what = SUITE_MAP.get(stem, ("", ""))
+        paper_name, what = SUITE_MAP.get(stem, ("", ""))
         summary_path = results_root / profile / stem / "summary.json"
         summary = runs.read_json(summary_path) if summary_path.exists() else None
-        shown = headline(summary)
-        nums = "<br>".join(f"{html.escape(k)} = {html.escape(v)}" for k, v in shown) or "&mdash;"
-        hidden = len([k for k in (summary or {}) if k not in META_KEYS]) - len(shown)
-        if hidden > 0:
-            nums += f"<br><i>(+{hidden} more in summary.json)</i>"
+        lines = headline(summary, stem) if summary is not None else []
+        for line in lines:
+            if line["verdict"]:
+                verdicts[line["verdict"]] = verdicts.get(line["verdict"], 0) + 1
         links = []
         if rec.get("html") and (reports_dir / rec["html"]).exists():
             links.append(_link(reports_dir / rec["html"], reports_dir, "report"))
@@ -120,39 +260,192 @@ def render_index(
             links.append(_link(reports_dir / rec["executed"], reports_dir, "notebook"))
         if summary is not None:
             links.append(_link(summary_path, reports_dir, "summary.json"))
-        number = stem.split("_", 1)[0]
-        figures = sorted((figures_root / profile).glob(f"{number}_*.png")) if (figures_root / profile).exists() else []
-        figs = "<br>".join(_link(f, reports_dir, f.stem) for f in figures) or "&mdash;"
+        thumbs = "".join(f'<a href="{html.escape(_href(f, reports_dir))}" title="{html.escape(f.stem)}">'
+                         f'<img src="{html.escape(_href(f, reports_dir))}" alt="{html.escape(f.stem)}"></a>'
+                         for f in _figures(figures_root, profile, stem))
         err = rec.get("error")
         err_html = ""
         if err:
             first = (err.get("evalue") or "").splitlines()[:1]
             err_html = (f'<div class="err">cell {err.get("cell_index")} (In [{err.get("exec_count")}]): '
-                        f'{html.escape(str(err.get("ename")))}: '
-                        f'{html.escape(first[0] if first else "")}</div>')
+                        f'{html.escape(str(err.get("ename")))}: {html.escape(first[0] if first else "")}</div>')
         duration = rec.get("duration_s")
+        has_report = bool(rec.get("html")) and (reports_dir / rec["html"]).exists()
+        title = _link(reports_dir / rec["html"], reports_dir, stem) if has_report else html.escape(stem)
+        numbers = _headline_table(lines, compact=True) if summary is not None else "<span class='note'>no results yet</span>"
         rows.append(
             "<tr>"
-            f"<td><b>{html.escape(stem)}</b><div class='what'>{html.escape(what)}</div>"
-            f"<div class='what'>{html.escape(paper)}</div></td>"
-            f"<td class='{state.replace(' ', '')}'>{html.escape(state)}{err_html}</td>"
-            f"<td>{'' if duration is None else f'{duration:.1f}'}</td>"
-            f"<td class='nums'>{nums}</td><td>{' &middot; '.join(links) or '&mdash;'}</td><td>{figs}</td>"
+            f"<td><b>{title}</b><div class='what'>{html.escape(what)}</div>"
+            f"<div class='what'>paper {html.escape(paper_name.split(':')[0])}</div>"
+            f"<div class='what'>{' &middot; '.join(links)}</div></td>"
+            f"<td class='{state.replace(' ', '')}'>{html.escape(state)}{err_html}"
+            f"<div class='num note'>{'' if duration is None else f'{duration:.1f} s'}</div></td>"
+            f"<td>{numbers}</td><td class='thumbs'>{thumbs or '&mdash;'}</td>"
             "</tr>"
         )
     generated = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+    verdict_text = ", ".join(f"<span class='verdict {_VERDICT_CLASS[v]}'>{n} {html.escape(v)}</span>"
+                             for v, n in sorted(verdicts.items(), key=lambda kv: list(_VERDICT_CLASS).index(kv[0])))
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>reports/{html.escape(profile)}</title>
-<style>{_CSS}</style></head><body>
+<style>{_CSS}</style></head><body class="cr">
 <h1>Reproducibility suite: profile <code>{html.escape(profile)}</code></h1>
 <p>{counts.get('ok', 0)} ok, {counts.get('failed', 0) + counts.get('running', 0)} failed or interrupted,
-of {len(stems)} notebook(s). Generated {generated} by <code>python -m copes_lib.cli run</code>;
-raw status in <a href="status.json">status.json</a>.</p>
-<table><thead><tr><th>notebook</th><th>status</th><th>seconds</th><th>headline numbers (summary.json)</th>
-<th>links</th><th>figures</th></tr></thead><tbody>
+of {len(stems)} notebook(s). Claims: {verdict_text or 'none judged yet'}.</p>
+<p class="note">Ours = this profile's <code>results/{html.escape(profile)}/*/summary.json</code>; paper = the
+papers' own figures (docs/paper_a_copes.md, docs/paper_b_molora.md). Our models are about 1000x smaller
+than the papers', so verdicts judge the direction and significance of an effect, not its size.
+Generated {generated} by <code>python -m copes_lib.cli run</code>; raw status in
+<a href="status.json">status.json</a>.</p>
+<table class="index"><colgroup><col style="width:19%"><col style="width:7%"><col style="width:58%">
+<col style="width:16%"></colgroup>
+<thead><tr><th>notebook</th><th>status</th><th>headline numbers: ours beside the paper's</th><th>figures</th></tr>
+</thead><tbody>
 {chr(10).join(rows)}
 </tbody></table></body></html>
 """
     path = reports_dir / "index.html"
     runs.atomic_write_text(path, page)
     return path
+
+
+# --------------------------------------------------------------------------- one notebook's HTML
+_PROGRESS_BAR = re.compile(r"^.*(\d+%\|.*\||\d+it \[|it/s\]|s/it\]).*$")
+_WARNING_LINE = re.compile(r"^\S*:\d+: (\w*Warning): ")
+_NOISY_WARNINGS = {"TqdmWarning", "FutureWarning", "DeprecationWarning", "UserWarning"}
+_NUMPY_REPR = re.compile(r"np\.(?:float|int|uint|bool_?)(?:16|32|64)?\(([^()]*)\)")
+
+
+def clean_stderr(text: str) -> str:
+    """Drop progress bars and library warnings (each with the source line printed under it) from a
+    stderr stream; keep everything else, including the suite's own warnings.
+
+    >>> clean_stderr("x.py:3: FutureWarning: old\\n  call()\\n\\rsteps: 100%|##| 3/3 [00:01<00:00, 2.1it/s]\\nreal error\\n")
+    'real error\\n'
+    """
+    kept, skip_source = [], False
+    for line in text.replace("\r", "\n").splitlines(keepends=True):
+        warning = _WARNING_LINE.match(line)
+        if warning:
+            skip_source = warning.group(1) in _NOISY_WARNINGS and "CorruptCache" not in line
+            if not skip_source:
+                kept.append(line)
+            continue
+        if skip_source and line.startswith("  "):
+            continue
+        skip_source = False
+        if _PROGRESS_BAR.match(line.rstrip("\n")) or not line.strip():
+            continue
+        kept.append(line)
+    return "".join(kept)
+
+
+def clean_numpy_reprs(text: str) -> str:
+    """``np.float64(0.5)`` -> ``0.5`` in a printed value.
+
+    >>> clean_numpy_reprs("{'a': np.float64(0.25), 'b': np.int64(3)}")
+    "{'a': 0.25, 'b': 3}"
+    """
+    return _NUMPY_REPR.sub(r"\1", text)
+
+
+def reader_notebook(nb: Any) -> Any:
+    """A copy of an executed notebook for reading: stderr noise dropped, numpy reprs cleaned."""
+    import copy
+
+    nb = copy.deepcopy(nb)
+    for cell in nb.cells:
+        outputs = []
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream":
+                text = clean_stderr(out["text"]) if out.get("name") == "stderr" else out["text"]
+                if not text.strip():
+                    continue
+                out["text"] = clean_numpy_reprs(text)
+            elif "text/plain" in out.get("data", {}):
+                out["data"]["text/plain"] = clean_numpy_reprs(out["data"]["text/plain"])
+            outputs.append(out)
+        if "outputs" in cell:
+            cell["outputs"] = outputs
+    return nb
+
+
+_NOTEBOOK_CSS = """
+body:not(.show-code) .jp-CodeCell .jp-Cell-inputWrapper,
+body:not(.show-code) .jp-CodeCell.jp-mod-noOutputs,
+body:not(.show-code) .jp-OutputPrompt, body:not(.show-code) .jp-InputPrompt { display: none; }
+.cr-top { font-family: system-ui, sans-serif; max-width: 1100px; margin: 0 auto 1.5em; padding: 1.2em 1.5em;
+          border: 1px solid #ddd; border-radius: 8px; background: #fbfbfb; line-height: 1.4; }
+.cr-top h1 { margin-top: 0; font-size: 1.6em; } .cr-top h2 { font-size: 1.15em; margin: 1em 0 .4em; }
+.cr-toggle { position: fixed; top: 10px; right: 14px; z-index: 10; padding: 6px 12px; border: 1px solid #aaa;
+             border-radius: 6px; background: white; cursor: pointer; font: 14px system-ui, sans-serif; }
+"""
+
+_TOGGLE = """<button class="cr-toggle" type="button" onclick="var on=document.body.classList.toggle('show-code');
+this.textContent = on ? 'Hide code' : 'Show code';">Show code</button>"""
+
+
+def reader_header(profile: str, stem: str, record: dict[str, Any] | None = None,
+                  results_root: str | Path | None = None, figures_root: str | Path | None = None,
+                  base: str | Path | None = None) -> str:
+    """The block that opens a notebook's HTML: what it reproduces, status, claims and headline numbers
+    beside the paper's with verdicts, and its figures (linked relative to ``base``)."""
+    results_root = Path(results_root or runs.RESULTS_ROOT)
+    figures_root = Path(figures_root or runs.FIGURES_ROOT)
+    base = Path(base or Path.cwd())
+    record = record or {}
+    paper_name, what = SUITE_MAP.get(stem, ("", ""))
+    summary_path = results_root / profile / stem / "summary.json"
+    summary = runs.read_json(summary_path) if summary_path.exists() else None
+    state = record.get("status")
+    meta = [f"profile <code>{html.escape(profile)}</code>"]
+    if state:
+        meta.append(f"<span class='{html.escape(state)}'>{html.escape(state)}</span>")
+    if record.get("duration_s") is not None:
+        meta.append(f"{record['duration_s']:.1f} s")
+    if summary is not None:
+        meta.append(f"results of commit <code>{html.escape(str(summary.get('git_sha', '?'))[:10])}</code>"
+                    + (" (uncommitted changes)" if summary.get("git_dirty") else ""))
+    parts = [f"<h1>{html.escape(stem)}</h1>",
+             f"<p class='what'>{html.escape(paper_name)} &middot; {html.escape(what)}</p>",
+             f"<p>{' &middot; '.join(meta)}</p>"]
+    manifest_path = summary_path.with_name("manifest.json")
+    if summary is not None and state and state != "ok":
+        parts.append("<p class='stale'>This run did not finish: the numbers below are those of the previous "
+                     "complete run (results are only replaced by a run that finishes).</p>")
+    elif summary is not None and record.get("started") and manifest_path.exists():
+        ended = runs.read_json(manifest_path).get("ended", "")
+        if ended and ended < record["started"]:
+            parts.append("<p class='stale'>These numbers predate this execution of the notebook "
+                         f"(written {html.escape(ended[:19])}).</p>")
+    if summary is None:
+        parts.append("<p class='note'>No summary.json yet: nothing to compare.</p>")
+    else:
+        parts.append("<h2>Our numbers beside the paper's</h2>" + _headline_table(headline(summary, stem)))
+    figures = _figures(figures_root, profile, stem)
+    if figures:
+        parts.append("<h2>Figures</h2><div class='figs'>" + "".join(
+            f"<figure><a href='{html.escape(_href(f, base))}'><img src='{html.escape(_href(f, base))}' "
+            f"alt='{html.escape(f.stem)}'></a><figcaption>{html.escape(f.name)}</figcaption></figure>"
+            for f in figures) + "</div>")
+    parts.append("<p class='note'>Below: the executed notebook (its prose, tables and figures). Code is "
+                 "hidden; the button at the top right shows it. Progress bars and library warnings are "
+                 "left out here and kept in the executed <code>.ipynb</code>.</p>")
+    return "<section class='cr cr-top'>" + "".join(parts) + "</section>"
+
+
+def export_notebook_html(executed: str | Path, html_path: str | Path, profile: str, stem: str | None = None,
+                         record: dict[str, Any] | None = None, results_root: str | Path | None = None,
+                         figures_root: str | Path | None = None) -> Path:
+    """The reader's HTML of an executed notebook (nbconvert, lab template), written atomically."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    executed, html_path = Path(executed), Path(html_path)
+    stem = stem or executed.stem
+    nb = reader_notebook(nbformat.read(executed, as_version=4))
+    body, _ = HTMLExporter().from_notebook_node(nb)
+    header = reader_header(profile, stem, record, results_root, figures_root, base=html_path.parent)
+    body = body.replace("</head>", f"<style>{_CSS}{_NOTEBOOK_CSS}</style>\n</head>", 1)
+    body = re.sub(r"(<body[^>]*>)", lambda m: f"{m.group(1)}\n{_TOGGLE}\n{header}", body, count=1)
+    return runs.atomic_write_text(html_path, body)

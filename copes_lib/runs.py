@@ -328,6 +328,15 @@ def load_checkpoint(path: str | Path, map_location: str = "cpu", *, required: bo
 
 
 # --------------------------------------------------------------------------- summaries
+def _plain(value: Any) -> Any:
+    """numpy / torch scalars as Python numbers (so a displayed summary reads ``0.5``, not ``np.float64(0.5)``)."""
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if not isinstance(value, (bool, int, float, str)) and hasattr(value, "item"):
+        return value.item()
+    return value
+
+
 def check_summary(summary: dict[str, Any]) -> None:
     """A summary is flat: str keys; values are finite numbers, bools, strings or None."""
     for key, value in summary.items():
@@ -395,7 +404,7 @@ class Run:
             "seeds": self.seeds,
             "library_version": __version__,
             **git_state(),
-            **summary,
+            **{key: _plain(value) for key, value in summary.items()},
         }
         check_summary(full)
         ended = _dt.datetime.now(_dt.UTC)
@@ -487,7 +496,11 @@ def publish_figures(profile: str, notebook: str) -> list[Path]:
 # --------------------------------------------------------------------------- progress
 def progress(iterable: Iterable[Any] | None = None, desc: str = "", total: int | None = None, **kw: Any):
     """tqdm.auto with a minimum refresh interval, so papermill's ``--log-output`` stays readable."""
-    from tqdm.auto import tqdm
+    with warnings.catch_warnings():
+        # Without ipywidgets tqdm.auto falls back to the text bar, after a TqdmWarning ("IProgress not
+        # found") in every notebook: the text bar is what papermill's log shows anyway.
+        warnings.filterwarnings("ignore", message="IProgress not found")
+        from tqdm.auto import tqdm
 
     return tqdm(iterable, desc=desc, total=total, mininterval=kw.pop("mininterval", 10.0),
                 miniters=kw.pop("miniters", 1), **kw)

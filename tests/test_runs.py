@@ -303,3 +303,12 @@ def test_git_state_ignores_the_suites_own_outputs(tmp_path, monkeypatch):
     assert runs.git_state()["git_dirty"] is False
     (tmp_path / "code.py").write_text("x = 2\n")
     assert runs.git_state()["git_dirty"] is True
+
+
+def test_finish_turns_numpy_scalars_into_python_numbers(tmp_path):
+    import numpy as np
+
+    run = runs.Run("smoke", "08_memory_and_gpu_hours", ToyParams(), root=tmp_path)
+    full = run.finish({"ratio": np.float64(3.5), "count": np.int64(4), "values": [np.float64(0.5)]})
+    assert type(full["ratio"]) is float and type(full["count"]) is int and type(full["values"][0]) is float
+    assert repr(full["ratio"]) == "3.5"
