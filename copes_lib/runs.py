@@ -332,7 +332,7 @@ def _plain(value: Any) -> Any:
     """numpy / torch scalars as Python numbers (so a displayed summary reads ``0.5``, not ``np.float64(0.5)``)."""
     if isinstance(value, list):
         return [_plain(v) for v in value]
-    if not isinstance(value, (bool, int, float, str)) and hasattr(value, "item"):
+    if type(value) not in (bool, int, float, str) and hasattr(value, "item"):  # np.float64 is a float
         return value.item()
     return value
 
