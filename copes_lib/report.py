@@ -210,15 +210,22 @@ body.cr { font-family: system-ui, sans-serif; margin: 0 auto; padding: 1.5em 2em
 def _headline_table(rows: list[dict[str, str]], compact: bool = False) -> str:
     if not rows:
         return "<span class='note'>no summary yet</span>"
+    # Columns with nothing in them (no paper figure, no verdict) are left out.
+    show_paper = any(r["paper"] != "\u2014" for r in rows)
+    show_verdict = any(r["verdict"] for r in rows)
     body = []
     for r in rows:
-        verdict = (f"<span class='verdict {_VERDICT_CLASS.get(r['verdict'], '')}'>{html.escape(r['verdict'])}</span>"
-                   if r["verdict"] else "")
-        body.append(f"<tr><td class='label'>{html.escape(r['label'])}</td><td class='num'>{html.escape(r['ours'])}</td>"
-                    f"<td class='num'>{html.escape(r['paper'])}</td><td>{verdict}</td></tr>")
+        cells = [f"<td class='label'>{html.escape(r['label'])}</td>", f"<td class='num'>{html.escape(r['ours'])}</td>"]
+        if show_paper:
+            cells.append(f"<td class='num'>{html.escape(r['paper'])}</td>")
+        if show_verdict:
+            cells.append(f"<td><span class='verdict {_VERDICT_CLASS.get(r['verdict'], '')}'>"
+                         f"{html.escape(r['verdict'])}</span></td>" if r["verdict"] else "<td></td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    heads = ["" if compact else "quantity", "ours"] + ["paper"] * show_paper + ["verdict"] * show_verdict
     size = " style='font-size:90%'" if compact else ""
-    return (f"<table class='headline'{size}><thead><tr><th>{'' if compact else 'quantity'}</th><th>ours</th>"
-            f"<th>paper</th><th>verdict</th></tr></thead><tbody>{''.join(body)}</tbody></table>")
+    return (f"<table class='headline'{size}><thead><tr>{''.join(f'<th>{h}</th>' for h in heads)}</tr></thead>"
+            f"<tbody>{''.join(body)}</tbody></table>")
 
 
 def render_index(
