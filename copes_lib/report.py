@@ -388,8 +388,12 @@ body:not(.show-code) .jp-OutputPrompt, body:not(.show-code) .jp-InputPrompt { di
              border-radius: 6px; background: white; cursor: pointer; font: 14px system-ui, sans-serif; }
 """
 
-_TOGGLE = """<button class="cr-toggle" type="button" onclick="var on=document.body.classList.toggle('show-code');
-this.textContent = on ? 'Hide code' : 'Show code';">Show code</button>"""
+# The button shows or hides the code; opening the page as ``<NN_topic>.html#code`` shows it at once.
+_TOGGLE = """<button class="cr-toggle" id="cr-toggle" type="button"
+onclick="var on=document.body.classList.toggle('show-code'); this.textContent = on ? 'Hide code' : 'Show code';"
+>Show code</button>
+<script>if (location.hash === "#code") { document.body.classList.add("show-code");
+document.getElementById("cr-toggle").textContent = "Hide code"; }</script>"""
 
 
 def reader_header(profile: str, stem: str, record: dict[str, Any] | None = None,
@@ -428,7 +432,10 @@ def reader_header(profile: str, stem: str, record: dict[str, Any] | None = None,
     if summary is None:
         parts.append("<p class='note'>No summary.json yet: nothing to compare.</p>")
     else:
-        parts.append("<h2>Our numbers beside the paper's</h2>" + _headline_table(headline(summary, stem)))
+        rows = headline(summary, stem)
+        title = ("Our numbers beside the paper's" if any(r["paper"] != "\u2014" for r in rows)
+                 else "Headline numbers")
+        parts.append(f"<h2>{title}</h2>" + _headline_table(rows))
     figures = _figures(figures_root, profile, stem)
     if figures:
         parts.append("<h2>Figures</h2><div class='figs'>" + "".join(
@@ -436,8 +443,9 @@ def reader_header(profile: str, stem: str, record: dict[str, Any] | None = None,
             f"alt='{html.escape(f.stem)}'></a><figcaption>{html.escape(f.name)}</figcaption></figure>"
             for f in figures) + "</div>")
     parts.append("<p class='note'>Below: the executed notebook (its prose, tables and figures). Code is "
-                 "hidden; the button at the top right shows it. Progress bars and library warnings are "
-                 "left out here and kept in the executed <code>.ipynb</code>.</p>")
+                 "hidden; the button at the top right shows it (or open this page as <code>...html#code</code>). "
+                 "Progress bars and library warnings are left out here and kept in the executed "
+                 "<code>.ipynb</code>.</p>")
     return "<section class='cr cr-top'>" + "".join(parts) + "</section>"
 
 

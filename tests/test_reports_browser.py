@@ -18,14 +18,14 @@ import pytest
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-def screenshot(page: Path, png: Path, width: int = 1400, height: int = 1800) -> Path:
-    """Render ``page`` headless at ``width`` x ``height`` CSS pixels into ``png``."""
+def screenshot(page: Path, png: Path, width: int = 1400, height: int = 1800, fragment: str = "") -> Path:
+    """Render ``page`` (``#fragment`` appended) headless at ``width`` x ``height`` CSS pixels into ``png``."""
     if CHROMIUM is None:
         raise RuntimeError("chromium is not installed (Debian: apt-get install chromium)")
     png.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
                     "--allow-file-access-from-files", f"--window-size={width},{height}",
-                    f"--screenshot={png}", page.resolve().as_uri()],
+                    f"--screenshot={png}", page.resolve().as_uri() + fragment],
                    check=True, capture_output=True, timeout=120)
     return png
 
@@ -67,6 +67,10 @@ def test_index_and_report_render_in_chromium(tmp_path):
         png = screenshot(page, tmp_path / f"{page.stem}.png", height=900)
         assert png.stat().st_size > 5000
         assert 0.01 < _ink(png) < 0.6, page  # text and a figure, not a blank or a black page
+    # the code is hidden by default and shown by the toggle (here through the page's #code address)
+    hidden = screenshot(html_page, tmp_path / "hidden.png", height=1400)
+    shown = screenshot(html_page, tmp_path / "shown.png", height=1400, fragment="#code")
+    assert _ink(shown) > _ink(hidden)
 
 
 if __name__ == "__main__":
