@@ -313,7 +313,9 @@ def rollout(model, tokenizer, tasks: list[Task], env: AgentEnv, config: RolloutC
     attention = torch.zeros(n, 0, dtype=torch.long, device=device)
     cache = _growing_cache(model)
     # transformers 5.x names the cache argument `cache`; older model classes call it past_key_values.
-    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    # A peft model forwards **kwargs to its base model: ask the base model (else a FutureWarning per call).
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    cache_arg = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
     forwards = 0
 
     while rows:
