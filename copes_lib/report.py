@@ -333,10 +333,10 @@ def clean_stderr(text: str) -> str:
     kept, skip_source = [], False
     for line in text.replace("\r", "\n").splitlines(keepends=True):
         warning = _WARNING_LINE.match(line)
-        if warning:
-            skip_source = warning.group(1) in _NOISY_WARNINGS and "CorruptCache" not in line
-            if not skip_source:
+        if warning:  # keep the suite's own warnings; the source line printed under any warning goes
+            if warning.group(1) not in _NOISY_WARNINGS:
                 kept.append(line)
+            skip_source = True
             continue
         if skip_source and line.startswith("  "):
             continue
