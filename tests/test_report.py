@@ -85,3 +85,13 @@ def test_headline_formats_numbers_for_reading():
     assert by_label["standard ES, validation accuracy at step 16"]["paper"] == "77.60%"
     assert by_label["base validation accuracy"]["ours"] == "\u2014"  # absent, not "None"
     assert report.format_value(float(__import__("numpy").float64(0.25))) == "0.25"
+
+
+def test_headline_keys_exist_in_the_committed_cpu_summaries():
+    """A renamed summary key would silently show as a dash in every report: catch it here."""
+    for stem, items in report.HEADLINES.items():
+        summary = runs.load_summary("cpu", stem)
+        if summary is None:
+            continue  # not committed (yet)
+        missing = [item.key for item in items if item.key not in summary]
+        assert not missing, f"{stem}: {missing} not in results/cpu/{stem}/summary.json"
