@@ -143,8 +143,11 @@ def format_value(value: Any, unit: str = "") -> str:
     return str(value)
 
 
-def headline(summary: dict[str, Any] | None, stem: str | None = None) -> list[dict[str, str]]:
-    """A notebook's headline rows: the claims it tests (paper, ours, verdict), then :data:`HEADLINES`.
+def headline(summary: dict[str, Any] | None, stem: str | None = None,
+             claim_rows: list[dict[str, str]] | None = None) -> list[dict[str, str]]:
+    """A notebook's headline rows: the claims it tests (paper, ours, verdict, the study's power), then
+    :data:`HEADLINES`. ``claim_rows``: :func:`copes_lib.claims.judge_claims` of the whole profile
+    (some claims read several notebooks); by default the claims are judged on ``summary`` alone.
 
     >>> [r["ours"] for r in headline({"val_accuracy_at_16": 0.5}, "02_standard_es")][:2]
     ['—', '50.00%']
@@ -152,10 +155,13 @@ def headline(summary: dict[str, Any] | None, stem: str | None = None) -> list[di
     summary = summary or {}
     rows = []
     if stem is not None:
-        for row in claims.judge_claims({stem: summary}):
+        if claim_rows is None:
+            claim_rows = claims.judge_claims({stem: summary})
+        for row in claim_rows:
             if row["notebook"] == stem:
                 rows.append({"label": f"{row['claim']}: {row['statement']}", "ours": row["ours"],
-                             "paper": row["paper_figure"], "verdict": row["verdict"]})
+                             "paper": row["paper_figure"], "verdict": row["verdict"],
+                             "power": row.get("power", "")})
     for item in HEADLINES.get(stem or "", ()):
         rows.append({"label": item.label, "ours": format_value(summary.get(item.key), item.unit),
                      "paper": item.paper or "\u2014", "verdict": ""})
@@ -179,7 +185,7 @@ def _figures(figures_root: Path, profile: str, stem: str) -> list[Path]:
 
 
 _VERDICT_CLASS = {claims.AGREES: "agrees", claims.PARTLY: "partly", claims.DISAGREES: "disagrees",
-                  claims.MISSING: "missing"}
+                  getattr(claims, "INCONCLUSIVE", "inconclusive"): "inconclusive", claims.MISSING: "missing"}
 
 _CSS = """
 body.cr { font-family: system-ui, sans-serif; margin: 0 auto; padding: 1.5em 2em; max-width: 1500px; color: #222;
@@ -197,6 +203,8 @@ body.cr { font-family: system-ui, sans-serif; margin: 0 auto; padding: 1.5em 2em
 .cr .verdict { font-weight: 600; white-space: nowrap; padding: 1px 6px; border-radius: 4px; }
 .cr .agrees { background: #e3f4e4; color: #11691b; } .cr .partly { background: #fff4d6; color: #805b00; }
 .cr .disagrees { background: #fde3e3; color: #b00020; } .cr .missing { background: #eee; color: #666; }
+.cr .inconclusive { background: #e6eef8; color: #2c4f7c; }
+.cr .power { display: block; color: #777; font-size: 85%; }
 .cr .thumbs img { max-width: 100%; max-height: 110px; border: 1px solid #ddd; margin: 2px; background: white; }
 .cr .figs { display: flex; flex-wrap: wrap; gap: 12px; align-items: flex-start; }
 .cr .figs figure { margin: 0; } .cr .figs figcaption { font-size: 85%; color: #555; text-align: center; }
@@ -215,7 +223,9 @@ def _headline_table(rows: list[dict[str, str]], compact: bool = False) -> str:
     show_verdict = any(r["verdict"] for r in rows)
     body = []
     for r in rows:
-        cells = [f"<td class='label'>{html.escape(r['label'])}</td>", f"<td class='num'>{html.escape(r['ours'])}</td>"]
+        power = f"<span class='power'>{html.escape(r['power'])}</span>" if r.get("power") else ""
+        cells = [f"<td class='label'>{html.escape(r['label'])}</td>",
+                 f"<td class='num'>{html.escape(r['ours'])}{power}</td>"]
         if show_paper:
             cells.append(f"<td class='num'>{html.escape(r['paper'])}</td>")
         if show_verdict:
@@ -246,6 +256,7 @@ def render_index(
     figures_root = Path(figures_root or runs.FIGURES_ROOT)
     records = status.get("notebooks", {})
     stems = sorted(notebooks if notebooks is not None else records)
+    claim_rows = claims.judge_claims(claims.load_summaries(profile, results_root))
     counts = {"ok": 0, "failed": 0}
     verdicts: dict[str, int] = {}
     rows = []
@@ -256,7 +267,7 @@ def render_index(
         paper_name, what = SUITE_MAP.get(stem, ("", ""))
         summary_path = results_root / profile / stem / "summary.json"
         summary = runs.read_json(summary_path) if summary_path.exists() else None
-        lines = headline(summary, stem) if summary is not None else []
+        lines = headline(summary, stem, claim_rows) if summary is not None else []
         for line in lines:
             if line["verdict"]:
                 verdicts[line["verdict"]] = verdicts.get(line["verdict"], 0) + 1
@@ -291,8 +302,10 @@ def render_index(
             "</tr>"
         )
     generated = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
-    verdict_text = ", ".join(f"<span class='verdict {_VERDICT_CLASS[v]}'>{n} {html.escape(v)}</span>"
-                             for v, n in sorted(verdicts.items(), key=lambda kv: list(_VERDICT_CLASS).index(kv[0])))
+    order = list(_VERDICT_CLASS)
+    verdict_text = ", ".join(f"<span class='verdict {_VERDICT_CLASS.get(v, '')}'>{n} {html.escape(v)}</span>"
+                             for v, n in sorted(verdicts.items(),
+                                                key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)))
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>reports/{html.escape(profile)}</title>
 <style>{_CSS}</style></head><body class="cr">
@@ -432,7 +445,7 @@ def reader_header(profile: str, stem: str, record: dict[str, Any] | None = None,
     if summary is None:
         parts.append("<p class='note'>No summary.json yet: nothing to compare.</p>")
     else:
-        rows = headline(summary, stem)
+        rows = headline(summary, stem, claims.judge_claims(claims.load_summaries(profile, results_root)))
         title = ("Our numbers beside the paper's" if any(r["paper"] != "\u2014" for r in rows)
                  else "Headline numbers")
         parts.append(f"<h2>{title}</h2>" + _headline_table(rows))
