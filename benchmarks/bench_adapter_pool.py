@@ -23,11 +23,11 @@ import tempfile
 import time
 
 import torch
+from copes_lib.molora.notebook_params import MoloraRouterParams, MoloraSubstrateParams
 
 from copes_lib import runs
 from copes_lib.config import build, profile_params
-from copes_lib.molora.lm import build_model, lm_loss
-from copes_lib.molora.notebook_params import MoloraRouterParams, MoloraSubstrateParams
+from copes_lib.molora.lm import build_corpus_lm, lm_loss
 from copes_lib.molora.pool import AdapterPool, PoolConfig, export_peft
 from copes_lib.molora.routers import RouterConfig, make_router
 
@@ -56,7 +56,7 @@ def main() -> None:
     cfg = sub_params.substrate_config()
     device = torch.device(cell_params.DEVICE if torch.cuda.is_available() or cell_params.DEVICE == "cpu" else "cpu")
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    model = build_model(cfg, device=device).eval().requires_grad_(False)
+    model = build_corpus_lm(cfg, device=device).eval().requires_grad_(False)
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, cfg.vocab_size, (args.batch, cfg.seq_len), generator=generator).to(device)
     pool_cfg = PoolConfig(n_slots=cell_params.N_SLOTS, rank=cell_params.RANK, alpha=cell_params.LORA_ALPHA,

@@ -66,7 +66,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from copes_lib.config import REPO_ROOT, Config, ConfigError, NotebookParams, param
+from copes_lib.config import REPO_ROOT, Config, ConfigError, param
 
 GIB = 2**30
 # Bump when a measurement function changes what it measures: it is part of the notebook's cache keys.
@@ -147,9 +147,9 @@ def model_description_names(directory: str | Path = MODEL_CONFIG_DIR) -> list[st
     return sorted(p.stem for p in Path(directory).glob("*.json"))
 
 
-def count_params(desc: ModelDescription) -> int:
+def parameter_count(desc: ModelDescription) -> int:
     """Parameter count of a dense Llama/Qwen-style decoder (SwiGLU MLP, RMSNorm, GQA)."""
-    desc._require_dense("count_params")
+    desc._require_dense("parameter_count")
     h, d, a, kv = desc.hidden, desc.head_dim, desc.heads, desc.kv_heads
     attn = h * a * d + 2 * h * kv * d + a * d * h
     if desc.attention_bias:
@@ -386,7 +386,7 @@ class SubstrateSizes(Config):
             full_attention_layers=self.layers, layers=self.layers, heads=self.heads, hidden=self.hidden,
             intermediate=self.intermediate, vocab=self.vocab, tie_embeddings=self.tie_embeddings,
             qk_norm=True, source="this suite's measurement model", derived="params")
-        return dataclasses.replace(desc, params=count_params(desc))
+        return dataclasses.replace(desc, params=parameter_count(desc))
 
 
 def build_substrate_model(sizes: SubstrateSizes, seed: int, device: str = "cpu") -> Any:
@@ -783,53 +783,3 @@ def paper_gpu_hours_table() -> list[dict[str, Any]]:
                      "table1_gpu_h": stated,
                      "difference_gpu_h": None if stated is None else derived - stated})
     return rows
-
-
-# ----------------------------------------------------------------------------- notebook parameters
-@dataclasses.dataclass(frozen=True)
-class BudgetNotebookParams(NotebookParams):
-    """Parameters of 08_memory_and_gpu_hours (defaults = the cpu profile)."""
-
-    DEVICE: str = param("cpu", "device for the measurements: cpu or cuda")
-    MEASURE_LAYERS: int = param(4, "substrate decoder layers for the measurements", gt=0)
-    MEASURE_HIDDEN: int = param(256, "substrate hidden size", gt=0)
-    MEASURE_HEADS: int = param(4, "substrate query heads", gt=0)
-    MEASURE_KV_HEADS: int = param(2, "substrate KV heads (must divide MEASURE_HEADS)", gt=0)
-    MEASURE_HEAD_DIM: int = param(64, "substrate head dimension", gt=0)
-    MEASURE_INTERMEDIATE: int = param(768, "substrate MLP intermediate size", gt=0)
-    MEASURE_VOCAB: int = param(4096, "substrate vocabulary size", gt=0)
-    CONTEXTS: str = param("256,512,1024,2048", "comma-separated context lengths (tokens) to measure, >= 4")
-    SEQUENCES: int = param(2, "sequences per measured step (batch)", gt=0)
-    LORA_RANK: int = param(8, "LoRA rank of the measured LoRA-GRPO step", gt=0)
-    ACCOUNT_ENGINE: str = param("agent", "step-cost split with the warm-started agent and its real tools "
-                                "(agent: warm_start + rollout) or a random model with plain generate (plain)",
-                                choices=("agent", "plain"))
-    ACCOUNT_POPULATION: int = param(10, "ES population N of the measured ES step (paper: 40)", gt=1)
-    ACCOUNT_PROMPTS: int = param(4, "prompt batch of the measured steps (paper: 64)", gt=0)
-    ACCOUNT_GROUP: int = param(2, "GRPO group size of the measured step (paper: 8)", gt=1)
-    ACCOUNT_PROMPT_LEN: int = param(64, "plain engine: prompt tokens of the measured steps", gt=0)
-    ACCOUNT_NEW_TOKENS: int = param(32, "plain engine: generated tokens per trajectory", gt=0)
-
-    def check(self) -> None:
-        contexts = self.context_lengths
-        if len(contexts) < 4 or any(c <= 8 for c in contexts) or len(set(contexts)) != len(contexts):
-            raise ConfigError(f"CONTEXTS = {self.CONTEXTS!r} must list >= 4 distinct lengths > 8 tokens, "
-                              "e.g. '256,512,1024,2048'")
-        if self.MEASURE_HEADS % self.MEASURE_KV_HEADS:
-            raise ConfigError(f"MEASURE_KV_HEADS = {self.MEASURE_KV_HEADS} must divide "
-                              f"MEASURE_HEADS = {self.MEASURE_HEADS}")
-        if not (self.DEVICE == "cpu" or self.DEVICE.startswith("cuda")):
-            raise ConfigError(f"DEVICE = {self.DEVICE!r} is not valid; valid values: 'cpu', 'cuda', 'cuda:N'")
-
-    @property
-    def context_lengths(self) -> list[int]:
-        try:
-            return [int(c) for c in self.CONTEXTS.split(",") if c.strip()]
-        except ValueError as exc:
-            raise ConfigError(f"CONTEXTS = {self.CONTEXTS!r} must be comma-separated integers") from exc
-
-    @property
-    def sizes(self) -> SubstrateSizes:
-        return SubstrateSizes(layers=self.MEASURE_LAYERS, hidden=self.MEASURE_HIDDEN, heads=self.MEASURE_HEADS,
-                              kv_heads=self.MEASURE_KV_HEADS, head_dim=self.MEASURE_HEAD_DIM,
-                              intermediate=self.MEASURE_INTERMEDIATE, vocab=self.MEASURE_VOCAB)

@@ -1,4 +1,4 @@
-"""Paper-A experiment orchestration (copes_lib.experiments): parameters, the numbers computed from
+"""Paper-A protocols (copes_lib.protocols): parameters, the numbers computed from
 histories, tables, and cached ES runs (continuation = an uninterrupted run) on a toy objective."""
 
 import math
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from copes_lib import config, es, runs
-from copes_lib import experiments as ex
 from copes_lib.config import ConfigError
+from copes_lib.protocols import ablations, es_arm, fixed_budget, notebooks, params, tables, test_decoding
 
 
 def _history(points, step_s=2.0):
@@ -27,20 +27,20 @@ def _history(points, step_s=2.0):
 
 
 def _run(points, seed_index=0):
-    return ex.ESRun(f"arm seed {seed_index}", None, _history(points), None, seed_index)
+    return es_arm.ESRun(f"arm seed {seed_index}", None, _history(points), None, seed_index)
 
 
 # --------------------------------------------------------------------------- parameters
 @pytest.mark.parametrize("cls, values, field", [
-    (ex.FixedBudgetParams, {"POPULATION": 30}, "POPULATION"),
-    (ex.FixedBudgetParams, {"PROMPT_BATCH": 16, "MINI_BATCH": 5}, "MINI_BATCH"),
-    (ex.FixedBudgetParams, {"LONG_SEEDS": 4, "SEEDS": 3}, "LONG_SEEDS"),
-    (ex.FixedBudgetParams, {"BUDGET_STEPS": 16, "ES_LONG_STEPS": 8}, "ES_LONG_STEPS"),
-    (ex.FixedBudgetParams, {"BUDGET_STEPS": 0, "GRPO_STEPS": 16, "ES_LONG_STEPS": 8}, "ES_LONG_STEPS"),
-    (ex.FixedBudgetParams, {"HEADLINE": "best"}, "HEADLINE"),
-    (ex.AblationParams, {"POPULATION": 20}, "POPULATION"),
-    (ex.AblationParams, {"BUDGET_STEPS": 0}, "BUDGET_STEPS"),
-    (ex.MultihopQAParams, {"TEST_TEMPERATURE": 0.0}, "TEST_TEMPERATURE"),
+    (params.FixedBudgetParams, {"POPULATION": 30}, "POPULATION"),
+    (params.FixedBudgetParams, {"PROMPT_BATCH": 16, "MINI_BATCH": 5}, "MINI_BATCH"),
+    (params.FixedBudgetParams, {"LONG_SEEDS": 4, "SEEDS": 3}, "LONG_SEEDS"),
+    (params.FixedBudgetParams, {"BUDGET_STEPS": 16, "ES_LONG_STEPS": 8}, "ES_LONG_STEPS"),
+    (params.FixedBudgetParams, {"BUDGET_STEPS": 0, "GRPO_STEPS": 16, "ES_LONG_STEPS": 8}, "ES_LONG_STEPS"),
+    (params.FixedBudgetParams, {"HEADLINE": "best"}, "HEADLINE"),
+    (params.AblationParams, {"POPULATION": 20}, "POPULATION"),
+    (params.AblationParams, {"BUDGET_STEPS": 0}, "BUDGET_STEPS"),
+    (params.MultihopQAParams, {"TEST_TEMPERATURE": 0.0}, "TEST_TEMPERATURE"),
 ])
 def test_bad_parameters_fail_naming_the_field(cls, values, field):
     with pytest.raises(ConfigError, match=field):
@@ -50,8 +50,8 @@ def test_bad_parameters_fail_naming_the_field(cls, values, field):
 @pytest.mark.parametrize("notebook", ["05_fixed_budget_math", "06_copes_ablations", "07_multihop_qa"])
 def test_profiles_validate(notebook):
     for profile in config.PROFILES:
-        assert config.profile_problems(profile, [notebook]) == {}, profile
-    assert config.params_class(notebook)().TASK_KIND == ("qa" if notebook.startswith("07") else "math")
+        assert notebooks.profile_problems(profile, [notebook]) == {}, profile
+    assert notebooks.params_class(notebook)().TASK_KIND == ("qa" if notebook.startswith("07") else "math")
 
 
 # --------------------------------------------------------------------------- numbers from histories
@@ -59,7 +59,7 @@ def test_compare_at_budget_gain_recovery_and_paired_test():
     base, grpo_best = 0.40, 0.60
     es_runs = [_run({0: base, 4: v}, i) for i, v in enumerate([0.44, 0.46, 0.45])]
     copes_runs = [_run({0: base, 4: v}, i) for i, v in enumerate([0.50, 0.53, 0.51])]
-    c = ex.compare_at_budget(es_runs, copes_runs, 4, base, grpo_best)
+    c = fixed_budget.compare_at_budget(es_runs, copes_runs, 4, base, grpo_best)
     assert c["gain_recovery_es"] == pytest.approx((0.45 - 0.40) / 0.20)
     assert c["gain_recovery_copes"] == pytest.approx((np.mean([0.50, 0.53, 0.51]) - 0.40) / 0.20)
     assert c["gain_recovery_copes_per_seed"][1] == pytest.approx(0.65)
@@ -68,20 +68,20 @@ def test_compare_at_budget_gain_recovery_and_paired_test():
     assert d["significant"] is True and d["p"] < 0.05 and d["low"] > 0
     # a noisy difference of mixed sign is not significant
     noisy = [_run({0: base, 4: v}, i) for i, v in enumerate([0.50, 0.40, 0.47])]
-    assert ex.compare_at_budget(es_runs, noisy, 4, base, grpo_best)["copes_minus_es"]["significant"] is False
+    assert fixed_budget.compare_at_budget(es_runs, noisy, 4, base, grpo_best)["copes_minus_es"]["significant"] is False
     with pytest.raises(ValueError, match="budget step 8"):
-        ex.compare_at_budget(es_runs, copes_runs, 8, base, grpo_best)
+        fixed_budget.compare_at_budget(es_runs, copes_runs, 8, base, grpo_best)
 
 
 def test_gain_recovery_undefined_when_grpo_did_not_move():
-    assert ex.gain_recovery_or_none(0.5, base=0.4, reference=0.4) is None
-    assert ex.gain_recovery_or_none(0.5, base=0.4, reference=0.3) is None
-    assert ex.gain_recovery_or_none(None, base=0.4, reference=0.6) is None
-    assert ex.gain_recovery_or_none(0.5, base=0.4, reference=0.6) == pytest.approx(0.5)
+    assert fixed_budget.gain_recovery_or_none(0.5, base=0.4, reference=0.4) is None
+    assert fixed_budget.gain_recovery_or_none(0.5, base=0.4, reference=0.3) is None
+    assert fixed_budget.gain_recovery_or_none(None, base=0.4, reference=0.6) is None
+    assert fixed_budget.gain_recovery_or_none(0.5, base=0.4, reference=0.6) == pytest.approx(0.5)
 
 
 def test_single_seed_has_no_interval_and_is_not_significant():
-    c = ex.compare_at_budget([_run({0: 0.4, 2: 0.45})], [_run({0: 0.4, 2: 0.55})], 2, 0.4, 0.6)
+    c = fixed_budget.compare_at_budget([_run({0: 0.4, 2: 0.45})], [_run({0: 0.4, 2: 0.55})], 2, 0.4, 0.6)
     assert c["copes"]["low"] is None and c["copes_minus_es"]["p"] is None
     assert c["copes_minus_es"]["significant"] is False
 
@@ -89,21 +89,21 @@ def test_single_seed_has_no_interval_and_is_not_significant():
 def test_steps_to_match_best_and_mean_curve():
     long_a = _history({0: 0.40, 8: 0.44, 16: 0.47, 24: 0.52})
     long_b = _history({0: 0.40, 8: 0.46, 16: 0.49, 24: 0.50})
-    steps, curve = ex.mean_curve([long_a, long_b])
+    steps, curve = fixed_budget.mean_curve([long_a, long_b])
     assert steps == [0, 8, 16, 24] and curve[1] == pytest.approx(0.45)
-    assert ex.steps_to_match(steps, curve, 0.48) == 16
-    assert ex.steps_to_match(steps, curve, 0.60) is None
-    assert ex.steps_to_match(steps, curve, 0.30) == 8  # the base (step 0) never counts as reaching
-    assert ex.best_validated(_history({0: 0.9, 4: 0.5, 8: 0.6, 12: 0.6})) == (8, 0.6)  # earliest on ties
-    assert ex.best_validated(_history({0: 0.9, 4: 0.5}), trained_only=False) == (0, 0.9)
-    assert ex.val_at(long_a, 16) == 0.47 and ex.val_at(long_a, 5) is None
-    assert ex.mean_step_seconds(long_a) == pytest.approx(2.0)
+    assert fixed_budget.steps_to_match(steps, curve, 0.48) == 16
+    assert fixed_budget.steps_to_match(steps, curve, 0.60) is None
+    assert fixed_budget.steps_to_match(steps, curve, 0.30) == 8  # the base (step 0) never counts as reaching
+    assert fixed_budget.best_validated(_history({0: 0.9, 4: 0.5, 8: 0.6, 12: 0.6})) == (8, 0.6)  # earliest on ties
+    assert fixed_budget.best_validated(_history({0: 0.9, 4: 0.5}), trained_only=False) == (0, 0.9)
+    assert fixed_budget.val_at(long_a, 16) == 0.47 and fixed_budget.val_at(long_a, 5) is None
+    assert fixed_budget.mean_step_seconds(long_a) == pytest.approx(2.0)
 
 
 # --------------------------------------------------------------------------- pass@k and tables
 def test_pass_at_k_frame_shape_and_values():
     results = {"a": {"samples": 4, "correct_counts": [0, 2, 4]}, "b": {"samples": 4, "correct_counts": [1, 1, 1]}}
-    frame = ex.pass_at_k_frame(results)
+    frame = test_decoding.pass_at_k_frame(results)
     assert len(frame) == 2 * 4 and set(frame["k"]) == {1, 2, 3, 4}
     a = frame[frame.method == "a"].set_index("k")["pass_at_k"]
     assert a[1] == pytest.approx((0 + 0.5 + 1) / 3)  # pass@1 = mean accuracy
@@ -112,33 +112,32 @@ def test_pass_at_k_frame_shape_and_values():
 
 
 def test_tables_in_the_papers_layout():
-    t1 = ex.table1_frame({"copes_at_budget": {"test_pass1": 0.5, "steps": 8, "val_acc": 0.47, "device_hours": 0.1}})
+    t1 = tables.table1_frame({"copes_at_budget": {"test_pass1": 0.5, "steps": 8, "val_acc": 0.47, "device_hours": 0.1}})
     assert len(t1) == 6 and t1.iloc[5]["ours test pass@1"] == 50.0 and t1.iloc[5]["paper val acc"] == 88.0
     assert math.isnan(t1.iloc[0]["ours val acc"])  # missing stays missing, never a number
-    val = {k: ex.seed_stats([0.4, 0.5]) for k in ex.ABLATION_KEYS}
-    t3 = ex.table3_frame(val, {k: 1.0 for k in ex.ABLATION_KEYS})
+    val = {k: fixed_budget.seed_stats([0.4, 0.5]) for k in ablations.ABLATION_KEYS}
+    t3 = tables.table3_frame(val, {k: 1.0 for k in ablations.ABLATION_KEYS})
     assert len(t3) == 8 and t3.iloc[0]["paper MATH-500 pass@1"] == 78.88 and math.isnan(t3.iloc[7]["paper MATH-500 pass@1"])
-    t4 = ex.table4_frame({"es": {"acc": 0.5, "em": 0.25, "f1": 0.4}})
+    t4 = tables.table4_frame({"es": {"acc": 0.5, "em": 0.25, "f1": 0.4}})
     assert t4.iloc[2]["ours Acc/EM/F1"] == "50.00/25.00/40.00" and t4.iloc[0]["ours Acc/EM/F1"] == ""
     assert t4.iloc[3]["paper 2Wiki Acc/EM/F1"] == "59.06/48.29/55.50"
 
 
 def test_ablation_arms_and_reading():
-    params = ex.AblationParams()
-    arms = ex.ablation_configs(params, sigma=0.01, alpha=0.005, seed_index=1)
-    assert list(arms) == list(ex.ABLATION_KEYS)
+    arms = ablations.ablation_configs(params.AblationParams(), sigma=0.01, alpha=0.005, seed_index=1)
+    assert list(arms) == list(ablations.ABLATION_KEYS)
     assert [arms[k].subspaces for k in ("k1", "k2", "k4", "k8")] == [1, 2, 4, 8]
     assert arms["indep_z"].zscore == "independent" and arms["k4"].zscore == "joint"
     assert arms["es_2sigma"].sigma == 0.02 and arms["es_2sigma"].alpha == 0.005
     assert arms["es_sqrtk_alpha"].alpha == pytest.approx(0.01) and arms["es_sqrtk_alpha"].subspaces == 1
     assert arms["copes_matched_step"].alpha == pytest.approx(0.0025)
-    assert {c.seed for c in arms.values()} == {params.ES_SEED + 1}
-    per_seed = {k: [0.40, 0.42] for k in ex.ABLATION_KEYS}
+    assert {c.seed for c in arms.values()} == {params.AblationParams().ES_SEED + 1}
+    per_seed = {k: [0.40, 0.42] for k in ablations.ABLATION_KEYS}
     per_seed["k4"] = [0.50, 0.53]
-    lines = ex.ablation_reading(per_seed, {k: 1.0 for k in ex.ABLATION_KEYS})
+    lines = ablations.ablation_reading(per_seed, {k: 1.0 for k in ablations.ABLATION_KEYS})
     assert len(lines) == 8 and "k4 is higher than k1" in lines[0] and "excludes 0" in lines[0]
     per_seed["k1"] = [0.47, 0.50]  # the same difference in every seed: no spread, so no test
-    lines = ex.ablation_reading(per_seed, {k: 1.0 for k in ex.ABLATION_KEYS})
+    lines = ablations.ablation_reading(per_seed, {k: 1.0 for k in ablations.ABLATION_KEYS})
     assert "no spread, no test" in lines[0] and "excludes 0" not in lines[0]
 
 
@@ -151,22 +150,22 @@ def test_es_run_continuation_equals_uninterrupted_run(tmp_path, monkeypatch):
     monkeypatch.setattr(runs, "CACHE_ROOT", tmp_path)
     model, objective = es.toy_quadratic(seed=3)
     toy = _ToyObjective(objective.target)
-    agent = es.AgentSetup(model, toy, {"kind": "toy", "substrate_checksum": 0.0})
-    params = ex.FixedBudgetParams(PROFILE="smoke", BACKEND="sequential", POPULATION=8, SUBSPACES=2)
-    config = ex.es_config(params, subspaces=2, sigma=0.1, alpha=0.05)
-    seeded = ex.seeded_agent(agent, params.BATCH_SEED)  # what seed_runs / continue_runs use for seed 0
-    short = ex.es_run(params, seeded, config, steps=2, val_every=2, label="short")
-    assert short.folder == ex.es_run_folder("smoke", seeded, config, 2, 2)  # same key as es.cached_es_run
-    longer = ex.continue_runs(params, agent, [short], 4)[0]
-    fresh = ex.es_run(params, seeded, config, steps=4, val_every=1, label="fresh")
+    agent = es_arm.AgentSetup(model, toy, {"kind": "toy", "substrate_checksum": 0.0})
+    nb_params = params.FixedBudgetParams(PROFILE="smoke", BACKEND="sequential", POPULATION=8, SUBSPACES=2)
+    config = es_arm.es_config_from(nb_params, subspaces=2, sigma=0.1, alpha=0.05)
+    seeded = es_arm.seeded_agent(agent, nb_params.BATCH_SEED)  # what seed_runs / continue_runs use for seed 0
+    short = es_arm.es_run(nb_params, seeded, config, steps=2, val_every=2, label="short")
+    assert short.folder == es_arm.es_run_folder("smoke", seeded, config, 2, 2)  # same key as es.cached_es_run
+    longer = es_arm.continue_runs(nb_params, agent, [short], 4)[0]
+    fresh = es_arm.es_run(nb_params, seeded, config, steps=4, val_every=1, label="fresh")
     assert longer.folder != fresh.folder and len(longer.history) == 5
     for name, value in longer.weights("final").items():
         assert torch.equal(value, fresh.weights("final")[name]), name
-    assert ex.val_at(longer.history, 4) == pytest.approx(ex.val_at(fresh.history, 4))
-    assert ex.val_at(longer.history, 4) > ex.val_at(longer.history, 0)  # ES improves the toy fitness
-    again = ex.es_run(params, seeded, config, steps=4, val_every=params.VAL_EVERY, label="again")  # cached: no training
+    assert fixed_budget.val_at(longer.history, 4) == pytest.approx(fixed_budget.val_at(fresh.history, 4))
+    assert fixed_budget.val_at(longer.history, 4) > fixed_budget.val_at(longer.history, 0)  # ES improves the toy fitness
+    again = es_arm.es_run(nb_params, seeded, config, steps=4, val_every=nb_params.VAL_EVERY, label="again")  # cached: no training
     assert again.history == longer.history
-    assert math.isfinite(ex.mean_update_norm(longer.history))
+    assert math.isfinite(fixed_budget.mean_update_norm(longer.history))
 
 
 def test_protocol_reading_says_which_protocol_favoured_copes():
@@ -174,7 +173,7 @@ def test_protocol_reading_says_which_protocol_favoured_copes():
         diff = lambda m, sig: {"copes_minus_es": {"mean": m, "p": 0.01 if sig else None, "significant": sig}}  # noqa: E731
         return {"paper": diff(*paper), "tuned": diff(*tuned)}
 
-    lines = ex.protocol_reading(compare((0.011, True), (0.008, False)), "tuned")
+    lines = fixed_budget.protocol_reading(compare((0.011, True), (0.008, False)), "tuned")
     assert "p = 0.01: significant" in lines[0] and "p = undefined: not significant" in lines[1]
     assert "did NOT hold" in lines[2] and lines[3].endswith("the tuned protocol.")
-    assert "as expected" in ex.protocol_reading(compare((0.001, False), (0.008, True)), "tuned")[2]
+    assert "as expected" in fixed_budget.protocol_reading(compare((0.001, False), (0.008, True)), "tuned")[2]
