@@ -1,6 +1,7 @@
 """Paper-A protocols (copes_lib.protocols): parameters, the numbers computed from
 histories, tables, and cached ES runs (continuation = an uninterrupted run) on a toy objective."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -9,7 +10,16 @@ import torch
 
 from copes_lib import config, es, runs
 from copes_lib.config import ConfigError
-from copes_lib.protocols import ablations, es_arm, fixed_budget, notebooks, params, tables, test_decoding
+from copes_lib.protocols import (
+    ablations,
+    es_arm,
+    fixed_budget,
+    grpo_arm,
+    notebooks,
+    params,
+    tables,
+    test_decoding,
+)
 
 
 def _history(points, step_s=2.0):
@@ -33,10 +43,9 @@ def _run(points, seed_index=0):
 # --------------------------------------------------------------------------- parameters
 @pytest.mark.parametrize("cls, values, field", [
     (params.FixedBudgetParams, {"POPULATION": 30}, "POPULATION"),
-    (params.FixedBudgetParams, {"PROMPT_BATCH": 16, "MINI_BATCH": 5}, "MINI_BATCH"),
     (params.FixedBudgetParams, {"LONG_SEEDS": 4, "SEEDS": 3}, "LONG_SEEDS"),
     (params.FixedBudgetParams, {"BUDGET_STEPS": 16, "ES_LONG_STEPS": 8}, "ES_LONG_STEPS"),
-    (params.FixedBudgetParams, {"BUDGET_STEPS": 0, "GRPO_STEPS": 16, "ES_LONG_STEPS": 8}, "ES_LONG_STEPS"),
+    (params.MultihopQAParams, {"BUDGET_STEPS": 0, "GRPO_STEPS": 16, "ES_LONG_STEPS": 8}, "ES_LONG_STEPS"),
     (params.FixedBudgetParams, {"HEADLINE": "best"}, "HEADLINE"),
     (params.AblationParams, {"POPULATION": 20}, "POPULATION"),
     (params.AblationParams, {"BUDGET_STEPS": 0}, "BUDGET_STEPS"),
@@ -177,3 +186,35 @@ def test_protocol_reading_says_which_protocol_favoured_copes():
     assert "p = 0.01: significant" in lines[0] and "p = undefined: not significant" in lines[1]
     assert "did NOT hold" in lines[2] and lines[3].endswith("the tuned protocol.")
     assert "as expected" in fixed_budget.protocol_reading(compare((0.001, False), (0.008, True)), "tuned")[2]
+
+
+# --------------------------------------------------------------------------- one GRPO configuration
+GRPO_FIELDS = {"PROMPT_BATCH", "GROUP_SIZE", "MINI_BATCH", "MICRO_BATCH", "FULL_LR", "LORA_LR", "LORA_R",
+               "LORA_ALPHA", "KL_COEF", "GRPO_SEED", "TEMPERATURE", "AMP"}
+
+
+@pytest.mark.parametrize("profile", config.PROFILES)
+def test_notebooks_04_05_07_share_one_grpo_configuration_and_cache(profile, tmp_path, monkeypatch):
+    """05 and 07 train GRPO with notebook 04's configuration (temperature and dtype policy included),
+    and a run of 05 with 04's settings is the cache entry 04 wrote."""
+    from types import SimpleNamespace
+
+    from copes_lib.rollout import RolloutConfig
+
+    for cls in (params.FixedBudgetParams, params.MultihopQAParams):
+        assert not GRPO_FIELDS & {f.name for f in dataclasses.fields(cls)}, cls.__name__
+    p04 = grpo_arm.grpo_params(profile)
+    for use_lora in (False, True):
+        assert grpo_arm.grpo_config(profile, use_lora) == p04.grpo_config(use_lora)
+    shared = grpo_arm.grpo_config(profile, False, lr=p04.FULL_LR, steps=p04.STEPS)
+    assert (shared.temperature, shared.amp_dtype) == (p04.TEMPERATURE, p04.AMP)
+    monkeypatch.setattr(runs, "CACHE_ROOT", tmp_path)
+    agent = SimpleNamespace(objective=SimpleNamespace(rollout_config=RolloutConfig(), val_tasks=[SimpleNamespace(id="v1")]),
+                            key={"substrate_checksum": 1.5, "kind": "math"})
+    assert grpo_arm.run_folder(profile, agent, shared) == grpo_arm.run_folder(profile, agent, p04.grpo_config(False))
+    assert grpo_arm.run_folder(profile, agent, shared) != grpo_arm.run_folder(profile, agent, p04.grpo_config(True))
+
+
+def test_gpu_grpo_keeps_the_dtype_policy():
+    gpu = grpo_arm.grpo_config("gpu", use_lora=False)
+    assert gpu.amp_dtype == "bfloat16" and gpu.lr == 1e-6

@@ -41,12 +41,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from copes_lib import runs, stats
-from copes_lib.protocols.es_arm import ESRun
+from copes_lib.config import ConfigError
+from copes_lib.grpo import GRPOConfig
+from copes_lib.protocols.es_arm import AgentSetup, ESRun, continue_runs, seed_runs
+from copes_lib.protocols.grpo_arm import GRPORun, grpo_config, grpo_params, grpo_run
 
 
 def upstream_settings(params: Any) -> dict[str, Any]:
@@ -61,11 +65,68 @@ def upstream_settings(params: Any) -> dict[str, Any]:
                copes_alpha=getattr(params, "COPES_ALPHA", out["es_alpha"]), copes_source="parameters")
     if s03 and s03.get("own_best_sigma"):
         out.update(copes_sigma=s03["own_best_sigma"], copes_alpha=s03["own_best_alpha"], copes_source="03_copes")
-    out.update(full_lr=getattr(params, "FULL_LR", None), lora_lr=getattr(params, "LORA_LR", None),
-               grpo_source="parameters")
+    grpo = grpo_params(params.PROFILE)  # the one GRPO configuration: notebook 04's parameters
+    out.update(full_lr=grpo.FULL_LR, lora_lr=grpo.LORA_LR, grpo_source="parameters")
     if s04 and s04.get("full_lr"):
         out.update(full_lr=s04["full_lr"], lora_lr=s04["lora_lr"], grpo_source="04_grpo")
     return out
+
+
+@dataclass
+class FixedBudgetRuns:
+    """Everything the fixed-budget protocol trained, by arm, and the comparisons at the budget."""
+
+    full: GRPORun  # full GRPO, searched for its best validation step
+    grpo_config: GRPOConfig
+    s_star: int  # full GRPO's best validation step
+    grpo_best: float  # its validation accuracy (F1 on QA) there
+    base: float  # the warm start's validation accuracy
+    budget: int
+    es_runs: list[ESRun]
+    copes_runs: dict[str, list[ESRun]]  # CoPES arm name -> its seed runs
+    compare: dict[str, dict[str, Any]]  # CoPES arm name -> compare_at_budget(ES, that arm)
+    long_runs: list[ESRun]  # standard ES continued to ES_LONG_STEPS
+    long_steps: list[int] = field(default_factory=list)
+    long_curve: list[float] = field(default_factory=list)
+    match: dict[str, int | None] = field(default_factory=dict)  # first step long ES reaches each CoPES arm
+
+
+def run_fixed_budget(params: Any, agent: AgentSetup, settings: dict[str, Any], *, grpo_steps: int,
+                     copes_arms: dict[str, tuple[str, float, float]], grpo_label: str = "full GRPO",
+                     es_label: str = "ES") -> FixedBudgetRuns:
+    """The protocol of notebooks 05 and 07, steps 1-3 of the module docstring.
+
+    1. full GRPO (the shared configuration, ``settings["full_lr"]``) for ``grpo_steps``; its best
+       validation step s* is the budget unless BUDGET_STEPS fixes it;
+    2. standard ES (``settings["es_sigma"]`` / ``["es_alpha"]``) and each CoPES arm of ``copes_arms``
+       (name -> (label, sigma, alpha); an arm with the same sigma / alpha as an earlier one reuses its
+       runs) over SEEDS paired seeds for the budget;
+    3. the first LONG_SEEDS ES seeds continued to ES_LONG_STEPS: their mean curve, and the first step at
+       which it reaches each CoPES arm's mean at the budget.
+    """
+    if not params.BUDGET_STEPS and params.ES_LONG_STEPS < grpo_steps:
+        raise ConfigError(f"ES_LONG_STEPS = {params.ES_LONG_STEPS} must be >= the full GRPO run's {grpo_steps} "
+                          "steps when the budget is its best step s* (BUDGET_STEPS = 0)")
+    config = grpo_config(params.PROFILE, use_lora=False, lr=settings["full_lr"], steps=grpo_steps)
+    full = grpo_run(params.PROFILE, agent, config, label=grpo_label, force=params.FORCE)
+    s_star, grpo_best = best_validated(full.history)
+    base = full.val_by_step[0]
+    budget = params.BUDGET_STEPS or s_star
+    es_runs = seed_runs(params, agent, subspaces=1, sigma=settings["es_sigma"], alpha=settings["es_alpha"],
+                        steps=budget, label=es_label)
+    copes_runs: dict[str, list[ESRun]] = {}
+    done: dict[tuple[float, float], list[ESRun]] = {}
+    for name, (label, sigma, alpha) in copes_arms.items():
+        if (sigma, alpha) not in done:
+            done[(sigma, alpha)] = seed_runs(params, agent, subspaces=params.SUBSPACES, sigma=sigma, alpha=alpha,
+                                             steps=budget, label=label)
+        copes_runs[name] = done[(sigma, alpha)]
+    compare = {name: compare_at_budget(es_runs, arm, budget, base, grpo_best) for name, arm in copes_runs.items()}
+    long_runs = continue_runs(params, agent, es_runs[:params.LONG_SEEDS], params.ES_LONG_STEPS)
+    long_steps, long_curve = mean_curve([r.history for r in long_runs])
+    match = {name: steps_to_match(long_steps, long_curve, c["copes"]["mean"]) for name, c in compare.items()}
+    return FixedBudgetRuns(full, config, s_star, grpo_best, base, budget, es_runs, copes_runs, compare, long_runs,
+                           long_steps, long_curve, match)
 
 
 def compare_at_budget(es_runs: Sequence[ESRun], copes_runs: Sequence[ESRun], budget: int, base: float,

@@ -1,5 +1,12 @@
-"""The GRPO arm every paper-A notebook shares: one cached GRPO run (full or LoRA) on a copy of the
-warm-started substrate, validated on the ES validation set, and the policy it ends with."""
+"""The GRPO arm notebooks 04, 05 and 07 share: ONE GRPO configuration (notebook 04's parameters
+under the profile: group, batches, learning-rate fallbacks, LoRA shape, KL, sampling temperature and
+the dtype policy) and one cached run per (configuration, substrate, validation set).
+
+A run is ``grpo.train_grpo`` on an fp32 copy of the warm-started model (VeRL keeps fp32 master
+weights; ``amp_dtype`` runs the update under autocast), cached under
+``cache/<profile>/grpo_runs-<full|lora>-<key>/``: 05 reuses the full run 04 trained when their
+validation sets agree (the cpu and gpu profiles), instead of training it again under another name.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from copes_lib import grpo, runs
+from copes_lib.config import build, profile_params
+from copes_lib.grpo import GRPOConfig
+from copes_lib.protocols.params import GRPONotebookParams
 
 
 @dataclass
@@ -26,25 +38,51 @@ class GRPORun:
         return steps, [self.val_by_step[s] for s in steps]
 
 
-def grpo_run(params: Any, agent, *, use_lora: bool, lr: float, steps: int, label: str) -> GRPORun:
-    """One cached GRPO run (full or LoRA) on a copy of the warm start, validated on the ES val set."""
-    config = params.grpo_config(use_lora, lr, steps)
+def grpo_params(profile: str) -> GRPONotebookParams:
+    """Notebook 04's parameters under ``profile``: the suite's one GRPO configuration."""
+    return build(GRPONotebookParams, {**profile_params(profile, GRPONotebookParams), "PROFILE": profile})
+
+
+def grpo_config(profile: str, use_lora: bool, lr: float | None = None, steps: int | None = None) -> GRPOConfig:
+    """The GRPOConfig every notebook of ``profile`` trains with (``lr`` None: 04's FULL_LR / LORA_LR)."""
+    return grpo_params(profile).grpo_config(use_lora, lr=lr, steps=steps)
+
+
+def run_folder(profile: str, agent: Any, config: GRPOConfig) -> Path:
+    """The cache folder of a GRPO run: its configuration, the substrate's weights, the rollout settings
+    and the validation problems identify it, not the notebook that asked for it."""
     objective = agent.objective
     key = runs.cache_key({"grpo": config.to_dict(), "rollout": objective.rollout_config.to_dict(),
                           "substrate_checksum": agent.key["substrate_checksum"], "kind": agent.key["kind"]},
                          [t.id for t in objective.val_tasks])
-    folder = runs.cache_dir(params.PROFILE, "grpo_runs", key)
-    if params.FORCE:
+    return runs.cache_dir(profile, f"grpo_runs-{'lora' if config.use_lora else 'full'}", key)
+
+
+def grpo_run(profile: str, agent: Any, config: GRPOConfig, *, label: str, force: bool = False,
+             stop_after: int | None = None, forced: set[Path] | None = None) -> GRPORun:
+    """One cached GRPO run (full or LoRA) on an fp32 copy of the warm start, validated on the agent's
+    validation problems; an interrupted run resumes, ``stop_after`` pauses it early (a learning-rate
+    sweep). ``force`` starts over, once per folder recorded in ``forced``."""
+    folder = run_folder(profile, agent, config)
+    forced = set() if forced is None else forced
+    if force and folder not in forced:
         for name in ("last.pt", "best.pt"):
             (folder / name).unlink(missing_ok=True)
+        forced.add(folder)
 
     def on_step(step: int, row: dict[str, Any]) -> None:
-        if "eval/val_accuracy" in row:
-            runs.summary_line(label, step, {k: row[k] for k in ("reward/mean", "eval/val_accuracy") if k in row})
+        if step == 0 or "eval/val_accuracy" in row:
+            shown = {k: row[k] for k in ("reward/mean", "eval/val_accuracy", "grpo/kl", "grpo/clip_frac",
+                                         "grpo/entropy", "time/step_s") if k in row}
+            runs.summary_line(label, step, shown)
 
-    result = grpo.train_grpo(copy.deepcopy(agent.model), objective.tokenizer, objective.env,
-                             objective.train_tasks, objective.val_tasks, config, folder,
-                             rollout_config=objective.rollout_config, on_step=on_step)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    # fp32 weights: a pure-bf16 model would round lr 1e-6 updates away (amp_dtype = bf16 autocast)
+    model = copy.deepcopy(agent.model).to(device=device, dtype=torch.float32)
+    objective = agent.objective
+    result = grpo.train_grpo(model, objective.tokenizer, objective.env, objective.train_tasks,
+                             objective.val_tasks, config, folder, rollout_config=objective.rollout_config,
+                             on_step=on_step, stop_after=stop_after)
     return GRPORun(label, result.history, dict(result.val_by_step), result.best_step, result.best_val, folder,
                    result)
 

@@ -241,22 +241,10 @@ class _ExperimentParams(NotebookParams):
 
 @dataclass(frozen=True)
 class _GRPOParams(_ExperimentParams):
-    """GRPO arms (defaults = notebook 04's cpu values)."""
+    """Notebooks with GRPO arms. The GRPO configuration itself (batches, group, LoRA shape, KL,
+    temperature, dtype policy, fallback learning rates) is notebook 04's, read from the profile by
+    ``protocols.grpo_arm``: one configuration, so 05 reuses the runs 04 cached."""
 
-    GRPO_STEPS: int = param(16, "full GRPO steps, searched for its best validation step s* (paper: s* is 16)",
-                            ge=1)
-    PROMPT_BATCH: int = param(16, "GRPO prompts per step (paper: 64)", ge=1)
-    GROUP_SIZE: int = param(8, "GRPO trajectories per prompt (paper: 8)", ge=2)
-    MINI_BATCH: int = param(8, "GRPO prompts per optimizer step (paper: 32)", ge=1)
-    MICRO_BATCH: int = param(64, "GRPO trajectories per forward/backward (memory only)", ge=1)
-    FULL_LR: float = param(1e-4, "full GRPO learning rate when notebook 04 has not chosen one (paper: 1e-6)",
-                           gt=0.0)
-    LORA_LR: float = param(1e-3, "LoRA-GRPO learning rate when notebook 04 has not chosen one (paper: 5e-6)",
-                           gt=0.0)
-    LORA_R: int = param(8, "LoRA rank (paper: 32)", ge=1)
-    LORA_ALPHA: int = param(16, "LoRA alpha (paper: 64)", ge=1)
-    KL_COEF: float = param(1e-3, "GRPO k3 KL coefficient (paper: 1e-3)", ge=0.0)
-    GRPO_SEED: int = param(42, "GRPO seed (paper: 42)", ge=0)
     ES_LONG_STEPS: int = param(24, "steps standard ES is continued to, for its best checkpoint and the "
                                "step it reaches CoPES (paper: 112; 48 to match)", ge=1)
     LONG_SEEDS: int = param(1, "ES seeds continued to ES_LONG_STEPS (their mean curve is used)", ge=1)
@@ -266,29 +254,17 @@ class _GRPOParams(_ExperimentParams):
 
     def check(self) -> None:
         super().check()
-        if self.PROMPT_BATCH % self.MINI_BATCH:
-            raise ConfigError(f"PROMPT_BATCH = {self.PROMPT_BATCH} is not divisible by MINI_BATCH = "
-                              f"{self.MINI_BATCH}; choose a MINI_BATCH that divides it")
         if self.LONG_SEEDS > self.SEEDS:
             raise ConfigError(f"LONG_SEEDS = {self.LONG_SEEDS} must be <= SEEDS = {self.SEEDS}")
         if self.BUDGET_STEPS and self.ES_LONG_STEPS < self.BUDGET_STEPS:
             raise ConfigError(f"ES_LONG_STEPS = {self.ES_LONG_STEPS} must be >= BUDGET_STEPS = "
                               f"{self.BUDGET_STEPS}: the long run continues the budget run")
-        if self.BUDGET_STEPS == 0 and self.ES_LONG_STEPS < self.GRPO_STEPS:
-            raise ConfigError(f"ES_LONG_STEPS = {self.ES_LONG_STEPS} must be >= GRPO_STEPS = "
-                              f"{self.GRPO_STEPS} when the budget is s* (BUDGET_STEPS = 0)")
-
-    def grpo_config(self, use_lora: bool, lr: float, steps: int) -> GRPOConfig:
-        return GRPOConfig(group_size=self.GROUP_SIZE, prompt_batch_size=self.PROMPT_BATCH,
-                          mini_batch_size=self.MINI_BATCH, micro_batch_size=self.MICRO_BATCH, lr=lr,
-                          kl_coef=self.KL_COEF, use_lora=use_lora, lora_r=self.LORA_R,
-                          lora_alpha=self.LORA_ALPHA, total_steps=steps, val_every=self.VAL_EVERY,
-                          seed=self.GRPO_SEED)
 
 
 @dataclass(frozen=True)
 class FixedBudgetParams(_GRPOParams):
-    """Parameters of 05_fixed_budget_math (defaults = the cpu profile)."""
+    """Parameters of 05_fixed_budget_math (defaults = the cpu profile). Full GRPO is notebook 04's run:
+    its STEPS, configuration and learning rate."""
 
     NOTEBOOK = "05_fixed_budget_math"
 
@@ -322,7 +298,8 @@ class MultihopQAParams(_GRPOParams):
 
     SEEDS: int = param(1, "seeds of ES and CoPES (paper: 1 run each)", ge=1)
     BUDGET_STEPS: int = param(8, "the step budget (paper: 48); 0 means full GRPO's best step s*", ge=0)
-    GRPO_STEPS: int = param(8, "full GRPO steps (paper: 48)", ge=1)
+    GRPO_STEPS: int = param(8, "full GRPO steps on QA (paper: 48); the rest of the GRPO configuration is "
+                            "notebook 04's", ge=1)
     ES_LONG_STEPS: int = param(16, "steps standard ES is continued to, to reach CoPES's F1 (paper: 64)", ge=1)
     TEST_PROBLEMS: int = param(256, "QA test problems (0 means the whole test split)", ge=0)
     TEST_SAMPLES: int = param(2, "samples per test problem (paper: 32)", ge=1)
@@ -332,6 +309,12 @@ class MultihopQAParams(_GRPOParams):
     COPES_ALPHA: float = param(5e-3, "CoPES alpha on QA (the paper's protocol: ES's alpha)", gt=0.0)
 
     TASK_KIND = "qa"
+
+    def check(self) -> None:
+        super().check()
+        if self.BUDGET_STEPS == 0 and self.ES_LONG_STEPS < self.GRPO_STEPS:
+            raise ConfigError(f"ES_LONG_STEPS = {self.ES_LONG_STEPS} must be >= GRPO_STEPS = "
+                              f"{self.GRPO_STEPS} when the budget is s* (BUDGET_STEPS = 0)")
 
 
 # =========================================================================== 08: memory and GPU-hours
