@@ -23,13 +23,13 @@ import tempfile
 import time
 
 import torch
-from copes_lib.molora.notebook_params import MoloraRouterParams, MoloraSubstrateParams
 
 from copes_lib import runs
 from copes_lib.config import build, profile_params
 from copes_lib.molora.lm import build_corpus_lm, lm_loss
 from copes_lib.molora.pool import AdapterPool, PoolConfig, export_peft
 from copes_lib.molora.routers import RouterConfig, make_router
+from copes_lib.protocols.molora_params import MoloraRouterParams, MoloraSubstrateParams
 
 
 def median_time(fn, repeats: int, warmup: int = 2) -> float:
@@ -50,9 +50,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=12, help="sequences per forward")
     args = parser.parse_args()
 
-    sub_params = build(MoloraSubstrateParams, {**profile_params(args.profile, "10_molora_substrate"),
+    sub_params = build(MoloraSubstrateParams, {**profile_params(args.profile, MoloraSubstrateParams),
                                                "PROFILE": args.profile})
-    cell_params = build(MoloraRouterParams, {**profile_params(args.profile, "11_molora_router"), "PROFILE": args.profile})
+    cell_params = build(MoloraRouterParams, {**profile_params(args.profile, MoloraRouterParams), "PROFILE": args.profile})
     cfg = sub_params.substrate_config()
     device = torch.device(cell_params.DEVICE if torch.cuda.is_available() or cell_params.DEVICE == "cpu" else "cpu")
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)

@@ -590,24 +590,6 @@ def train_es(model: nn.Module, objective: Objective, config: ESConfig, *, steps:
     return state.history
 
 
-def summarize(history: list[dict[str, Any]], budget_step: int = 16,
-              metric: str = "eval/val_accuracy") -> dict[str, Any]:
-    """The summary keys of notebooks 02/03 from a training history (``*_val_accuracy`` keys hold
-    ``metric``; pass ``"eval/val_f1"`` for QA)."""
-    vals = [(r["step"], r[metric]) for r in history if metric in r]
-    best_step, best = max(vals, key=lambda sv: (sv[1], -sv[0]))
-    at_budget = [v for s, v in vals if s == budget_step]
-    return {
-        "base_val_accuracy": vals[0][1],
-        "best_val_accuracy": best,
-        "best_step": best_step,
-        f"val_accuracy_at_{budget_step}": at_budget[0] if at_budget else None,
-        "final_val_accuracy": vals[-1][1],
-        "device_hours": history[-1]["time/device_hours"],
-        "steps": history[-1]["step"],
-    }
-
-
 # =========================================================================== the agent objective
 class AgentObjective:
     """fitness = mean paper reward over the step's shared prompt batch, greedy (PAPERS.md A1, A4).
@@ -698,5 +680,5 @@ def cached_es_run(profile: str, name: str, model: nn.Module, objective: Objectiv
 
 
 __all__ = ["ES", "ESConfig", "StepPlan", "StepResult", "Chunk", "Objective", "AgentObjective", "SequentialBackend",
-           "BatchedBackend", "RayBackend", "es_step", "train_es", "cached_es_run", "run_key", "checksum", "summarize",
+           "BatchedBackend", "RayBackend", "es_step", "train_es", "cached_es_run", "run_key", "checksum",
            "mix_seed", "make_chunks", "random_partition", "check_partition"]

@@ -19,10 +19,10 @@ from copes_lib.es import (
     es_step,
     make_backend,
     random_partition,
-    summarize,
     toy_quadratic,
     train_es,
 )
+from copes_lib.protocols.histories import summarize
 
 torch.set_num_threads(1)
 

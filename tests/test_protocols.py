@@ -15,6 +15,7 @@ from copes_lib.protocols import (
     es_arm,
     fixed_budget,
     grpo_arm,
+    histories,
     notebooks,
     params,
     tables,
@@ -98,15 +99,15 @@ def test_single_seed_has_no_interval_and_is_not_significant():
 def test_steps_to_match_best_and_mean_curve():
     long_a = _history({0: 0.40, 8: 0.44, 16: 0.47, 24: 0.52})
     long_b = _history({0: 0.40, 8: 0.46, 16: 0.49, 24: 0.50})
-    steps, curve = fixed_budget.mean_curve([long_a, long_b])
+    steps, curve = histories.mean_curve([long_a, long_b])
     assert steps == [0, 8, 16, 24] and curve[1] == pytest.approx(0.45)
-    assert fixed_budget.steps_to_match(steps, curve, 0.48) == 16
-    assert fixed_budget.steps_to_match(steps, curve, 0.60) is None
-    assert fixed_budget.steps_to_match(steps, curve, 0.30) == 8  # the base (step 0) never counts as reaching
-    assert fixed_budget.best_validated(_history({0: 0.9, 4: 0.5, 8: 0.6, 12: 0.6})) == (8, 0.6)  # earliest on ties
-    assert fixed_budget.best_validated(_history({0: 0.9, 4: 0.5}), trained_only=False) == (0, 0.9)
-    assert fixed_budget.val_at(long_a, 16) == 0.47 and fixed_budget.val_at(long_a, 5) is None
-    assert fixed_budget.mean_step_seconds(long_a) == pytest.approx(2.0)
+    assert histories.steps_to_match(steps, curve, 0.48) == 16
+    assert histories.steps_to_match(steps, curve, 0.60) is None
+    assert histories.steps_to_match(steps, curve, 0.30) == 8  # the base (step 0) never counts as reaching
+    assert histories.best_validated(_history({0: 0.9, 4: 0.5, 8: 0.6, 12: 0.6})) == (8, 0.6)  # earliest on ties
+    assert histories.best_validated(_history({0: 0.9, 4: 0.5}), trained_only=False) == (0, 0.9)
+    assert histories.val_at(long_a, 16) == 0.47 and histories.val_at(long_a, 5) is None
+    assert histories.mean_step_seconds(long_a) == pytest.approx(2.0)
 
 
 # --------------------------------------------------------------------------- pass@k and tables
@@ -170,11 +171,11 @@ def test_es_run_continuation_equals_uninterrupted_run(tmp_path, monkeypatch):
     assert longer.folder != fresh.folder and len(longer.history) == 5
     for name, value in longer.weights("final").items():
         assert torch.equal(value, fresh.weights("final")[name]), name
-    assert fixed_budget.val_at(longer.history, 4) == pytest.approx(fixed_budget.val_at(fresh.history, 4))
-    assert fixed_budget.val_at(longer.history, 4) > fixed_budget.val_at(longer.history, 0)  # ES improves the toy fitness
+    assert histories.val_at(longer.history, 4) == pytest.approx(histories.val_at(fresh.history, 4))
+    assert histories.val_at(longer.history, 4) > histories.val_at(longer.history, 0)  # ES improves the toy fitness
     again = es_arm.es_run(nb_params, seeded, config, steps=4, val_every=nb_params.VAL_EVERY, label="again")  # cached: no training
     assert again.history == longer.history
-    assert math.isfinite(fixed_budget.mean_update_norm(longer.history))
+    assert math.isfinite(histories.mean_update_norm(longer.history))
 
 
 def test_protocol_reading_says_which_protocol_favoured_copes():

@@ -69,6 +69,13 @@ def load_agent(profile: str | NotebookParams, kind: str = "math", *, seed: int =
     return AgentSetup(model, objective, key, worker_args)
 
 
+def describe_agent(agent: AgentSetup) -> str:
+    """One line on the substrate and its tasks, for a notebook's setup cell."""
+    n_params = sum(p.numel() for p in agent.model.parameters())
+    return (f"substrate: {n_params:,} parameters; train tasks {len(agent.objective.train_tasks)}, "
+            f"validation problems {len(agent.objective.val_tasks)}")
+
+
 def run_arm(agent: AgentSetup, config: ESConfig, *, steps: int, val_every: int, force: bool = False,
             val_problems: int | None = None, prefix: str = "es") -> list[dict[str, Any]]:
     """One training run from a copy of the warm-started model, cached under

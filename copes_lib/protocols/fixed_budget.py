@@ -44,13 +44,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from copes_lib import runs, stats
 from copes_lib.config import ConfigError
 from copes_lib.grpo import GRPOConfig
 from copes_lib.protocols.es_arm import AgentSetup, ESRun, continue_runs, seed_runs
 from copes_lib.protocols.grpo_arm import GRPORun, grpo_config, grpo_params, grpo_run
+from copes_lib.protocols.histories import best_validated, mean_curve, steps_to_match, val_at
 
 
 def upstream_settings(params: Any) -> dict[str, Any]:
@@ -148,39 +147,6 @@ def compare_at_budget(es_runs: Sequence[ESRun], copes_runs: Sequence[ESRun], bud
     }
 
 
-def val_points(history: Sequence[dict[str, Any]]) -> tuple[list[int], list[float]]:
-    rows = [r for r in history if "eval/val_accuracy" in r]
-    return [int(r["step"]) for r in rows], [float(r["eval/val_accuracy"]) for r in rows]
-
-
-def val_at(history: Sequence[dict[str, Any]], step: int) -> float | None:
-    for s, v in zip(*val_points(history)):
-        if s == step:
-            return v
-    return None
-
-
-def best_validated(history: Sequence[dict[str, Any]], trained_only: bool = True) -> tuple[int, float]:
-    """(step, accuracy) of the best validation (earliest on ties); step 0 excluded when ``trained_only``."""
-    points = [(s, v) for s, v in zip(*val_points(history)) if s > 0 or not trained_only]
-    if not points:
-        raise ValueError("history has no validated training step")
-    return max(points, key=lambda sv: (sv[1], -sv[0]))
-
-
-def mean_curve(histories: Sequence[Sequence[dict[str, Any]]]) -> tuple[list[int], list[float]]:
-    """Mean validation accuracy over runs at the steps every run validated."""
-    curves = [dict(zip(*val_points(h))) for h in histories]
-    common = sorted(set.intersection(*(set(c) for c in curves)))
-    return common, [float(np.mean([c[s] for c in curves])) for s in common]
-
-
-def steps_to_match(steps: Sequence[int], values: Sequence[float], target: float) -> int | None:
-    """The first validated training step (> 0) whose accuracy is >= target; None if never."""
-    pairs = [(s, v) for s, v in zip(steps, values) if s > 0]
-    return stats.first_step_reaching([s for s, _ in pairs], [v for _, v in pairs], target)
-
-
 def gain_recovery_or_none(method: float | None, base: float, reference: float) -> float | None:
     """stats.gain_recovery, or None when full GRPO did not move above the base (undefined)."""
     if method is None or reference <= base:
@@ -224,11 +190,3 @@ def protocol_reading(compare: dict[str, dict[str, Any]], headline: str) -> list[
     return lines
 
 
-def mean_step_seconds(history: Sequence[dict[str, Any]]) -> float | None:
-    times = [r["time/step_s"] for r in history if "time/step_s" in r]
-    return float(np.mean(times)) if times else None
-
-
-def mean_update_norm(history: Sequence[dict[str, Any]]) -> float:
-    norms = [r["es/update_norm"] for r in history if "es/update_norm" in r]
-    return float(np.mean(norms)) if norms else 0.0

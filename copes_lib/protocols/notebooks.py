@@ -74,3 +74,24 @@ def profile_problems(profile: str, notebooks: list[str] | None = None) -> dict[s
         except ConfigError as exc:
             problems[notebook] = f"{type(exc).__name__}: {exc}"
     return problems
+
+
+def check_written(profile: str, notebook: str, files: tuple[str, ...] = ("summary.json", "metrics.jsonl"),
+                  figures: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A notebook's last cell: the results folder holds ``files`` and the figures ``figures``, and every
+    number of its summary is finite. Returns the written summary."""
+    import math
+
+    from copes_lib import runs
+
+    out = runs.RESULTS_ROOT / profile / notebook
+    for name in files:
+        assert (out / name).exists(), f"{out / name} was not written"
+    for what in figures:
+        assert runs.figure_path(profile, notebook, what).exists(), f"figure {what!r} of {notebook} was not written"
+    written = runs.read_json(out / "summary.json")
+    bad = [k for k, v in written.items()
+           if isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isfinite(v)]
+    assert not bad, f"{notebook}: summary values are not finite: {bad}"
+    print("ok:", out)
+    return written

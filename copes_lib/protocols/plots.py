@@ -38,3 +38,25 @@ def plot_learning_curves(histories: dict[str, list[dict[str, Any]]]):
         ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+def plot_sigma_sweeps(sweeps: dict[str, Any], title: str):
+    """Validation accuracy after the sweep steps vs sigma (alpha = ratio x sigma), one line per sweep
+    (rows with ``sigma``, ``final_val_accuracy``, ``base_val_accuracy``), the warm start dashed."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    base = None
+    for (label, rows), style in zip(sweeps.items(), ("o-", "s--", "^-.", "v:")):
+        frame = pd.DataFrame(rows)
+        ax.plot(frame["sigma"], frame["final_val_accuracy"], style, label=label)
+        base = frame["base_val_accuracy"].iloc[0] if base is None else base
+    ax.axhline(base, color="gray", ls="--", label="warm start")
+    ax.set_xscale("log")
+    ax.set_xlabel("sigma (alpha = ratio x sigma)")
+    ax.set_ylabel("validation accuracy")
+    ax.set_title(title)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    return fig
