@@ -219,3 +219,19 @@ def test_notebooks_04_05_07_share_one_grpo_configuration_and_cache(profile, tmp_
 def test_gpu_grpo_keeps_the_dtype_policy():
     gpu = grpo_arm.grpo_config("gpu", use_lora=False)
     assert gpu.amp_dtype == "bfloat16" and gpu.lr == 1e-6
+
+
+def test_gpu_data_paths_come_from_the_profile_through_the_protocol_layer(monkeypatch):
+    """The task loaders read no profile: the protocol layer hands them notebook 01's gpu paths."""
+    from copes_lib import tasks
+    from copes_lib.protocols import substrate_setup
+
+    monkeypatch.setattr(tasks, "_gpu_data", [])
+    with pytest.raises(ConfigError, match="no paths are set"):
+        tasks.load_tasks("gpu", "math", "val")
+    substrate_setup.use_profile_data("gpu")
+    assert tasks._gpu_paths() == substrate_setup.substrate_params("gpu").gpu_data_paths()
+    with pytest.raises(ConfigError, match="MATH_TRAIN_JSONL is empty"):  # profiles/gpu.yaml ships empty paths
+        tasks.load_tasks("gpu", "math", "val")
+    config = substrate_setup.substrate_config("gpu")
+    assert (config.prompt_style, config.model_path) == ("auto", substrate_setup.substrate_params("gpu").MODEL_PATH)
