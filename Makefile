@@ -2,7 +2,7 @@
 #   make reproduce   set up .venv, run every notebook under PROFILE (default cpu), render reports/
 #   make test        set up .venv, ruff, pytest (unit tests + every notebook under the smoke profile)
 # Options of `make reproduce`: PROFILE=smoke|cpu|gpu  ONLY=02,03  FORCE=1  RERUN_FAILED=1  JOBS=2
-# (JOBS: notebooks run at once, each after the ones it reads from (config.NEEDS); 1 = in number order)
+# (JOBS: notebooks run at once, each after the ones it reads from (NEEDS in copes_lib/cli.py); 1 = in number order)
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help

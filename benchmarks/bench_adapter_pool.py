@@ -26,10 +26,10 @@ import torch
 
 from copes_lib import runs
 from copes_lib.config import build, profile_params
-from copes_lib.molora.lm import build_model, lm_loss
-from copes_lib.molora.notebook_params import MoloraRouterParams, MoloraSubstrateParams
+from copes_lib.molora.lm import build_corpus_lm, lm_loss
 from copes_lib.molora.pool import AdapterPool, PoolConfig, export_peft
 from copes_lib.molora.routers import RouterConfig, make_router
+from copes_lib.protocols.molora_params import MoloraRouterParams, MoloraSubstrateParams
 
 
 def median_time(fn, repeats: int, warmup: int = 2) -> float:
@@ -50,13 +50,13 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=12, help="sequences per forward")
     args = parser.parse_args()
 
-    sub_params = build(MoloraSubstrateParams, {**profile_params(args.profile, "10_molora_substrate"),
+    sub_params = build(MoloraSubstrateParams, {**profile_params(args.profile, MoloraSubstrateParams),
                                                "PROFILE": args.profile})
-    cell_params = build(MoloraRouterParams, {**profile_params(args.profile, "11_molora_router"), "PROFILE": args.profile})
+    cell_params = build(MoloraRouterParams, {**profile_params(args.profile, MoloraRouterParams), "PROFILE": args.profile})
     cfg = sub_params.substrate_config()
     device = torch.device(cell_params.DEVICE if torch.cuda.is_available() or cell_params.DEVICE == "cpu" else "cpu")
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    model = build_model(cfg, device=device).eval().requires_grad_(False)
+    model = build_corpus_lm(cfg, device=device).eval().requires_grad_(False)
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, cfg.vocab_size, (args.batch, cfg.seq_len), generator=generator).to(device)
     pool_cfg = PoolConfig(n_slots=cell_params.N_SLOTS, rank=cell_params.RANK, alpha=cell_params.LORA_ALPHA,

@@ -87,31 +87,26 @@ def setup(profile: str, batch: int, untrained: bool):
         import zlib
 
         from copes_lib.es import AgentObjective
+        from copes_lib.protocols.substrate_setup import substrate_config
         from copes_lib.rollout import make_env
-        from copes_lib.substrate import (
-            build_model,
-            get_tokenizer,
-            substrate_params,
-            warm_rollout_config,
-            warm_start,
-        )
+        from copes_lib.substrate import build_agent_model, get_tokenizer, warm_rollout_config, warm_start
         from copes_lib.tasks import load_tasks
     except ImportError:
         return _fallback(batch)
-    params = substrate_params(profile)
+    config = substrate_config(profile)
     env = make_env("math", profile)
     if untrained:
-        tokenizer = get_tokenizer(profile, params)
-        model = build_model(params.MODEL_SIZE, len(tokenizer), 0, params.MAX_CONTEXT, tokenizer).eval()
+        tokenizer = get_tokenizer(profile, config.vocab_size)
+        model = build_agent_model(config.model_size, len(tokenizer), 0, config.max_context, tokenizer).eval()
         env.reward = lambda prompts, texts, answers, calls: [zlib.crc32(t.encode()) % 97 / 97 for t in texts]
         env.details = lambda prompts, texts, answers: [{"correct": 0.0} for _ in texts]
         what = f"{profile}-size untrained substrate, agent rollouts, stand-in reward"
     else:
-        model, tokenizer, _ = warm_start(profile, "math", seed=0)
+        model, tokenizer, _ = warm_start(profile, "math", seed=0, config=config)
         what = f"{profile} warm-started substrate, agent rollouts"
     objective = AgentObjective(tokenizer, env, load_tasks(profile, "math", "train"),
                                load_tasks(profile, "math", "val")[:8],
-                               warm_rollout_config(params), batch, 1088)
+                               warm_rollout_config(config), batch, 1088)
     return model, objective, what
 
 

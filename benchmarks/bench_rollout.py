@@ -23,8 +23,9 @@ import time
 import torch
 
 from copes_lib import runs
+from copes_lib.protocols.substrate_setup import substrate_config
 from copes_lib.rollout import RolloutConfig, StopMatcher, make_env, rollout
-from copes_lib.substrate import build_model, get_tokenizer, substrate_params, warm_start, warm_start_folder
+from copes_lib.substrate import build_agent_model, get_tokenizer, warm_start, warm_start_folder
 from copes_lib.tasks import format_prompt, load_tasks
 
 
@@ -54,18 +55,18 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
-    params = substrate_params(args.profile)
-    tokenizer = get_tokenizer(args.profile, params)
-    use_warm = args.model == "warm" or (args.model == "auto" and warm_start_folder(args.profile, "math", 0)[1])
+    config = substrate_config(args.profile)
+    tokenizer = get_tokenizer(args.profile, config.vocab_size)
+    use_warm = args.model == "warm" or (args.model == "auto" and warm_start_folder(args.profile, "math", 0, config=config)[1])
     if use_warm:
-        model, tokenizer, _ = warm_start(args.profile, "math", 0)
+        model, tokenizer, _ = warm_start(args.profile, "math", 0, config=config)
     else:
-        model = build_model(params.MODEL_SIZE, len(tokenizer), 0, params.MAX_CONTEXT, tokenizer)
+        model = build_agent_model(config.model_size, len(tokenizer), 0, config.max_context, tokenizer)
     model.eval()
     tasks = load_tasks(args.profile, "math", "val")[: args.batch]
-    single = RolloutConfig(max_new_tokens=args.max_new_tokens, max_turns=1, max_context=params.MAX_CONTEXT,
+    single = RolloutConfig(max_new_tokens=args.max_new_tokens, max_turns=1, max_context=config.max_context,
                            prompt_style="plain")
-    multi = RolloutConfig(max_new_tokens=args.max_new_tokens * 2, max_context=params.MAX_CONTEXT, prompt_style="plain")
+    multi = RolloutConfig(max_new_tokens=args.max_new_tokens * 2, max_context=config.max_context, prompt_style="plain")
     with make_env("math", args.profile) as env:
         rollout(model, tokenizer, tasks[:4], env, single, seed=0)  # warm-up
         with torch.no_grad():

@@ -27,7 +27,7 @@ import sys
 import time
 
 from copes_lib import runs
-from copes_lib.tools import PythonSandbox, SandboxConfig
+from copes_lib.tools import CodeSandboxConfig, PythonSandbox
 
 
 def agent_code(i: int) -> str:
@@ -63,13 +63,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, default=300, help="sandbox calls per measurement")
     parser.add_argument("--baseline-calls", type=int, default=40, help="subprocess calls for the baseline")
-    parser.add_argument("--workers", type=int, default=2, help="sandbox workers (SandboxConfig.workers)")
+    parser.add_argument("--workers", type=int, default=2, help="sandbox workers (CodeSandboxConfig.workers)")
     parser.add_argument("--repeat", type=int, default=8, help="copies of each code in the ES-like batch")
     args = parser.parse_args()
 
     baseline_cps, baseline_cpu_ms = bench_baseline(args.baseline_calls)
 
-    config = SandboxConfig(workers=args.workers, memo_size=0)
+    config = CodeSandboxConfig(workers=args.workers, memo_size=0)
     with PythonSandbox(config) as box:
         box.run_many([agent_code(i) for i in range(2 * args.workers)])  # warm up
         latencies = []
@@ -90,7 +90,7 @@ def main() -> None:
 
     distinct = max(1, args.calls // args.repeat)
     batch = [agent_code(i % distinct) for i in range(distinct * args.repeat)]
-    with PythonSandbox(SandboxConfig(workers=args.workers, memo_size=4096)) as box:
+    with PythonSandbox(CodeSandboxConfig(workers=args.workers, memo_size=4096)) as box:
         box.run_many([agent_code(-1 - i) for i in range(2 * args.workers)])  # warm up, other codes
         start = time.perf_counter()
         results = box.run_many(batch)

@@ -8,7 +8,7 @@
 executes each ``notebooks/NN_*.ipynb`` with papermill (kernel ``python3``, working directory
 ``notebooks/``, parameters = the profile's section + ``PROFILE`` (+ ``FORCE``)).
 
-Order: a notebook starts once the notebooks it reads from have finished (``config.NEEDS``; an
+Order: a notebook starts once the notebooks it reads from have finished (:data:`NEEDS`; an
 unregistered notebook waits for every lower-numbered one), lowest number first. ``--jobs N`` runs up
 to N notebooks at once, each kernel with ``cpu_count // N`` threads unless ``OMP_NUM_THREADS`` is
 set; ``--jobs 1`` is one notebook after another in number order. Executed notebooks
@@ -38,6 +38,27 @@ from pathlib import Path
 from typing import Any
 
 from copes_lib import config, report, runs
+from copes_lib.protocols import notebooks as suite
+
+# What each notebook reads from the others (their summaries or cached work). The runner starts a
+# notebook only after these have finished, so parallel runs (`make reproduce JOBS=2`) never race for
+# a cache entry; a notebook missing here waits for every lower-numbered notebook.
+NEEDS: dict[str, tuple[str, ...]] = {
+    "00_suite_overview": (),
+    "01_substrate_and_agent": (),  # trains and caches the math and QA warm starts
+    "02_standard_es": ("01_substrate_and_agent",),
+    "03_copes": ("02_standard_es",),  # ES's chosen sigma / alpha
+    "04_grpo": ("01_substrate_and_agent",),
+    "05_fixed_budget_math": ("02_standard_es", "03_copes", "04_grpo"),  # tuned settings, 04's cached GRPO runs
+    "06_copes_ablations": ("05_fixed_budget_math",),  # reuses 05's K = 1 / K = 4 runs from the cache
+    "07_multihop_qa": ("01_substrate_and_agent",),  # the QA warm start
+    "08_memory_and_gpu_hours": ("01_substrate_and_agent",),
+    "10_molora_substrate": (),
+    "11_molora_router": ("10_molora_substrate",),
+    "12_molora_factorial": ("10_molora_substrate",),
+    "13_molora_sandbox": (),
+    "99_summary": tuple(n for n in suite.NOTEBOOKS if n != "99_summary"),
+}
 
 NOTEBOOK_PATTERN = re.compile(r"^(\d{2})_[A-Za-z0-9_]+\.ipynb$")
 KERNEL = "python3"
@@ -75,7 +96,7 @@ def needs(notebooks: list[Path]) -> dict[str, set[str]]:
     stems = [p.stem for p in sorted(notebooks)]
     out = {}
     for i, stem in enumerate(stems):
-        wanted = config.NEEDS.get(stem, stems[:i])
+        wanted = NEEDS.get(stem, stems[:i])
         out[stem] = {s for s in wanted if s in stems}  # a need outside the selection: its cached work
     return out
 
@@ -83,15 +104,10 @@ def needs(notebooks: list[Path]) -> dict[str, set[str]]:
 def notebook_parameters(profile: str, stem: str, force: bool) -> dict[str, Any]:
     """The parameters injected into ``stem``, validated. Unregistered notebooks get PROFILE only."""
     values: dict[str, Any] = {}
-    if stem in config.NOTEBOOKS:
-        try:
-            cls = config.params_class(stem)
-        except (ImportError, AttributeError) as exc:
-            raise config.ConfigError(
-                f"{stem}: its parameter class {config.NOTEBOOKS[stem]} cannot be imported ({exc})"
-            ) from exc
-        values = dict(config.profile_params(profile, stem))
-        config.build(cls, {**values, "PROFILE": profile}, source=f"parameters in profiles/{profile}.yaml")
+    if stem in suite.NOTEBOOKS:
+        values = dict(suite.profile_params(profile, stem))
+        config.build(suite.params_class(stem), {**values, "PROFILE": profile},
+                     source=f"parameters in profiles/{profile}.yaml")
     values["PROFILE"] = profile
     if force:
         values["FORCE"] = True
@@ -196,7 +212,7 @@ def run_suite(
         raise config.ConfigError(f"jobs = {jobs!r}: must be an integer >= 1 (notebooks run at once)")
     notebooks_dir = Path(notebooks_dir or config.REPO_ROOT / "notebooks").resolve()
     reports_dir = Path(reports_dir or config.REPO_ROOT / "reports" / profile).resolve()
-    config.load_profile(profile)  # unknown profile or unknown notebook sections fail here
+    suite.load_profile(profile)  # unknown profile or unknown notebook sections fail here
     discovered = discover_notebooks(notebooks_dir)
     notebooks = select(discovered, only)
     status_path = reports_dir / "status.json"
@@ -210,8 +226,8 @@ def run_suite(
     # Validate everything first, so a typo in a profile fails before an hour of work.
     parameters = {p.stem: notebook_parameters(profile, p.stem, force) for p in notebooks}
     for p in notebooks:
-        if p.stem not in config.NOTEBOOKS:
-            print(f"[suite] warning: {p.stem} is not registered in copes_lib.config.NOTEBOOKS; "
+        if p.stem not in suite.NOTEBOOKS:
+            print(f"[suite] warning: {p.stem} is not registered in copes_lib.protocols.notebooks.NOTEBOOKS; "
                   "its parameters are not validated here", flush=True)
 
     reports_dir.mkdir(parents=True, exist_ok=True)
@@ -356,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--notebooks-dir", default=None, help="default: notebooks/")
     run.add_argument("--reports-dir", default=None, help="default: reports/<profile>/")
     run.add_argument("--jobs", type=int, default=1,
-                     help="notebooks run at once, each after those it reads from (config.NEEDS); 1 = in number order")
+                     help="notebooks run at once, each after those it reads from (NEEDS); 1 = in number order")
     rerender = sub.add_parser("report", help="render reports/<profile>/ (HTML + index) again from the executed "
                               "notebooks and results there; runs nothing")
     rerender.add_argument("--profile", default="cpu", choices=config.PROFILES)
@@ -369,8 +385,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
     try:
         if args.command == "validate":
-            sections = list(config.load_profile(args.profile))
-            problems = config.profile_problems(args.profile, sections)
+            sections = list(suite.load_profile(args.profile))
+            problems = suite.profile_problems(args.profile, sections)
             for notebook, problem in problems.items():
                 print(f"error: {notebook}: {problem}", file=sys.stderr)
             if problems:

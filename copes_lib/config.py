@@ -1,4 +1,4 @@
-"""Typed, validated parameters for every notebook and profile.
+"""Typed, validated configuration: the machinery every config and every notebook's parameters use.
 
 A notebook's parameters cell holds flat typed scalars (``NAME: type = value  # help``). The cell
 after it calls :func:`load_params`, which turns them into a frozen dataclass and fails at once, with
@@ -9,65 +9,26 @@ Precedence of values: the dataclass default (the ``cpu`` profile's value) < the 
 ``profiles/<PROFILE>.yaml`` for that notebook < a value set explicitly in the notebook or with
 ``papermill -p`` that differs from the default.
 
-Each notebook's parameter class lives next to the concept it configures (``copes_lib.es`` for the
-ES notebooks, ...); :data:`NOTEBOOKS` maps a notebook to that class by import path, so this module
-imports nothing heavy.
+The notebooks' parameter classes live in :mod:`copes_lib.protocols.params` (and
+``protocols.molora_params``); :mod:`copes_lib.protocols.notebooks` maps each notebook to its class.
+This module knows no notebook: its helpers take a parameter class, whose ``NOTEBOOK`` names its
+section of the profile files.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
 import types
 import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 
 PROFILES = ("smoke", "cpu", "gpu")
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PROFILE_DIR = REPO_ROOT / "profiles"
-
-# notebook stem -> "module:ClassName" of its parameter dataclass.
-NOTEBOOKS: dict[str, str] = {
-    "00_suite_overview": "copes_lib.config:OverviewParams",
-    "01_substrate_and_agent": "copes_lib.substrate:SubstrateNotebookParams",
-    "02_standard_es": "copes_lib.es:StandardESNotebookParams",
-    "03_copes": "copes_lib.es:CoPESNotebookParams",
-    "04_grpo": "copes_lib.grpo:GRPONotebookParams",
-    "05_fixed_budget_math": "copes_lib.experiments:FixedBudgetParams",
-    "06_copes_ablations": "copes_lib.experiments:AblationParams",
-    "07_multihop_qa": "copes_lib.experiments:MultihopQAParams",
-    "08_memory_and_gpu_hours": "copes_lib.budget:BudgetNotebookParams",
-    "10_molora_substrate": "copes_lib.molora.notebook_params:MoloraSubstrateParams",
-    "11_molora_router": "copes_lib.molora.notebook_params:MoloraRouterParams",
-    "12_molora_factorial": "copes_lib.molora.notebook_params:MoloraFactorialParams",
-    "13_molora_sandbox": "copes_lib.molora.sandbox:SandboxNotebookParams",
-    "99_summary": "copes_lib.config:SummaryParams",
-}
-
-# What each notebook reads from the others (their summaries or cached work). The runner starts a
-# notebook only after these have finished, so parallel runs (`make reproduce JOBS=2`) never race for
-# a cache entry; a notebook missing here waits for every lower-numbered notebook.
-NEEDS: dict[str, tuple[str, ...]] = {
-    "00_suite_overview": (),
-    "01_substrate_and_agent": (),  # trains and caches the math and QA warm starts
-    "02_standard_es": ("01_substrate_and_agent",),
-    "03_copes": ("02_standard_es",),  # ES's chosen sigma / alpha
-    "04_grpo": ("01_substrate_and_agent",),
-    "05_fixed_budget_math": ("02_standard_es", "03_copes", "04_grpo"),  # tuned settings, learning rates
-    "06_copes_ablations": ("05_fixed_budget_math",),  # reuses 05's K = 1 / K = 4 runs from the cache
-    "07_multihop_qa": ("01_substrate_and_agent",),  # the QA warm start
-    "08_memory_and_gpu_hours": ("01_substrate_and_agent",),
-    "10_molora_substrate": (),
-    "11_molora_router": ("10_molora_substrate",),
-    "12_molora_factorial": ("10_molora_substrate",),
-    "13_molora_sandbox": (),
-    "99_summary": tuple(n for n in NOTEBOOKS if n != "99_summary"),
-}
-
 
 class ConfigError(ValueError):
     """A parameter is unknown, of the wrong type, or out of range. The message says how to fix it."""
@@ -160,35 +121,19 @@ def build(cls: type[Config], values: dict[str, Any], source: str = "parameters")
 
 @dataclasses.dataclass(frozen=True)
 class NotebookParams(Config):
-    """Parameters every notebook has. Subclasses add their own (UPPER_CASE, flat scalars)."""
+    """Parameters every notebook has. Subclasses add their own (UPPER_CASE, flat scalars) and set
+    ``NOTEBOOK``, the notebook's file stem: its section in ``profiles/<profile>.yaml``."""
+
+    NOTEBOOK: ClassVar[str] = ""
 
     PROFILE: str = param("cpu", "suite profile: sizes and paths", choices=PROFILES)
     SEED: int = param(0, "base random seed of this notebook", ge=0)
     FORCE: bool = param(False, "recompute even when a cached result with the same key exists")
 
 
-@dataclasses.dataclass(frozen=True)
-class OverviewParams(NotebookParams):
-    """Parameters of 00_suite_overview."""
-
-
-@dataclasses.dataclass(frozen=True)
-class SummaryParams(NotebookParams):
-    """Parameters of 99_summary."""
-
-    WRITE_README: bool = param(True, "rewrite the README's generated results section from the claims table")
-
-
-def params_class(notebook: str) -> type[NotebookParams]:
-    """The parameter dataclass of ``notebook`` (its file stem, e.g. ``"02_standard_es"``)."""
-    if notebook not in NOTEBOOKS:
-        raise ConfigError(f"unknown notebook {notebook!r}; valid notebooks: {list(NOTEBOOKS)}")
-    module_name, class_name = NOTEBOOKS[notebook].split(":")
-    return getattr(importlib.import_module(module_name), class_name)
-
-
-def load_profile(profile: str) -> dict[str, dict[str, Any]]:
-    """``profiles/<profile>.yaml`` as {notebook: {PARAM: value}}; unknown notebooks fail loudly."""
+def load_profile(profile: str, notebooks: typing.Collection[str] | None = None) -> dict[str, dict[str, Any]]:
+    """``profiles/<profile>.yaml`` as {notebook: {PARAM: value}}; a section not in ``notebooks`` (when
+    given: the suite's notebooks) fails loudly."""
     if profile not in PROFILES:
         raise ConfigError(f"PROFILE = {profile!r} is not valid; valid values: {list(PROFILES)}")
     path = PROFILE_DIR / f"{profile}.yaml"
@@ -197,17 +142,18 @@ def load_profile(profile: str) -> dict[str, dict[str, Any]]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must map notebook names to parameter mappings")
     for notebook, values in data.items():
-        if notebook not in NOTEBOOKS:
-            raise ConfigError(f"{path}: unknown notebook {notebook!r}; valid notebooks: {list(NOTEBOOKS)}")
+        if notebooks is not None and notebook not in notebooks:
+            raise ConfigError(f"{path}: unknown notebook {notebook!r}; valid notebooks: {list(notebooks)}")
         if values is not None and not isinstance(values, dict):
             raise ConfigError(f"{path}: {notebook} must map parameter names to values")
     return {nb: dict(values or {}) for nb, values in data.items()}
 
 
-def profile_params(profile: str, notebook: str) -> dict[str, Any]:
-    """The profile's values for one notebook, checked against the notebook's parameter class."""
+def profile_params(profile: str, cls: type[NotebookParams]) -> dict[str, Any]:
+    """The profile's values for the notebook of ``cls`` (its ``NOTEBOOK`` section), checked against
+    the class's fields."""
+    notebook = cls.NOTEBOOK
     values = load_profile(profile).get(notebook, {})
-    cls = params_class(notebook)
     valid = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - valid)
     if unknown:
@@ -216,31 +162,6 @@ def profile_params(profile: str, notebook: str) -> dict[str, Any]:
             f"valid names: {sorted(valid)}"
         )
     return values
-
-
-def validate_profile(profile: str) -> None:
-    """Build every notebook's parameters under ``profile``: any bad key or value raises."""
-    for notebook in load_profile(profile):
-        build(params_class(notebook), {**profile_params(profile, notebook), "PROFILE": profile},
-              source=f"parameters in profiles/{profile}.yaml")
-
-
-def profile_problems(profile: str, notebooks: list[str] | None = None) -> dict[str, str]:
-    """``{notebook: what is wrong}`` for each of ``notebooks`` (default: every registered one) whose
-    parameters under ``profile`` do not validate, or whose parameter class cannot be imported yet.
-    An empty dict means the profile is valid for them."""
-    sections = load_profile(profile)
-    problems = {}
-    for notebook in notebooks if notebooks is not None else list(NOTEBOOKS):
-        try:
-            if notebook not in NOTEBOOKS:
-                raise ConfigError(f"unknown notebook {notebook!r}; valid notebooks: {list(NOTEBOOKS)}")
-            values = profile_params(profile, notebook) if notebook in sections else {}
-            build(params_class(notebook), {**values, "PROFILE": profile},
-                  source=f"parameters in profiles/{profile}.yaml")
-        except (ConfigError, ImportError, AttributeError) as exc:
-            problems[notebook] = f"{type(exc).__name__}: {exc}"
-    return problems
 
 
 _NOT_PARAMS = {"In", "Out", "exit", "quit", "get_ipython", "open"}
@@ -259,20 +180,20 @@ def _notebook_values(namespace: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def load_params(notebook: str, namespace: dict[str, Any]) -> NotebookParams:
-    """Validate a notebook's parameters; call as ``P = load_params("02_standard_es", globals())``.
+def load_params(cls: type[NotebookParams], namespace: dict[str, Any]) -> NotebookParams:
+    """Validate a notebook's parameters into ``cls`` (notebooks call
+    ``copes_lib.protocols.notebooks.load_params("02_standard_es", globals())``, which finds the class).
 
     Every UPPER_CASE plain-scalar global defined so far counts as a parameter, so a misspelt
     ``papermill -p`` name stops the notebook with the list of valid names instead of being silently
     ignored.
     """
-    cls = params_class(notebook)
     given = _notebook_values(namespace)
     defaults = {f.name: f.default for f in dataclasses.fields(cls)}
     profile = given.get("PROFILE", defaults["PROFILE"])
     if profile not in PROFILES:
         raise ConfigError(f"PROFILE = {profile!r} is not valid; valid values: {list(PROFILES)}")
-    values = {**profile_params(profile, notebook)}
+    values = {**profile_params(profile, cls)}
     for name, value in given.items():
         if name not in defaults or value != defaults[name] or name not in values:
             values[name] = value

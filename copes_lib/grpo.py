@@ -64,7 +64,7 @@ from typing import Any
 import torch
 
 from copes_lib import runs
-from copes_lib.config import Config, ConfigError, NotebookParams, param
+from copes_lib.config import Config, ConfigError, param
 
 KL_ESTIMATORS = ("low_var_kl", "k3", "k1", "k2")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
@@ -656,61 +656,8 @@ def device_hours_per_step(history: Sequence[dict[str, Any]], devices: int = 1) -
     return sum(times) / len(times) * devices / 3600.0
 
 
-# --------------------------------------------------------------------------- notebook parameters
-@dataclasses.dataclass(frozen=True)
-class GRPONotebookParams(NotebookParams):
-    """Parameters of notebooks/04_grpo.ipynb. Defaults are the cpu profile's values."""
-
-    STEPS: int = param(16, "GRPO training steps per run (paper: 16 for the fixed budget)", ge=1)
-    VAL_EVERY: int = param(4, "validate every this many steps (paper: 8)", ge=1)
-    PROMPT_BATCH: int = param(16, "prompts per step (paper: 64)", ge=1)
-    GROUP_SIZE: int = param(8, "G, trajectories per prompt (paper: 8)", ge=2)
-    MINI_BATCH: int = param(8, "prompts per optimizer step (paper: 32 of 64, i.e. 2 updates per step)", ge=1)
-    MICRO_BATCH: int = param(32, "trajectories per forward/backward (memory only)", ge=1)
-    FULL_LR: float = param(1e-4, "full-parameter learning rate (paper: 1e-6 on a 4B model)", gt=0)
-    LORA_LR: float = param(1e-3, "LoRA learning rate (paper: 5e-6 on a 4B model)", gt=0)
-    LORA_R: int = param(8, "LoRA rank (paper: 32)", ge=1)
-    LORA_ALPHA: int = param(16, "LoRA alpha (paper: 64), twice the rank as in the paper", ge=1)
-    KL_COEF: float = param(1e-3, "k3 KL coefficient (paper: 1e-3)", ge=0)
-    TEMPERATURE: float = param(1.0, "sampling temperature of training rollouts (paper: 1.0)", gt=0)
-    SWEEP_LRS_FULL: str = param("1e-4,3e-4", "comma-separated full-parameter learning rates to sweep first "
-                                             "(empty: no sweep, use FULL_LR)")
-    SWEEP_LRS_LORA: str = param("1e-3,3e-3", "comma-separated LoRA learning rates to sweep first (empty: use LORA_LR)")
-    SWEEP_STEPS: int = param(4, "steps per sweep run; the best validation accuracy picks the rate", ge=1)
-    N_VAL: int = param(512, "validation problems (paper: 750)", ge=1)
-    GRPO_SEED: int = param(42, "GRPO seed (paper: 42)", ge=0)
-    AMP: str = param("none", "autocast dtype of GRPO updates; with 'bfloat16' the model is trained in fp32 "
-                             "(master weights) under bf16 autocast (gpu profile)", choices=("none", "bfloat16"))
-
-    def check(self) -> None:
-        if self.PROMPT_BATCH % self.MINI_BATCH:
-            raise ConfigError(f"PROMPT_BATCH = {self.PROMPT_BATCH} is not divisible by MINI_BATCH = "
-                              f"{self.MINI_BATCH}; choose a MINI_BATCH that divides it")
-        for name in ("SWEEP_LRS_FULL", "SWEEP_LRS_LORA"):
-            for item in filter(None, (s.strip() for s in getattr(self, name).split(","))):
-                try:
-                    ok = float(item) > 0
-                except ValueError:
-                    ok = False
-                if not ok:
-                    raise ConfigError(f"{name} = {getattr(self, name)!r}: {item!r} is not a positive number")
-        if (len(self.sweep("full")) > 1 or len(self.sweep("lora")) > 1) and self.SWEEP_STEPS >= self.STEPS:
-            raise ConfigError(f"SWEEP_STEPS = {self.SWEEP_STEPS} must be < STEPS = {self.STEPS} when a sweep is set")
-
-    def sweep(self, which: str) -> list[float]:
-        text = self.SWEEP_LRS_FULL if which == "full" else self.SWEEP_LRS_LORA
-        return [float(s) for s in text.split(",") if s.strip()]
-
-    def grpo_config(self, use_lora: bool, lr: float | None = None, steps: int | None = None) -> GRPOConfig:
-        return GRPOConfig(
-            group_size=self.GROUP_SIZE, prompt_batch_size=self.PROMPT_BATCH, mini_batch_size=self.MINI_BATCH,
-            micro_batch_size=self.MICRO_BATCH, lr=lr if lr is not None else (self.LORA_LR if use_lora else self.FULL_LR),
-            kl_coef=self.KL_COEF, temperature=self.TEMPERATURE, use_lora=use_lora, lora_r=self.LORA_R, lora_alpha=self.LORA_ALPHA,
-            total_steps=steps or self.STEPS, val_every=self.VAL_EVERY, seed=self.GRPO_SEED, amp_dtype=self.AMP)
-
-
 __all__ = [
-    "GRPOConfig", "GRPONotebookParams", "GRPOResult", "PackedBatch", "Reference", "aggregate", "attach_lora",
+    "GRPOConfig", "GRPOResult", "PackedBatch", "Reference", "aggregate", "attach_lora",
     "batched_logprobs", "completion_logprobs", "device_hours_per_step", "group_advantages", "grpo_loss",
     "grpo_update", "kl_penalty", "load_best", "mini_batches", "pack", "pick_learning_rate",
     "load_trainable_state", "prompt_batch", "train_grpo", "trainable_state",

@@ -105,9 +105,9 @@ class AgentEnv:
     @property
     def sandbox(self):
         if self._sandbox is None:
-            from copes_lib.tools import PythonSandbox, SandboxConfig
+            from copes_lib.tools import CodeSandboxConfig, PythonSandbox
 
-            self._sandbox = PythonSandbox(self.sandbox_config or SandboxConfig())
+            self._sandbox = PythonSandbox(self.sandbox_config or CodeSandboxConfig())
         return self._sandbox
 
     def run_python(self, codes: list[str]) -> list[str]:

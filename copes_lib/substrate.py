@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from copes_lib import runs
-from copes_lib.config import ConfigError, NotebookParams, build, param, profile_params
+from copes_lib.config import Config, ConfigError, param
 
 PAD, EOS = "<pad>", "<eos>"
 
@@ -45,44 +45,29 @@ MODEL_SIZES = {
 
 
 @dataclasses.dataclass(frozen=True)
-class SubstrateNotebookParams(NotebookParams):
-    """Parameters of notebook 01_substrate_and_agent (defaults = the cpu profile). ``warm_start``
-    reads the same values from ``profiles/<profile>.yaml``, so every notebook uses one substrate."""
+class WarmStartConfig(Config):
+    """The substrate of one profile: tokenizer, model shape, warm-start training and the rollout
+    settings of its evaluation (notebook 01's parameters build it; every notebook uses the same)."""
 
-    MODEL_SIZE: str = param("cpu", "Qwen3 shape of the miniature", choices=tuple(MODEL_SIZES))
-    VOCAB_SIZE: int = param(640, "BPE vocabulary size of the miniature's tokenizer", ge=300, le=8192)
-    MAX_CONTEXT: int = param(384, "longest prompt + trajectory in tokens (model positions)", ge=64)
-    WARM_MATH_STEPS: int = param(450, "warm-start optimizer steps on math traces (fixed per profile)", ge=0)
-    WARM_QA_STEPS: int = param(200, "warm-start optimizer steps on QA traces (fixed per profile)", ge=0)
-    WARM_BATCH: int = param(32, "warm-start traces per step", ge=1)
-    WARM_LR: float = param(3e-3, "warm-start AdamW learning rate (after a linear warmup)", gt=0.0)
-    WARM_WARMUP: int = param(20, "linear learning-rate warmup steps", ge=0)
-    WARM_EVAL_EVERY: int = param(50, "evaluate the warm start every this many steps (curve)", ge=1)
-    WARM_EVAL_PROBLEMS: int = param(128, "validation problems per curve point", ge=1)
-    EVAL_BATCH: int = param(256, "trajectories per rollout batch when evaluating", ge=1)
-    MAX_NEW_TOKENS: int = param(64, "model-written tokens per trajectory", ge=8)
-    N_TRAJECTORIES: int = param(4, "trajectories rendered per task kind", ge=0)
-    BENCH_BATCH: int = param(64, "batch of the rollout-throughput measurement", ge=1)
-    MODEL_PATH: str = param("", "gpu profile: local HF checkpoint folder (e.g. Qwen3.5-4B)")
-    MATH_TRAIN_JSONL: str = param("", "gpu profile: MATH train JSONL (problem, solution, type)")
-    MATH_TEST_JSONL: str = param("", "gpu profile: MATH test JSONL (MATH-500 / MATH-Test format)")
-    QA_TRAIN_JSONL: str = param("", "gpu profile: HotpotQA train JSONL")
-    QA_TEST_JSONL: str = param("", "gpu profile: QA test JSONL (HotpotQA / 2Wiki / MuSiQue format)")
-    SEARCH_CORPUS_JSONL: str = param("", "gpu profile: search corpus JSONL (id, title, text | contents)")
-    VAL_HOLDOUT: int = param(750, "gpu profile: training problems held out for validation (paper: 750)", ge=1)
-
-    def check(self) -> None:
-        if self.PROFILE != "gpu" and self.MODEL_SIZE not in MODEL_SIZES:
-            raise ConfigError(f"MODEL_SIZE = {self.MODEL_SIZE!r}; valid values: {list(MODEL_SIZES)}")
-
-
-def substrate_params(profile: str) -> SubstrateNotebookParams:
-    """Notebook 01's parameters under ``profile`` (profile yaml over the dataclass defaults)."""
-    return build(SubstrateNotebookParams, {**profile_params(profile, "01_substrate_and_agent"), "PROFILE": profile})
+    model_size: str = param("cpu", "Qwen3 shape of the miniature", choices=tuple(MODEL_SIZES))
+    vocab_size: int = param(640, "BPE vocabulary size of the miniature's tokenizer", ge=300, le=8192)
+    max_context: int = param(384, "longest prompt + trajectory in tokens (model positions)", ge=64)
+    math_steps: int = param(450, "warm-start optimizer steps on math traces", ge=0)
+    qa_steps: int = param(200, "warm-start optimizer steps on QA traces", ge=0)
+    batch: int = param(32, "warm-start traces per step", ge=1)
+    lr: float = param(3e-3, "warm-start AdamW learning rate (after a linear warmup)", gt=0.0)
+    warmup: int = param(20, "linear learning-rate warmup steps", ge=0)
+    eval_every: int = param(50, "evaluate the warm start every this many steps (curve)", ge=1)
+    eval_problems: int = param(128, "validation problems per curve point", ge=1)
+    eval_batch: int = param(256, "trajectories per rollout batch when evaluating", ge=1)
+    max_new_tokens: int = param(64, "model-written tokens per trajectory", ge=8)
+    prompt_style: str = param("plain", "prompt format of rollouts (auto: the checkpoint's chat template)",
+                              choices=("plain", "auto"))
+    model_path: str = param("", "a local HF checkpoint folder to load instead of training (gpu profile)")
 
 
 # --------------------------------------------------------------------------- tokenizer
-def train_tokenizer(texts: list[str], vocab_size: int):
+def train_agent_tokenizer(texts: list[str], vocab_size: int):
     """A byte-level BPE tokenizer (digits and whitespace split, protocol tags as single tokens), left padding."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -117,22 +102,21 @@ def tokenizer_texts(profile: str) -> list[str]:
     return texts
 
 
-def get_tokenizer(profile: str, params: SubstrateNotebookParams | None = None, force: bool = False):
+def get_tokenizer(profile: str, vocab_size: int, force: bool = False):
     """The profile's tokenizer, trained once and cached (key: vocabulary size + data fingerprints)."""
     from transformers import AutoTokenizer
 
     from copes_lib.tasks import data_fingerprint
 
-    params = params or substrate_params(profile)
     data = {kind: data_fingerprint(profile, kind) for kind in ("math", "qa")}
-    folder = runs.cache_dir(profile, "tokenizer", runs.cache_key({"vocab_size": params.VOCAB_SIZE, "data": data}))
+    folder = runs.cache_dir(profile, "tokenizer", runs.cache_key({"vocab_size": vocab_size, "data": data}))
     final = folder / "tokenizer"
     if not force and final.exists():
         tokenizer = runs.load_cache_entry(folder, lambda: AutoTokenizer.from_pretrained(final, padding_side="left"),
                                           rebuild=runs.rebuild_command(profile, "01_substrate_and_agent"))
         if tokenizer is not None:
             return tokenizer
-    tokenizer = train_tokenizer(tokenizer_texts(profile), params.VOCAB_SIZE)
+    tokenizer = train_agent_tokenizer(tokenizer_texts(profile), vocab_size)
     _save_atomically(folder, "tokenizer", tokenizer.save_pretrained)
     return AutoTokenizer.from_pretrained(final, padding_side="left")
 
@@ -162,7 +146,7 @@ def model_config(size: str, vocab_size: int, max_positions: int = 512, tokenizer
                        rope_parameters={"rope_type": "default", "rope_theta": 1e4}, **MODEL_SIZES[size], **ids)
 
 
-def build_model(size: str, vocab_size: int, seed: int, max_positions: int = 512, tokenizer=None,
+def build_agent_model(size: str, vocab_size: int, seed: int, max_positions: int = 512, tokenizer=None,
                 device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
     """A freshly initialised Qwen3ForCausalLM (deterministic in ``seed``)."""
     from transformers import Qwen3ForCausalLM
@@ -173,7 +157,7 @@ def build_model(size: str, vocab_size: int, seed: int, max_positions: int = 512,
     return Qwen3ForCausalLM(config).to(device=device, dtype=dtype)
 
 
-def count_params(model) -> int:
+def count_model_params(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
@@ -211,20 +195,21 @@ def encode_trace(tokenizer, task, max_len: int) -> tuple[list[int], list[int]]:
     return ids, mask
 
 
-def _warm_config(params: SubstrateNotebookParams, kind: str, seed: int) -> dict:
-    steps = params.WARM_MATH_STEPS if kind == "math" else params.WARM_QA_STEPS
-    return {"kind": kind, "seed": seed, "size": params.MODEL_SIZE, "vocab_size": params.VOCAB_SIZE,
-            "max_context": params.MAX_CONTEXT, "steps": steps, "batch": params.WARM_BATCH, "lr": params.WARM_LR,
-            "warmup": params.WARM_WARMUP, "eval_every": params.WARM_EVAL_EVERY,
-            "eval_problems": params.WARM_EVAL_PROBLEMS, "max_new_tokens": params.MAX_NEW_TOKENS}
+def _warm_config(config: WarmStartConfig, kind: str, seed: int) -> dict:
+    # the cache identity of a warm start (its keys predate WarmStartConfig: cached models stay valid)
+    steps = config.math_steps if kind == "math" else config.qa_steps
+    return {"kind": kind, "seed": seed, "size": config.model_size, "vocab_size": config.vocab_size,
+            "max_context": config.max_context, "steps": steps, "batch": config.batch, "lr": config.lr,
+            "warmup": config.warmup, "eval_every": config.eval_every,
+            "eval_problems": config.eval_problems, "max_new_tokens": config.max_new_tokens}
 
 
-def warm_rollout_config(params: SubstrateNotebookParams):
+def warm_rollout_config(config: WarmStartConfig):
     """The rollout settings of the warm start's curve and of notebook 01's base evaluation."""
     from copes_lib.rollout import RolloutConfig
 
-    return RolloutConfig(max_new_tokens=params.MAX_NEW_TOKENS, max_context=params.MAX_CONTEXT,
-                         batch_size=params.EVAL_BATCH, prompt_style="auto" if params.PROFILE == "gpu" else "plain")
+    return RolloutConfig(max_new_tokens=config.max_new_tokens, max_context=config.max_context,
+                         batch_size=config.eval_batch, prompt_style=config.prompt_style)
 
 
 def train_warm_start(model, tokenizer, train_tasks, val_tasks, env, steps: int, batch: int, lr: float,
@@ -278,26 +263,25 @@ def train_warm_start(model, tokenizer, train_tasks, val_tasks, env, steps: int, 
     return curve
 
 
-def warm_start_folder(profile: str, kind: str, seed: int = 0,
-                      params: SubstrateNotebookParams | None = None) -> tuple[Path, bool]:
+def warm_start_folder(profile: str, kind: str, seed: int = 0, *, config: WarmStartConfig) -> tuple[Path, bool]:
     """(cache folder of a warm start, whether a complete model is stored there)."""
     from copes_lib.tasks import data_fingerprint
 
-    params = params or substrate_params(profile)
-    key = runs.cache_key({**_warm_config(params, kind, seed), "data": data_fingerprint(profile, kind)})
+    key = runs.cache_key({**_warm_config(config, kind, seed), "data": data_fingerprint(profile, kind)})
     folder = runs.cache_dir(profile, f"warm-{kind}", key)
     return folder, (folder / "model").exists() and (folder / "info.json").exists()
 
 
-def warm_start(profile: str, kind: str = "math", seed: int = 0, force: bool = False,
-               params: SubstrateNotebookParams | None = None, log=print):
+def warm_start(profile: str, kind: str = "math", seed: int = 0, force: bool = False, *,
+               config: WarmStartConfig, log=print):
     """(model, tokenizer, info) of the profile's base model for ``kind``. Trained once, cached.
 
     ``seed`` selects the base model itself (initialisation and data order). The step counts were
     fixed with seed 0 (cpu: math 450 steps -> 40.6% validation accuracy, QA 200 steps -> 39.5% F1);
     the curve is steep, so another seed may land outside the 25-65% band, and it trains a new model
     (cpu: tens of minutes). Experiments that compare methods should share seed 0's base model and
-    vary their own seeds. In the gpu profile it loads ``MODEL_PATH`` (a local checkpoint) instead.
+    vary their own seeds. In the gpu profile (or with ``config.model_path`` set) it loads the local
+    checkpoint ``config.model_path`` instead.
     ``info``: steps, params, curve (list of {step, loss, val_score, time_s}), train_time_s, cache_dir,
     cached (whether it came from the cache).
     """
@@ -306,16 +290,15 @@ def warm_start(profile: str, kind: str = "math", seed: int = 0, force: bool = Fa
 
     if kind not in TASK_KINDS:
         raise ConfigError(f"kind = {kind!r} is not valid; valid values: {list(TASK_KINDS)}")
-    params = params or substrate_params(profile)
-    if profile == "gpu":
-        model, tokenizer = load_pretrained(params.MODEL_PATH)
-        return model, tokenizer, {"steps": 0, "params": count_params(model), "curve": [], "cached": True,
-                                  "cache_dir": params.MODEL_PATH, "train_time_s": 0.0}
+    if profile == "gpu" or config.model_path:
+        model, tokenizer = load_pretrained(config.model_path)
+        return model, tokenizer, {"steps": 0, "params": count_model_params(model), "curve": [], "cached": True,
+                                  "cache_dir": config.model_path, "train_time_s": 0.0}
     from transformers import Qwen3ForCausalLM
 
-    tokenizer = get_tokenizer(profile, params)
-    config = _warm_config(params, kind, seed)
-    folder, complete = warm_start_folder(profile, kind, seed, params)
+    tokenizer = get_tokenizer(profile, config.vocab_size)
+    identity = _warm_config(config, kind, seed)
+    folder, complete = warm_start_folder(profile, kind, seed, config=config)
     if not force and complete:
         def load():
             info = {**runs.read_json(folder / "info.json"), "cached": True}
@@ -326,15 +309,15 @@ def warm_start(profile: str, kind: str = "math", seed: int = 0, force: bool = Fa
             return loaded
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    model = build_model(params.MODEL_SIZE, len(tokenizer), seed, params.MAX_CONTEXT, tokenizer)
-    val = load_tasks(profile, kind, "val")[: params.WARM_EVAL_PROBLEMS]
+    model = build_agent_model(config.model_size, len(tokenizer), seed, config.max_context, tokenizer)
+    val = load_tasks(profile, kind, "val")[: config.eval_problems]
     t0 = time.perf_counter()
     with make_env(kind, profile) as env:
         curve = train_warm_start(model, tokenizer, load_tasks(profile, kind, "train"), val, env,
-                                 config["steps"], params.WARM_BATCH, params.WARM_LR, params.WARM_WARMUP, seed,
-                                 params.WARM_EVAL_EVERY, params.MAX_CONTEXT, warm_rollout_config(params), log)
-    info = {"kind": kind, "steps": config["steps"], "params": count_params(model), "curve": curve,
-            "train_time_s": time.perf_counter() - t0, "cache_dir": str(folder), "config": config}
+                                 identity["steps"], config.batch, config.lr, config.warmup, seed,
+                                 config.eval_every, config.max_context, warm_rollout_config(config), log)
+    info = {"kind": kind, "steps": identity["steps"], "params": count_model_params(model), "curve": curve,
+            "train_time_s": time.perf_counter() - t0, "cache_dir": str(folder), "config": identity}
     _save_atomically(folder, "model", model.save_pretrained)
     runs.atomic_write_json(folder / "info.json", info)
     return model, tokenizer, {**info, "cached": False}
@@ -343,12 +326,11 @@ def warm_start(profile: str, kind: str = "math", seed: int = 0, force: bool = Fa
 def describe(model, tokenizer) -> dict:
     """Size facts of a substrate (for tables)."""
     cfg = model.config
-    return {"params": count_params(model), "vocab_size": len(tokenizer), "layers": cfg.num_hidden_layers,
+    return {"params": count_model_params(model), "vocab_size": len(tokenizer), "layers": cfg.num_hidden_layers,
             "hidden": cfg.hidden_size, "heads": cfg.num_attention_heads, "kv_heads": cfg.num_key_value_heads,
             "intermediate": cfg.intermediate_size}
 
 
-__all__ = ["SubstrateNotebookParams", "MODEL_SIZES", "substrate_params", "train_tokenizer", "get_tokenizer",
-           "build_model", "model_config", "count_params", "load_pretrained", "encode_trace", "warm_start",
-           "warm_start_folder",
+__all__ = ["WarmStartConfig", "MODEL_SIZES", "train_agent_tokenizer", "get_tokenizer", "build_agent_model",
+           "model_config", "count_model_params", "load_pretrained", "encode_trace", "warm_start", "warm_start_folder",
            "train_warm_start", "warm_rollout_config", "describe"]

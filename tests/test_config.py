@@ -7,7 +7,9 @@ import sys
 import pytest
 
 from copes_lib import config
-from copes_lib.config import REPO_ROOT, ConfigError, NotebookParams, build, load_params, param
+from copes_lib.config import REPO_ROOT, ConfigError, NotebookParams, build, param
+from copes_lib.protocols import notebooks
+from copes_lib.protocols.notebooks import load_params
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,31 +119,31 @@ def test_load_params_rejects_bad_profile():
 def test_profile_key_matching_no_parameter(tmp_profiles):
     tmp_profiles("smoke", "00_suite_overview:\n  SEED: 1\n  NOT_A_PARAM: 3\n")
     with pytest.raises(ConfigError) as err:
-        config.validate_profile("smoke")
+        notebooks.validate_profile("smoke")
     msg = str(err.value)
     assert "profiles/smoke.yaml: 00_suite_overview has unknown parameters ['NOT_A_PARAM']" in msg
     assert "valid names: ['FORCE', 'PROFILE', 'SEED']" in msg
-    assert "00_suite_overview" in config.profile_problems("smoke", ["00_suite_overview"])
+    assert "00_suite_overview" in notebooks.profile_problems("smoke", ["00_suite_overview"])
 
 
 def test_profile_value_out_of_range(tmp_profiles):
     tmp_profiles("gpu", "00_suite_overview:\n  SEED: -4\n")
     with pytest.raises(ConfigError, match=r"OverviewParams.SEED = -4 is out of range; it must be >= 0"):
-        config.validate_profile("gpu")
+        notebooks.validate_profile("gpu")
 
 
 def test_profile_unknown_notebook_section(tmp_profiles):
     tmp_profiles("cpu", "42_not_a_notebook: {}\n")
     with pytest.raises(ConfigError, match=r"unknown notebook '42_not_a_notebook'; valid notebooks"):
-        config.load_profile("cpu")
+        notebooks.load_profile("cpu")
 
 
 @pytest.mark.parametrize("profile", config.PROFILES)
 def test_committed_profiles_are_valid_for_present_notebooks(profile):
     present = sorted(p.stem for p in (REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-    registered = [s for s in present if s in config.NOTEBOOKS]
-    assert registered == present, f"notebooks missing from config.NOTEBOOKS: {set(present) - set(registered)}"
-    assert config.profile_problems(profile, registered) == {}
+    registered = [s for s in present if s in notebooks.NOTEBOOKS]
+    assert registered == present, f"notebooks missing from copes_lib.protocols.notebooks.NOTEBOOKS: {set(present) - set(registered)}"
+    assert notebooks.profile_problems(profile, registered) == {}
 
 
 @pytest.mark.parametrize(

@@ -19,10 +19,10 @@ from copes_lib.es import (
     es_step,
     make_backend,
     random_partition,
-    summarize,
     toy_quadratic,
     train_es,
 )
+from copes_lib.protocols.histories import summarize
 
 torch.set_num_threads(1)
 
@@ -390,12 +390,13 @@ def test_ray_backend_gives_the_same_update_as_sequential():
 def test_batched_rollout_gives_the_same_tokens_as_sequential_rollouts():
     """The real agent rollout (rows leave the batch as they finish, tools run between turns)."""
     from copes_lib.population import Population
+    from copes_lib.protocols.substrate_setup import substrate_config
     from copes_lib.rollout import RolloutConfig, make_env, rollout
-    from copes_lib.substrate import build_model, get_tokenizer
+    from copes_lib.substrate import build_agent_model, get_tokenizer
     from copes_lib.tasks import load_tasks
 
-    tokenizer = get_tokenizer("smoke")
-    model = build_model("smoke", len(tokenizer), seed=0, max_positions=256, tokenizer=tokenizer).eval()
+    tokenizer = get_tokenizer("smoke", substrate_config("smoke").vocab_size)
+    model = build_agent_model("smoke", len(tokenizer), seed=0, max_positions=256, tokenizer=tokenizer).eval()
     tasks = load_tasks("smoke", "qa", "train")[:3]
     config = RolloutConfig(max_new_tokens=12, max_context=256, prompt_style="plain")
     es = ES(model, cfg(population=4, subspaces=2, sigma=0.5, chunk_size=2048))

@@ -16,7 +16,6 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from copes_lib.config import ConfigError
 from copes_lib.grpo import (
     GRPOConfig,
-    GRPONotebookParams,
     GRPOResult,
     Reference,
     attach_lora,
@@ -29,6 +28,7 @@ from copes_lib.grpo import (
     prompt_batch,
     train_grpo,
 )
+from copes_lib.protocols.params import GRPONotebookParams
 
 TOOL_TOKEN, TARGET_TOKEN, VOCAB = 11, 5, 12
 

@@ -9,13 +9,14 @@ import pytest
 import torch
 
 from copes_lib.config import ConfigError
-from copes_lib.molora import corpus, factorial, fitness, lifecycle, metrics
+from copes_lib.molora import corpus, fitness, lifecycle, metrics
 from copes_lib.molora.adapt import train_cell
-from copes_lib.molora.lm import SubstrateConfig, pretrain, train_tokenizer
-from copes_lib.molora.notebook_params import MoloraFactorialParams
+from copes_lib.molora.lm import SubstrateConfig, pretrain, train_corpus_tokenizer
 from copes_lib.molora.pool import AdapterPool, PoolConfig, export_peft
 from copes_lib.molora.routers import RouterConfig, make_router, router_rows
 from copes_lib.molora.slot_adam import SlotAdamW
+from copes_lib.protocols import factorial
+from copes_lib.protocols.molora_params import MoloraFactorialParams
 
 TINY = SubstrateConfig(corpus_source="sample", max_chars_per_domain=0, vocab_size=400, d_model=32, n_layers=2,
                        n_heads=2, n_kv_heads=1, intermediate=64, seq_len=32, batch_per_domain=2, steps=3,
@@ -59,7 +60,7 @@ def test_obo_parser_keeps_named_defined_live_terms(tmp_path):
 
 def test_tokenizer_training_is_deterministic():
     texts = [d.text for d in corpus.load_documents("sample")["prose"]]
-    a, b = train_tokenizer(texts, 400), train_tokenizer(texts, 400)
+    a, b = train_corpus_tokenizer(texts, 400), train_corpus_tokenizer(texts, 400)
     assert a.to_str() == b.to_str()
     assert a.decode(a.encode(texts[0][:300]).ids) == texts[0][:300]
 
@@ -298,7 +299,7 @@ def test_paired_test_and_contrast_table():
 
 
 def test_factorial_cells_share_cache_entries_with_notebook_11():
-    from copes_lib.molora.notebook_params import MoloraRouterParams
+    from copes_lib.protocols.molora_params import MoloraRouterParams
 
     cells = factorial.cell_configs(MoloraFactorialParams(), [0, 1, 2])
     assert list(cells) == ["B3", "+R", "+R+E", "+R+E+L", "+R+L (E0)"]

@@ -6,13 +6,15 @@ import numpy as np
 import pytest
 import torch
 
-from copes_lib.config import ConfigError, params_class
+from copes_lib.config import ConfigError
 from copes_lib.molora import sandbox as sb
+from copes_lib.protocols.molora_params import SandboxNotebookParams
+from copes_lib.protocols.notebooks import params_class
 
 torch.set_num_threads(1)
 
 # small and fast, but the same code path as the notebook
-TINY = sb.SandboxConfig(train_per_task=64, test_per_task=64, budget_evals=600)
+TINY = sb.RoutingSandboxConfig(train_per_task=64, test_per_task=64, budget_evals=600)
 
 
 def test_oracle_is_the_noise_floor_and_adapters_matter():
@@ -25,13 +27,13 @@ def test_oracle_is_the_noise_floor_and_adapters_matter():
 
 def test_gradient_from_true_deltas_reaches_the_known_optimum():
     # enough data not to overfit the noise, enough steps for the router's gates to saturate
-    cfg = sb.SandboxConfig(train_per_task=128, test_per_task=128, budget_evals=3000, adapter_noise=0.0)
+    cfg = sb.RoutingSandboxConfig(train_per_task=128, test_per_task=128, budget_evals=3000, adapter_noise=0.0)
     problem = sb.make_problem(cfg, seed=1)
     a, b = sb.make_adapters(problem, "prealigned", seed=1)
     assert torch.allclose(a, problem.true_a) and torch.allclose(b, problem.true_b)
-    start = sb.evaluate(problem, a, b, torch.zeros(cfg.router_dim))
+    start = sb.evaluate_routing(problem, a, b, torch.zeros(cfg.router_dim))
     out = sb.run_gradient(problem, a, b, seed=1)
-    end = sb.evaluate(problem, out["a"], out["b"], out["router"])
+    end = sb.evaluate_routing(problem, out["a"], out["b"], out["router"])
     assert end["routing_accuracy"] == 1.0
     # excess over the known optimum ~0: below 2% of the gap the adapters close (and of the start)
     gap = problem.base_test_loss - problem.oracle_test_loss
@@ -65,19 +67,19 @@ def test_misaligned_adapters_are_orthogonal_and_routing_is_at_chance():
 
 def test_evolution_cannot_recover_the_assignment_from_misaligned_adapters():
     # CMA-ES on the routing with misaligned adapters: accuracy against the known slot is at chance
-    cfg = sb.SandboxConfig(train_per_task=48, test_per_task=48, budget_evals=300)
+    cfg = sb.RoutingSandboxConfig(train_per_task=48, test_per_task=48, budget_evals=300)
     accuracies = []
     for seed in range(8):
         problem = sb.make_problem(cfg, seed)
         a, b = sb.make_adapters(problem, "misaligned", seed)
         router = sb.run_evolution(problem, a, b, seed)["router"]
-        accuracies.append(sb.evaluate(problem, a, b, router)["routing_accuracy"])
+        accuracies.append(sb.evaluate_routing(problem, a, b, router)["routing_accuracy"])
     # 3 standard errors of a per-seed spread ~0.1 around chance (an input-only rotation gave ~0.44)
     assert abs(np.mean(accuracies) - 1 / cfg.num_tasks) < 0.12, accuracies
 
 
 def test_alignment_interpolates_between_misaligned_and_prealigned():
-    cfg = sb.SandboxConfig(train_per_task=16, test_per_task=16, adapter_noise=0.0)
+    cfg = sb.RoutingSandboxConfig(train_per_task=16, test_per_task=16, adapter_noise=0.0)
     problem = sb.make_problem(cfg, 0)
     cosines = []
     for alignment in (0.0, 0.5, 1.0):
@@ -91,23 +93,23 @@ def test_evolution_routes_prealigned_adapters_and_leaves_them_fixed():
     a, b = sb.make_adapters(problem, "prealigned", 2)
     out = sb.run_evolution(problem, a, b, seed=2)
     assert out["a"] is a and out["b"] is b and out["function_evals"] <= TINY.budget_evals
-    result = sb.evaluate(problem, a, b, out["router"])
-    start = sb.evaluate(problem, a, b, torch.zeros(TINY.router_dim))
+    result = sb.evaluate_routing(problem, a, b, out["router"])
+    start = sb.evaluate_routing(problem, a, b, torch.zeros(TINY.router_dim))
     assert result["excess_loss"] < 0.5 * start["excess_loss"]
     assert result["routing_accuracy"] > 0.9
 
 
 def test_same_seed_same_numbers():
-    first = sb.run_cell(TINY, "random", "hybrid", seed=3)
-    second = sb.run_cell(TINY, "random", "hybrid", seed=3)
-    other = sb.run_cell(TINY, "random", "hybrid", seed=4)
+    first = sb.run_sandbox_cell(TINY, "random", "hybrid", seed=3)
+    second = sb.run_sandbox_cell(TINY, "random", "hybrid", seed=3)
+    other = sb.run_sandbox_cell(TINY, "random", "hybrid", seed=4)
     for key in ("excess_loss", "routing_accuracy", "function_evals", "oracle_test_loss"):
         assert first[key] == second[key]
     assert first["excess_loss"] != other["excess_loss"]
 
 
 def test_budgets_are_respected_and_comparable():
-    rows = [sb.run_cell(TINY, "cotrained", opt, seed=0) for opt in sb.OPTIMISERS]
+    rows = [sb.run_sandbox_cell(TINY, "cotrained", opt, seed=0) for opt in sb.OPTIMISERS]
     evals = [r["function_evals"] for r in rows]
     assert all(e <= TINY.budget_evals for e in evals)
     assert min(evals) > 0.8 * TINY.budget_evals
@@ -196,7 +198,7 @@ def test_region_map_reuses_identical_cells_and_runs_the_rest():
 ])
 def test_bad_config_values_raise(bad):
     with pytest.raises(ConfigError):
-        sb.SandboxConfig(**bad)
+        sb.RoutingSandboxConfig(**bad)
 
 
 def test_bad_regime_optimiser_alignment_raise():
@@ -206,13 +208,13 @@ def test_bad_regime_optimiser_alignment_raise():
     with pytest.raises(ValueError, match="alignment"):
         sb.make_adapters(problem, "aligned", 0, alignment=1.5)
     with pytest.raises(ValueError, match="optimiser"):
-        sb.run_cell(TINY, "random", "adam", 0)
+        sb.run_sandbox_cell(TINY, "random", "adam", 0)
 
 
 def test_notebook_params_are_registered_and_checked():
     cls = params_class("13_molora_sandbox")
-    assert cls is sb.SandboxNotebookParams
-    assert cls().sandbox_config() == sb.SandboxConfig()  # cpu defaults agree with the library's
+    assert cls is SandboxNotebookParams
+    assert cls().sandbox_config() == sb.RoutingSandboxConfig()  # cpu defaults agree with the library's
     with pytest.raises(ConfigError, match="INPUT_DIM|input_dim"):
         cls(INPUT_DIM=8)
     with pytest.raises(ConfigError, match="NUM_SEEDS"):

@@ -13,8 +13,8 @@ import nbformat
 import papermill
 import pytest
 
-from copes_lib import config
 from copes_lib.config import REPO_ROOT
+from copes_lib.protocols import notebooks as suite
 
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
@@ -61,8 +61,8 @@ def test_one_parameters_cell_then_validation(notebook):
 def test_parameters_match_dataclass(notebook):
     """`papermill --help-notebook` lists every parameter with help text; defaults = the dataclass's."""
     path, _ = notebook
-    assert path.stem in config.NOTEBOOKS, f"{path.stem} is not registered in copes_lib.config.NOTEBOOKS"
-    fields = {f.name: f for f in dataclasses.fields(config.params_class(path.stem))}
+    assert path.stem in suite.NOTEBOOKS, f"{path.stem} is not registered in copes_lib.protocols.notebooks.NOTEBOOKS"
+    fields = {f.name: f for f in dataclasses.fields(suite.params_class(path.stem))}
     _, nb = notebook
     source = nb.cells[_parameters_cells(nb)[0]].source
     for number, line in enumerate(source.splitlines(), 1):

@@ -6,14 +6,15 @@ import pytest
 import torch
 
 from copes_lib.config import ConfigError
+from copes_lib.protocols.substrate_setup import substrate_config
 from copes_lib.rollout import AgentEnv, RolloutConfig, decode, encode, evaluate, make_env, rollout
-from copes_lib.substrate import build_model, get_tokenizer
+from copes_lib.substrate import build_agent_model, get_tokenizer
 from copes_lib.tasks import Task, load_tasks
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return get_tokenizer("smoke")
+    return get_tokenizer("smoke", substrate_config("smoke").vocab_size)
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +109,7 @@ def test_row_hook_sees_shrinking_batch(tokenizer, math_env):
 
 
 def test_real_model_batch_equals_single_rows_and_sampling_is_seeded(tokenizer, math_env):
-    model = build_model("smoke", len(tokenizer), seed=0, tokenizer=tokenizer)
+    model = build_agent_model("smoke", len(tokenizer), seed=0, tokenizer=tokenizer)
     tasks = load_tasks("smoke", "math", "val")[:5]
     cfg = RolloutConfig(max_new_tokens=12)
     batch = rollout(model, tokenizer, tasks, math_env, cfg, seed=0)
@@ -123,7 +124,7 @@ def test_real_model_batch_equals_single_rows_and_sampling_is_seeded(tokenizer, m
 
 
 def test_evaluate_keys(tokenizer, math_env):
-    model = build_model("smoke", len(tokenizer), seed=0, tokenizer=tokenizer)
+    model = build_agent_model("smoke", len(tokenizer), seed=0, tokenizer=tokenizer)
     result = evaluate(model, tokenizer, load_tasks("smoke", "math", "val")[:6], math_env,
                       RolloutConfig(max_new_tokens=6, batch_size=4), seed=0)
     for key in ("score", "accuracy", "mean_reward", "format_ok_rate", "mean_python_calls", "new_tokens_per_s"):

@@ -8,6 +8,7 @@ import nbformat
 import pytest
 
 from copes_lib import cli, config, runs
+from copes_lib.protocols import notebooks as registry
 
 
 def _notebook(path, *sources):
@@ -175,7 +176,7 @@ def test_parallel_runs_respect_needs_and_run_the_summary_last(tmp_path, capsys):
 
 def test_needs_are_registered_notebooks_and_acyclic():
     stems = {p.stem for p in cli.discover_notebooks(config.REPO_ROOT / "notebooks")}
-    assert set(config.NEEDS) == stems == set(config.NOTEBOOKS)
-    for stem, wanted in config.NEEDS.items():
+    assert set(cli.NEEDS) == stems == set(registry.NOTEBOOKS)
+    for stem, wanted in cli.NEEDS.items():
         assert set(wanted) <= stems - {stem}, stem
         assert all(w < stem for w in wanted), f"{stem} needs a later notebook: {wanted}"  # number order = a topological order

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from copes_lib.config import ConfigError
-from copes_lib.tools import PythonSandbox, SandboxConfig, SandboxResult, python_error
-from copes_lib.tools.sandbox import SandboxConfig as SandboxConfigDirect
+from copes_lib.tools import CodeSandboxConfig, PythonSandbox, SandboxResult, python_error
+from copes_lib.tools.sandbox import CodeSandboxConfig as SandboxConfigDirect
 
 REPO = Path(__file__).resolve().parent.parent
 # short timeout so the loop / sleep categories cost little; memo off so every call really runs
-FAST = SandboxConfig(timeout_s=1.0, memo_size=0, workers=2)
+FAST = CodeSandboxConfig(timeout_s=1.0, memo_size=0, workers=2)
 
 
 @pytest.fixture(scope="module")
@@ -282,7 +282,7 @@ def test_a_dead_worker_is_replaced(box):
 
 # ---------------------------------------------------------------------------- memo, config, shutdown
 def test_memo_reuses_successful_results_only():
-    with PythonSandbox(SandboxConfig(memo_size=2, workers=1, timeout_s=1.0)) as sandbox:
+    with PythonSandbox(CodeSandboxConfig(memo_size=2, workers=1, timeout_s=1.0)) as sandbox:
         first = sandbox.run("print(sum(range(10)))")
         again = sandbox.run("print(sum(range(10)))")
         assert (first.cached, again.cached) == (False, True)
@@ -294,19 +294,19 @@ def test_memo_reuses_successful_results_only():
 
 
 def test_config_checks_name_the_parameter():
-    assert SandboxConfig is SandboxConfigDirect
+    assert CodeSandboxConfig is SandboxConfigDirect
     with pytest.raises(ConfigError, match="memory_mb"):
-        SandboxConfig(memory_mb=0)
+        CodeSandboxConfig(memory_mb=0)
     with pytest.raises(ConfigError, match="max_printed_chars"):
-        SandboxConfig(max_output_chars=500, max_printed_chars=100)
+        CodeSandboxConfig(max_output_chars=500, max_printed_chars=100)
     with pytest.raises(ConfigError, match="preload"):
-        SandboxConfig(preload="math,not a module")
+        CodeSandboxConfig(preload="math,not a module")
     with pytest.raises(ConfigError, match="preload"):
-        PythonSandbox(SandboxConfig(preload="math,no_such_module_xyz", workers=1)).start()
+        PythonSandbox(CodeSandboxConfig(preload="math,no_such_module_xyz", workers=1)).start()
 
 
 def test_close_leaves_no_processes():
-    sandbox = PythonSandbox(SandboxConfig(workers=2, timeout_s=1.0))
+    sandbox = PythonSandbox(CodeSandboxConfig(workers=2, timeout_s=1.0))
     assert sandbox.run("open('scratch.txt', 'w').write('x')\nprint('up')").output == "up\n"
     zygotes = sandbox.worker_pids()
     temp_dirs = [Path(worker.base_dir) for worker in sandbox._workers]

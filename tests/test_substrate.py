@@ -6,14 +6,14 @@ import pytest
 import torch
 
 from copes_lib.config import ConfigError
+from copes_lib.protocols.params import SubstrateNotebookParams
+from copes_lib.protocols.substrate_setup import substrate_config, substrate_params
 from copes_lib.substrate import (
     MODEL_SIZES,
-    SubstrateNotebookParams,
-    build_model,
-    count_params,
+    build_agent_model,
+    count_model_params,
     encode_trace,
     get_tokenizer,
-    substrate_params,
     warm_start,
 )
 from copes_lib.tasks import TAGS, load_tasks
@@ -21,7 +21,7 @@ from copes_lib.tasks import TAGS, load_tasks
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return get_tokenizer("smoke")
+    return get_tokenizer("smoke", substrate_config("smoke").vocab_size)
 
 
 def test_tokenizer_is_small_lossless_and_tags_are_single_tokens(tokenizer):
@@ -40,15 +40,15 @@ def test_tokenizer_is_small_lossless_and_tags_are_single_tokens(tokenizer):
 
 
 def test_model_sizes_and_seeded_init(tokenizer):
-    small = build_model("smoke", len(tokenizer), seed=3)
-    assert 100_000 <= count_params(small) <= 1_000_000
-    assert 1_000_000 <= count_params(build_model("cpu", 640, seed=0)) <= 10_000_000
-    again = build_model("smoke", len(tokenizer), seed=3)
-    other = build_model("smoke", len(tokenizer), seed=4)
+    small = build_agent_model("smoke", len(tokenizer), seed=3)
+    assert 100_000 <= count_model_params(small) <= 1_000_000
+    assert 1_000_000 <= count_model_params(build_agent_model("cpu", 640, seed=0)) <= 10_000_000
+    again = build_agent_model("smoke", len(tokenizer), seed=3)
+    other = build_agent_model("smoke", len(tokenizer), seed=4)
     a, b, c = (torch.cat([p.flatten() for p in m.parameters()]) for m in (small, again, other))
     assert torch.equal(a, b) and not torch.equal(a, c)
     with pytest.raises(ConfigError, match="valid values"):
-        build_model("huge", 100, seed=0)
+        build_agent_model("huge", 100, seed=0)
     assert set(MODEL_SIZES) >= {"smoke", "cpu"}
 
 
@@ -63,13 +63,13 @@ def test_trace_mask_covers_model_text_only(tokenizer):
 
 
 def test_warm_start_is_cached_and_deterministic():
-    params = dataclasses.replace(substrate_params("smoke"), WARM_MATH_STEPS=3, WARM_BATCH=4, WARM_EVAL_EVERY=3,
-                                 WARM_EVAL_PROBLEMS=2, MAX_NEW_TOKENS=8)
-    model, tok, info = warm_start("smoke", "math", seed=5, force=True, params=params, log=lambda s: None)
+    config = dataclasses.replace(substrate_config("smoke"), math_steps=3, batch=4, eval_every=3, eval_problems=2,
+                                 max_new_tokens=8)
+    model, tok, info = warm_start("smoke", "math", seed=5, force=True, config=config, log=lambda s: None)
     assert info["steps"] == 3 and [p["step"] for p in info["curve"]] == [0, 3] and not info["cached"]
-    cached_model, _, cached_info = warm_start("smoke", "math", seed=5, params=params)
+    cached_model, _, cached_info = warm_start("smoke", "math", seed=5, config=config)
     assert cached_info["cached"]
-    again, _, _ = warm_start("smoke", "math", seed=5, force=True, params=params, log=lambda s: None)
+    again, _, _ = warm_start("smoke", "math", seed=5, force=True, config=config, log=lambda s: None)
     for p, q, r in zip(model.parameters(), cached_model.parameters(), again.parameters()):
         assert torch.equal(p, q) and torch.equal(p, r)
 
@@ -78,6 +78,6 @@ def test_params_validate():
     with pytest.raises(ConfigError, match="MODEL_SIZE"):
         SubstrateNotebookParams(MODEL_SIZE="huge")
     with pytest.raises(ConfigError, match="kind"):
-        warm_start("smoke", "chess")
+        warm_start("smoke", "chess", config=substrate_config("smoke"))
     with pytest.raises(ConfigError, match="MODEL_PATH"):
-        warm_start("gpu", "math")
+        warm_start("gpu", "math", config=substrate_config("gpu"))

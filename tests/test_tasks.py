@@ -78,11 +78,11 @@ def _countries():
 def test_gold_traces_match_the_real_tools():
     """A gold trace's observations are what the sandbox and retriever return, so the warm start
     trains on exactly what the rollout will show."""
-    from copes_lib.tools import BM25Retriever, Passage, PythonSandbox, SandboxConfig
+    from copes_lib.tools import BM25Retriever, CodeSandboxConfig, Passage, PythonSandbox
 
     math_tasks = load_tasks("smoke", "math", "val")[:6]
     codes = [last_call(t.reference.split("</python>")[0] + "</python>", "python") for t in math_tasks]
-    with PythonSandbox(SandboxConfig(workers=1)) as sandbox:
+    with PythonSandbox(CodeSandboxConfig(workers=1)) as sandbox:
         outputs = sandbox.run_many(codes)
     for task, result in zip(math_tasks, outputs):
         assert python_observation(result.observation()) in task.reference

@@ -130,7 +130,7 @@ def train_cell(sub: Substrate, cfg: CellConfig, on_log=None) -> dict:
                 drops = fitness.leave_one_out_drops(model, pool, router, val, step)
                 fit = fitness.scope_fitness(drops, cfg.scope)
                 events += lifecycle.evolve(pool, router, optimizer, fit, ages, step + 1, cfg.life, life_gen)
-        result = evaluate(sub, pool, router, cfg.steps, cfg.eval_windows)
+        result = evaluate_pool(sub, pool, router, cfg.steps, cfg.eval_windows)
     finally:
         pool.remove()
     result.update({"config": cfg.to_dict(), "label": cfg.label, "history": history, "events": events,
@@ -139,7 +139,7 @@ def train_cell(sub: Substrate, cfg: CellConfig, on_log=None) -> dict:
 
 
 @torch.no_grad()
-def evaluate(sub: Substrate, pool: AdapterPool, router, step: int, n_windows: int) -> dict:
+def evaluate_pool(sub: Substrate, pool: AdapterPool, router, step: int, n_windows: int) -> dict:
     """Test balanced log-PPL, per-domain NLL, gate shares, monopoly count and the domain-by-slot matrix."""
     test = eval_windows(sub.streams, "test", n_windows, sub.config.seq_len)
     masses, labels = [], []
@@ -165,7 +165,7 @@ def evaluate(sub: Substrate, pool: AdapterPool, router, step: int, n_windows: in
             "domain_slot": matrix.tolist(), "specialisation_mi": metrics.specialisation(matrix)}
 
 
-def run_cell(profile: str, sub: Substrate, cfg: CellConfig, force: bool = False, on_log=None) -> dict:
+def run_adapter_cell(profile: str, sub: Substrate, cfg: CellConfig, force: bool = False, on_log=None) -> dict:
     """``train_cell`` behind the run store's cache (``cache/<profile>/molora_cell-<key>/result.json``).
 
     The key covers the substrate's config and the cell's *effective* config, so a finished cell

@@ -60,7 +60,7 @@ class SubstrateConfig(Config):
 
 
 # --------------------------------------------------------------------------- tokenizer + streams
-def train_tokenizer(texts: list[str], vocab_size: int):
+def train_corpus_tokenizer(texts: list[str], vocab_size: int):
     """A byte-level BPE tokenizer trained on ``texts`` (deterministic for the same input)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -114,7 +114,7 @@ def eval_windows(streams: dict, split: str, n_windows: int, seq_len: int) -> dic
 
 
 # --------------------------------------------------------------------------- model
-def build_model(cfg: SubstrateConfig, vocab_size: int | None = None, device="cpu", dtype=torch.float32):
+def build_corpus_lm(cfg: SubstrateConfig, vocab_size: int | None = None, device="cpu", dtype=torch.float32):
     """A randomly initialised Qwen3ForCausalLM of the configured (widened) shape, seeded."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -185,9 +185,9 @@ def pretrain(cfg: SubstrateConfig, device="cpu", dtype=torch.float32, log_every:
     splits = corpus.split_ids(docs, seed=cfg.seed)
     by_id = {d.id: d.text for items in docs.values() for d in items}
     train_texts = [by_id[i] for domain in splits for i in splits[domain]["train"]]
-    tokenizer = train_tokenizer(train_texts, cfg.vocab_size)
+    tokenizer = train_corpus_tokenizer(train_texts, cfg.vocab_size)
     streams = token_streams(tokenizer, docs, splits)
-    model = build_model(cfg, tokenizer.get_vocab_size(), device, dtype)
+    model = build_corpus_lm(cfg, tokenizer.get_vocab_size(), device, dtype)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.95))
     generator = torch.Generator().manual_seed(cfg.seed)
     val = eval_windows(streams, "val", min(cfg.eval_windows, 16), cfg.seq_len)
@@ -241,7 +241,7 @@ def load_substrate(folder: Path, device="cpu", dtype=torch.float32) -> Substrate
     cfg = SubstrateConfig(**meta["config"])
     tokenizer = Tokenizer.from_str((folder / "tokenizer.json").read_text())
     blob = torch.load(folder / "substrate.pt", map_location="cpu", weights_only=True)
-    model = build_model(cfg, tokenizer.get_vocab_size(), device, dtype)
+    model = build_corpus_lm(cfg, tokenizer.get_vocab_size(), device, dtype)
     model.load_state_dict(blob["state_dict"])
     model.eval().requires_grad_(False)
     splits = runs.read_json(folder / "splits.json")
@@ -270,12 +270,3 @@ def get_substrate(profile: str, cfg: SubstrateConfig, force: bool = False, devic
     sub = pretrain(cfg, device, dtype, on_log=on_log)
     save_substrate(sub, folder)
     return sub, False
-
-
-def substrate_for_profile(profile: str, device="cpu", dtype=torch.float32) -> Substrate:
-    """The substrate notebook 10 builds under ``profile`` (its profiles/*.yaml values): what 11 and 12 use."""
-    from copes_lib.config import build, profile_params
-    from copes_lib.molora.notebook_params import MoloraSubstrateParams
-
-    params = build(MoloraSubstrateParams, {**profile_params(profile, "10_molora_substrate"), "PROFILE": profile})
-    return get_substrate(profile, params.substrate_config(), device=device, dtype=dtype)[0]

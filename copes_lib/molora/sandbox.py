@@ -6,7 +6,7 @@ or degrades the gradient solution otherwise. This module builds a problem where 
 and measures that claim.
 
 The problem (every draw from an explicit seed):
-- Substrate: a frozen random two-layer tanh MLP ``y = W2 tanh(W1 x + b1) + b2``.
+- SyntheticSubstrate: a frozen random two-layer tanh MLP ``y = W2 tanh(W1 x + b1) + b2``.
 - T tasks. Task t owns a ground-truth rank-r delta ``dW*_t = B*_t A*_t`` on ``W1``. The rows of
   ``A*_t`` span a private block of an orthonormal basis of the input space.
 - Inputs ``x = m u_t + z``, ``z ~ N(0, I)``: the task mean ``m u_t`` makes the task identifiable from
@@ -75,7 +75,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 
 from copes_lib import stats
-from copes_lib.config import Config, ConfigError, NotebookParams, param
+from copes_lib.config import Config, ConfigError, param
 
 REGIMES = ("prealigned", "random", "misaligned", "cotrained")
 OPTIMISERS = ("gradient", "evolution", "hybrid")
@@ -84,7 +84,7 @@ EVALS_PER_GRAD_STEP = 3  # forward + backward ~ 3 forward passes
 
 # --------------------------------------------------------------------------- configs
 @dataclass(frozen=True)
-class SandboxConfig(Config):
+class RoutingSandboxConfig(Config):
     """One sandbox problem and the optimisers' settings (all sizes small: it runs on one CPU thread)."""
 
     num_tasks: int = param(4, "number of tasks T, also the number of adapter slots", ge=2)
@@ -111,12 +111,12 @@ class SandboxConfig(Config):
         needed = self.num_tasks * (1 + 2 * self.rank)
         if self.input_dim < needed:
             raise ConfigError(
-                f"SandboxConfig.input_dim = {self.input_dim} is too small: the task means, true deltas and "
+                f"RoutingSandboxConfig.input_dim = {self.input_dim} is too small: the task means, true deltas and "
                 f"wrong subspaces need num_tasks * (1 + 2 * rank) = {needed} orthogonal directions"
             )
         if self.budget_evals < self.min_budget_evals:
             raise ConfigError(
-                f"SandboxConfig.budget_evals = {self.budget_evals} buys fewer than 2 hybrid generations "
+                f"RoutingSandboxConfig.budget_evals = {self.budget_evals} buys fewer than 2 hybrid generations "
                 f"(each costs popsize + 3 * hybrid_grad_steps); it must be >= {self.min_budget_evals}"
             )
 
@@ -134,55 +134,9 @@ class SandboxConfig(Config):
         return getattr(torch, self.dtype)
 
 
-@dataclass(frozen=True)
-class SandboxNotebookParams(NotebookParams):
-    """Parameters of notebooks/13_molora_sandbox.ipynb (defaults = the cpu profile)."""
-
-    NUM_SEEDS: int = param(5, "seeds per cell (problem, adapters and optimiser all reseeded)", ge=1)
-    NUM_TASKS: int = param(4, "number of tasks T, also the number of adapter slots", ge=2)
-    INPUT_DIM: int = param(24, "input dimension; at least T * (1 + 2 * RANK)", ge=2)
-    HIDDEN_DIM: int = param(32, "hidden width of the frozen substrate", ge=2)
-    RANK: int = param(2, "rank of true deltas and adapters", ge=1)
-    TRAIN_PER_TASK: int = param(128, "training inputs per task", ge=4)
-    TEST_PER_TASK: int = param(256, "test inputs per task", ge=4)
-    ADAPTER_NOISE: float = param(0.1, "relative noise on pre-aligned adapters", ge=0.0)
-    BUDGET_EVALS: int = param(3000, "function evaluations per run (a gradient step costs 3)", ge=30)
-    GRAD_LR: float = param(1e-2, "Adam learning rate of gradient descent", gt=0.0)
-    CMA_SIGMA0: float = param(1.0, "CMA-ES initial step size", gt=0.0)
-    HYBRID_GRAD_STEPS: int = param(4, "adapter steps per CMA-ES generation in the hybrid", ge=1)
-    ALIGNMENT_POINTS: int = param(9, "alignment values in the sweep, evenly spaced over [0, 1]", ge=2)
-    NOISE_POINTS: int = param(3, "pre-aligned adapter noise levels, evenly spaced over [0, ADAPTER_NOISE]",
-                              ge=2)
-    BOOTSTRAP: int = param(2000, "bootstrap resamples of seeds for the boundary's interval", ge=100)
-    DEVICE: str = param("cpu", "torch device")
-
-    def sandbox_config(self) -> SandboxConfig:
-        return SandboxConfig(
-            num_tasks=self.NUM_TASKS, input_dim=self.INPUT_DIM, hidden_dim=self.HIDDEN_DIM, rank=self.RANK,
-            train_per_task=self.TRAIN_PER_TASK, test_per_task=self.TEST_PER_TASK,
-            adapter_noise=self.ADAPTER_NOISE, budget_evals=self.BUDGET_EVALS, grad_lr=self.GRAD_LR,
-            cma_sigma0=self.CMA_SIGMA0, hybrid_grad_steps=self.HYBRID_GRAD_STEPS, device=self.DEVICE,
-        )
-
-    def check(self) -> None:
-        self.sandbox_config()  # surfaces cross-field errors (input_dim, budget) at load time
-
-    @property
-    def seeds(self) -> list[int]:
-        return [self.SEED + i for i in range(self.NUM_SEEDS)]
-
-    @property
-    def alignments(self) -> list[float]:
-        return [round(float(v), 6) for v in np.linspace(0.0, 1.0, self.ALIGNMENT_POINTS)]
-
-    @property
-    def noise_levels(self) -> list[float]:
-        return [round(float(v), 6) for v in np.linspace(0.0, self.ADAPTER_NOISE, self.NOISE_POINTS)]
-
-
 # --------------------------------------------------------------------------- the problem
 @dataclass
-class Substrate:
+class SyntheticSubstrate:
     """The frozen random MLP ``y = w2 tanh(w1 x + b1) + b2``."""
 
     w1: torch.Tensor  # (H, d)
@@ -204,8 +158,8 @@ class Substrate:
 class Problem:
     """A frozen substrate, T true deltas, train/test data and the oracle's losses."""
 
-    cfg: SandboxConfig
-    substrate: Substrate
+    cfg: RoutingSandboxConfig
+    substrate: SyntheticSubstrate
     true_a: torch.Tensor  # (T, r, d) orthonormal rows in task t's block
     true_b: torch.Tensor  # (T, H, r)
     wrong_a: torch.Tensor  # (T, r, d) orthonormal rows orthogonal to every true delta and task mean
@@ -225,7 +179,7 @@ def _gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(seed))
 
 
-def _randn(gen: torch.Generator, *shape: int, cfg: SandboxConfig) -> torch.Tensor:
+def _randn(gen: torch.Generator, *shape: int, cfg: RoutingSandboxConfig) -> torch.Tensor:
     # draw on CPU in float64 (device-independent numbers), then move
     return torch.randn(*shape, generator=gen, dtype=torch.float64).to(cfg.device, cfg.torch_dtype)
 
@@ -234,14 +188,14 @@ def one_hot_gates(tasks: torch.Tensor, num_tasks: int, dtype: torch.dtype) -> to
     return torch.nn.functional.one_hot(tasks, num_tasks).to(dtype)
 
 
-def _sample_inputs(gen: torch.Generator, cfg: SandboxConfig, task_means: torch.Tensor,
+def _sample_inputs(gen: torch.Generator, cfg: RoutingSandboxConfig, task_means: torch.Tensor,
                    per_task: int) -> tuple[torch.Tensor, torch.Tensor]:
     tasks = torch.arange(cfg.num_tasks).repeat_interleave(per_task).to(cfg.device)
     z = _randn(gen, len(tasks), cfg.input_dim, cfg=cfg)
     return task_means[tasks] + z, tasks
 
 
-def make_problem(cfg: SandboxConfig, seed: int) -> Problem:
+def make_problem(cfg: RoutingSandboxConfig, seed: int) -> Problem:
     """Draw the substrate, the true deltas, the data and the oracle's test loss from ``seed``."""
     gen = _gen(seed)
     t, d, h, o, r = cfg.num_tasks, cfg.input_dim, cfg.hidden_dim, cfg.output_dim, cfg.rank
@@ -259,7 +213,7 @@ def make_problem(cfg: SandboxConfig, seed: int) -> Problem:
     wrong_flat = wrong_flat - (wrong_flat @ true_flat) @ true_flat.T
     wrong_flat = wrong_flat * (true_b.flatten(1).double().norm(dim=1) / wrong_flat.norm(dim=1))[:, None]
     wrong_b = wrong_flat.reshape(t, h, r).to(cfg.torch_dtype)
-    substrate = Substrate(
+    substrate = SyntheticSubstrate(
         w1=_randn(gen, h, d, cfg=cfg) / math.sqrt(d + cfg.task_mean_scale ** 2),
         b1=0.1 * _randn(gen, h, cfg=cfg),
         w2=_randn(gen, o, h, cfg=cfg) / math.sqrt(h),
@@ -357,7 +311,7 @@ def routing_accuracy(gates: torch.Tensor, tasks: torch.Tensor, num_tasks: int) -
     return float(np.trace(confusion) / len(truth)), float(confusion[rows, cols].sum() / len(truth))
 
 
-def evaluate(problem: Problem, a: torch.Tensor, b: torch.Tensor, router: torch.Tensor) -> dict[str, float]:
+def evaluate_routing(problem: Problem, a: torch.Tensor, b: torch.Tensor, router: torch.Tensor) -> dict[str, float]:
     """Test excess loss over the oracle and routing accuracies of one (adapters, router)."""
     with torch.no_grad():
         gates = router_gates(router, problem.x_test, problem.cfg.num_tasks)
@@ -402,7 +356,7 @@ class Adam:
             p.addcdiv_(m, denom, value=-self.lr / (1 - b1 ** self.t))
 
 
-def _cma(cfg: SandboxConfig, seed: int) -> cma.CMAEvolutionStrategy:
+def _cma(cfg: RoutingSandboxConfig, seed: int) -> cma.CMAEvolutionStrategy:
     opts = {"seed": 1 + seed, "verbose": -9, "verb_log": 0, "verb_disp": 0, "tolfun": 0, "tolx": 0,
             "tolfunhist": 0, "tolstagnation": 10**9, "tolflatfitness": 10**9}
     if cfg.cma_popsize:
@@ -475,18 +429,18 @@ def run_hybrid(problem: Problem, a: torch.Tensor, b: torch.Tensor, seed: int) ->
 OPTIMISER_FNS = {"gradient": run_gradient, "evolution": run_evolution, "hybrid": run_hybrid}
 
 
-def run_cell(cfg: SandboxConfig, regime: str, optimiser: str, seed: int,
+def run_sandbox_cell(cfg: RoutingSandboxConfig, regime: str, optimiser: str, seed: int,
              alignment: float | None = None) -> dict[str, Any]:
     """One (regime, optimiser, seed) run from scratch: a flat row of metrics."""
     if optimiser not in OPTIMISER_FNS:
         raise ValueError(f"optimiser = {optimiser!r} is not valid; valid values: {list(OPTIMISER_FNS)}")
     problem = make_problem(cfg, seed)
     a, b = make_adapters(problem, regime, seed, alignment)
-    start = evaluate(problem, a, b, torch.zeros(cfg.router_dim, dtype=cfg.torch_dtype, device=cfg.device))
+    start = evaluate_routing(problem, a, b, torch.zeros(cfg.router_dim, dtype=cfg.torch_dtype, device=cfg.device))
     t0 = time.perf_counter()
     out = OPTIMISER_FNS[optimiser](problem, a, b, seed)
     wall = time.perf_counter() - t0
-    metrics = evaluate(problem, out["a"], out["b"], out["router"])
+    metrics = evaluate_routing(problem, out["a"], out["b"], out["router"])
     alignment = {"prealigned": 1.0, "misaligned": 0.0}.get(regime, alignment)
     return {"regime": regime, "optimiser": optimiser, "seed": seed,
             "alignment": alignment if alignment is not None else math.nan,
@@ -498,45 +452,45 @@ def run_cell(cfg: SandboxConfig, regime: str, optimiser: str, seed: int,
 
 
 # --------------------------------------------------------------------------- experiments
-def regime_grid(cfg: SandboxConfig, seeds: list[int], progress=None) -> list[dict[str, Any]]:
+def regime_grid(cfg: RoutingSandboxConfig, seeds: list[int], progress=None) -> list[dict[str, Any]]:
     """Every regime x optimiser x seed (the notebook's main table)."""
     cells = [(r, o, s) for r in REGIMES for o in OPTIMISERS for s in seeds]
     iterator = progress(cells, desc="regime grid") if progress else cells
-    return [run_cell(cfg, r, o, s) for r, o, s in iterator]
+    return [run_sandbox_cell(cfg, r, o, s) for r, o, s in iterator]
 
 
-def alignment_sweep(cfg: SandboxConfig, seeds: list[int], alignments: list[float],
+def alignment_sweep(cfg: RoutingSandboxConfig, seeds: list[int], alignments: list[float],
                     optimisers: tuple[str, ...] = OPTIMISERS, progress=None) -> list[dict]:
     """Aligned adapters at each alignment in ``alignments``, for each optimiser and seed."""
     cells = [(al, o, s) for al in alignments for o in optimisers for s in seeds]
     iterator = progress(cells, desc="alignment sweep") if progress else cells
-    return [run_cell(cfg, "aligned", o, s, alignment=al) for al, o, s in iterator]
+    return [run_sandbox_cell(cfg, "aligned", o, s, alignment=al) for al, o, s in iterator]
 
 
-def noise_sweep(cfg: SandboxConfig, seeds: list[int], noise_levels: list[float],
+def noise_sweep(cfg: RoutingSandboxConfig, seeds: list[int], noise_levels: list[float],
                 optimisers: tuple[str, ...] = ("gradient", "evolution"), progress=None) -> list[dict]:
     """Pre-aligned adapters at each relative noise level: how exact must pre-alignment be?"""
     cells = [(nl, o, s) for nl in noise_levels for o in optimisers for s in seeds]
     iterator = progress(cells, desc="noise sweep") if progress else cells
-    return [run_cell(dataclasses.replace(cfg, adapter_noise=nl), "prealigned", o, s) for nl, o, s in iterator]
+    return [run_sandbox_cell(dataclasses.replace(cfg, adapter_noise=nl), "prealigned", o, s) for nl, o, s in iterator]
 
 
 BUDGET_FRACTIONS = (0.1, 0.3)  # smaller budgets of the budget sweep, as fractions of budget_evals
 
 
-def budget_sweep(cfg: SandboxConfig, seeds: list[int], fractions: tuple[float, ...] = BUDGET_FRACTIONS,
+def budget_sweep(cfg: RoutingSandboxConfig, seeds: list[int], fractions: tuple[float, ...] = BUDGET_FRACTIONS,
                  optimisers: tuple[str, ...] = ("gradient", "evolution"), progress=None) -> list[dict]:
     """Pre-aligned adapters at smaller budgets (those below the config's minimum are skipped)."""
     budgets = [int(f * cfg.budget_evals) for f in fractions if int(f * cfg.budget_evals) >= cfg.min_budget_evals]
     cells = [(bu, o, s) for bu in budgets for o in optimisers for s in seeds]
     iterator = progress(cells, desc="budget sweep") if progress else cells
-    return [run_cell(dataclasses.replace(cfg, budget_evals=bu), "prealigned", o, s) for bu, o, s in iterator]
+    return [run_sandbox_cell(dataclasses.replace(cfg, budget_evals=bu), "prealigned", o, s) for bu, o, s in iterator]
 
 
 MAP_OPTIMISERS = ("gradient", "evolution")
 
 
-def map_budgets(cfg: SandboxConfig, fractions: tuple[float, ...] = BUDGET_FRACTIONS) -> list[int]:
+def map_budgets(cfg: RoutingSandboxConfig, fractions: tuple[float, ...] = BUDGET_FRACTIONS) -> list[int]:
     """The budget axis of the map: the smaller budgets that buy >= 2 generations, then the full one."""
     small = [int(f * cfg.budget_evals) for f in fractions]
     return sorted({b for b in small if b >= cfg.min_budget_evals} | {cfg.budget_evals})
@@ -546,7 +500,7 @@ def _map_key(alignment: float, noise: float, budget: int, optimiser: str, seed: 
     return round(float(alignment), 6), round(float(noise), 6), int(budget), optimiser, int(seed)
 
 
-def region_map(cfg: SandboxConfig, seeds: list[int], alignments: list[float], noise_levels: list[float],
+def region_map(cfg: RoutingSandboxConfig, seeds: list[int], alignments: list[float], noise_levels: list[float],
                budgets: list[int], reuse: list[dict] = (), progress=None) -> list[dict]:
     """Evolution (routing only) and gradient on aligned adapters at every (alignment, adapter noise,
     budget) and seed: the map of where evolving the routing pays.
@@ -564,13 +518,13 @@ def region_map(cfg: SandboxConfig, seeds: list[int], alignments: list[float], no
     for al, nl, bu, o, s in iterator:
         row = done.get(_map_key(al, nl, bu, o, s))
         if row is None:
-            row = run_cell(dataclasses.replace(cfg, adapter_noise=nl, budget_evals=bu), "aligned", o, s,
+            row = run_sandbox_cell(dataclasses.replace(cfg, adapter_noise=nl, budget_evals=bu), "aligned", o, s,
                            alignment=al)
         rows.append(dict(row, regime="aligned"))
     return rows
 
 
-def run_experiment(cfg: SandboxConfig, seeds: list[int], alignments: list[float], noise_levels: list[float],
+def run_experiment(cfg: RoutingSandboxConfig, seeds: list[int], alignments: list[float], noise_levels: list[float],
                    map_alignments: list[float] | None = None, progress=None) -> dict[str, list[dict]]:
     """The notebook's experiments: the regime grid, the alignment sweep and the region map.
 
@@ -782,5 +736,5 @@ def region_sentence(region: dict[str, Any]) -> str:
             + ("; ".join(parts) if parts else "none reach the largest alignment") + f"; {shape}")
 
 
-def config_dict(cfg: SandboxConfig) -> dict[str, Any]:
+def config_dict(cfg: RoutingSandboxConfig) -> dict[str, Any]:
     return dataclasses.asdict(cfg)

@@ -6,17 +6,19 @@ with a fingerprint of their content, checked on every load (a changed generator 
 of silently changing the validation set). Splits are disjoint in ids and in question text, and
 validation/test problems come from a "world" of entities disjoint from training (see
 :mod:`copes_lib.tasks.math_tasks`, :mod:`copes_lib.tasks.qa_tasks`). The ``gpu`` profile reads the
-local JSONL paths of notebook 01's parameters (``profiles/gpu.yaml``).
+local JSONL files named by :class:`GPUDataPaths` (:func:`use_gpu_data`; the notebooks set them from
+notebook 01's parameters in ``profiles/gpu.yaml``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
 from pathlib import Path
 
-from copes_lib.config import REPO_ROOT, ConfigError
+from copes_lib.config import REPO_ROOT, Config, ConfigError, param
 from copes_lib.tasks.math_tasks import generate_math_tasks, make_fact_items
 from copes_lib.tasks.protocol import (
     SPLITS,
@@ -40,7 +42,7 @@ from copes_lib.tasks.rewards import (
     qa_scores,
 )
 
-__all__ = ["Task", "load_tasks", "load_passages", "task_ids", "data_fingerprint", "describe_split_file", "SPLITS", "TASK_KINDS", "TAGS", "SEARCH_K",
+__all__ = ["GPUDataPaths", "use_gpu_data", "Task", "load_tasks", "load_passages", "task_ids", "data_fingerprint", "describe_split_file", "SPLITS", "TASK_KINDS", "TAGS", "SEARCH_K",
            "TOOL_LIMITS", "format_prompt", "split_trace", "extract_answer", "math_reward", "qa_reward",
            "format_reward", "math_correctness", "qa_scores", "qa_metrics", "math_equal", "GENERATED_SIZES"]
 
@@ -160,37 +162,59 @@ def _check_split_file(profile: str, kind: str, tasks: dict[str, list[Task]]) -> 
 
 
 # --------------------------------------------------------------------------- gpu: local files
-def _gpu_paths():
-    from copes_lib.config import build, profile_params
-    from copes_lib.substrate import SubstrateNotebookParams
+@dataclasses.dataclass(frozen=True)
+class GPUDataPaths(Config):
+    """Where the gpu profile's real data lie (local JSONL files; nothing is downloaded)."""
 
-    return build(SubstrateNotebookParams, {**profile_params("gpu", "01_substrate_and_agent"), "PROFILE": "gpu"})
+    math_train_jsonl: str = param("", "MATH train JSONL (problem, solution, type)")
+    math_test_jsonl: str = param("", "MATH test JSONL (MATH-500 / MATH-Test format)")
+    qa_train_jsonl: str = param("", "HotpotQA train JSONL")
+    qa_test_jsonl: str = param("", "QA test JSONL (HotpotQA / 2Wiki / MuSiQue format)")
+    search_corpus_jsonl: str = param("", "search corpus JSONL (id, title, text | contents)")
+    val_holdout: int = param(750, "training problems held out for validation (paper: 750)", ge=1)
+
+
+_gpu_data: list[GPUDataPaths] = []  # set by use_gpu_data; the notebooks' parameter loading calls it
+
+
+def use_gpu_data(paths: GPUDataPaths) -> None:
+    """Read the gpu profile's tasks and corpus from ``paths`` from now on (in this process)."""
+    _gpu_data[:] = [paths]
+
+
+def _gpu_paths() -> GPUDataPaths:
+    if not _gpu_data:
+        raise ConfigError("the gpu profile reads real data from local files, but no paths are set in this "
+                          "process: load the notebook's parameters first (copes_lib.protocols.notebooks."
+                          "load_params does it from profiles/gpu.yaml, 01_substrate_and_agent), or call "
+                          "copes_lib.tasks.use_gpu_data(GPUDataPaths(...))")
+    return _gpu_data[0]
 
 
 def _require(value: str, name: str) -> str:
     if not value:
+        name = name.upper()  # the notebook parameter a user sets
         raise ConfigError(f"{name} is empty: the gpu profile reads real data from local files; set "
                           f"{name} in profiles/gpu.yaml (01_substrate_and_agent) to a local JSONL path")
     return value
 
 
 @functools.lru_cache(maxsize=4)
-def _gpu_tasks(kind: str) -> dict[str, list[Task]]:
+def _gpu_tasks(kind: str, p: GPUDataPaths) -> dict[str, list[Task]]:
     from copes_lib.tasks.loaders import load_jsonl_tasks, read_jsonl, stratified_holdout
 
-    p = _gpu_paths()
     if kind == "math":
-        path = _require(p.MATH_TRAIN_JSONL, "MATH_TRAIN_JSONL")
+        path = _require(p.math_train_jsonl, "math_train_jsonl")
         rows = read_jsonl(path)
         tasks = load_jsonl_tasks(path, "math")
         subjects = {r.get("unique_id"): r.get("type", r.get("subject", "")) for r in rows}
         strata = [str(subjects.get(t.id, "")) for t in tasks]
-        train, val = stratified_holdout(tasks, p.VAL_HOLDOUT, strata, DATA_SEED)
-        test = load_jsonl_tasks(_require(p.MATH_TEST_JSONL, "MATH_TEST_JSONL"), "math")
+        train, val = stratified_holdout(tasks, p.val_holdout, strata, DATA_SEED)
+        test = load_jsonl_tasks(_require(p.math_test_jsonl, "math_test_jsonl"), "math")
     else:
-        tasks = load_jsonl_tasks(_require(p.QA_TRAIN_JSONL, "QA_TRAIN_JSONL"), "qa")
-        train, val = stratified_holdout(tasks, p.VAL_HOLDOUT, [""] * len(tasks), DATA_SEED)
-        test = load_jsonl_tasks(_require(p.QA_TEST_JSONL, "QA_TEST_JSONL"), "qa")
+        tasks = load_jsonl_tasks(_require(p.qa_train_jsonl, "qa_train_jsonl"), "qa")
+        train, val = stratified_holdout(tasks, p.val_holdout, [""] * len(tasks), DATA_SEED)
+        test = load_jsonl_tasks(_require(p.qa_test_jsonl, "qa_test_jsonl"), "qa")
     return {"train": train, "val": val, "test": test}
 
 
@@ -198,7 +222,7 @@ def _gpu_tasks(kind: str) -> dict[str, list[Task]]:
 def load_tasks(profile: str, kind: str, split: str) -> list[Task]:
     """The tasks of one split, in a fixed order (a fresh list; Task objects are immutable)."""
     _check(profile, kind, split)
-    tasks = _gpu_tasks(kind) if profile == "gpu" else _generated_tasks(profile, kind)
+    tasks = _gpu_tasks(kind, _gpu_paths()) if profile == "gpu" else _generated_tasks(profile, kind)
     return list(tasks[split])
 
 
@@ -212,7 +236,7 @@ def load_passages(profile: str, kind: str) -> list[tuple[str, str, str]]:
     if profile == "gpu":
         from copes_lib.tasks.loaders import load_corpus_jsonl
 
-        return load_corpus_jsonl(_require(_gpu_paths().SEARCH_CORPUS_JSONL, "SEARCH_CORPUS_JSONL"))
+        return load_corpus_jsonl(_require(_gpu_paths().search_corpus_jsonl, "search_corpus_jsonl"))
     return list(_generated_world(profile, kind)[0])
 
 

@@ -148,7 +148,7 @@ _ADDRESS = re.compile(r"( at 0x)[0-9a-fA-F]+")  # object addresses in reprs
 
 
 @dataclasses.dataclass(frozen=True)
-class SandboxConfig(Config):
+class CodeSandboxConfig(Config):
     """Limits and pool size of :class:`PythonSandbox`."""
 
     timeout_s: float = param(2.0, "wall-clock limit of one call in seconds; the child is killed after it",
@@ -175,10 +175,10 @@ class SandboxConfig(Config):
     def check(self) -> None:
         for name in self.preload_modules():
             if not all(part.isidentifier() for part in name.split(".")):
-                raise ConfigError(f"SandboxConfig.preload: {name!r} is not a module name; "
+                raise ConfigError(f"CodeSandboxConfig.preload: {name!r} is not a module name; "
                                   "give comma-separated module names such as 'math,numpy'")
         if self.max_printed_chars < self.max_output_chars:
-            raise ConfigError("SandboxConfig.max_printed_chars must be >= max_output_chars "
+            raise ConfigError("CodeSandboxConfig.max_printed_chars must be >= max_output_chars "
                               f"({self.max_printed_chars} < {self.max_output_chars})")
 
     def preload_modules(self) -> list[str]:
@@ -267,7 +267,7 @@ class _Worker:
             raise RuntimeError(f"sandbox worker failed to start: {reply}")
         if reply.get("failed"):
             self.kill()
-            raise ConfigError(f"SandboxConfig.preload: cannot import {reply['failed']} in the sandbox worker")
+            raise ConfigError(f"CodeSandboxConfig.preload: cannot import {reply['failed']} in the sandbox worker")
 
     def _send(self, code: str) -> None:
         data = code.encode("utf-8", "replace")
@@ -355,8 +355,8 @@ class PythonSandbox:
     '5\\n'
     """
 
-    def __init__(self, config: SandboxConfig | None = None):
-        self.config = config if config is not None else SandboxConfig()
+    def __init__(self, config: CodeSandboxConfig | None = None):
+        self.config = config if config is not None else CodeSandboxConfig()
         self._workers: list[_Worker] = []
         self._executor: list[ThreadPoolExecutor] = []  # a list, so the finalizer can shut it down
         self._idle: queue.Queue[_Worker] = queue.Queue()

@@ -1,13 +1,17 @@
-"""Parameters of notebooks 10-12 (paper B). Defaults are the cpu profile's values.
+"""Parameters of the paper-B notebooks 10-13. Defaults are the cpu profile's values.
 
 Notebooks 11 and 12 share :class:`MoloraCellParams`, so a cell with equal settings (e.g. notebook
 11's R0 run and notebook 12's B3 cell at seed SEED) is the same cache entry and runs once.
-Both use the substrate notebook 10 builds under the same profile (:func:`lm.substrate_for_profile`).
+Both use the substrate notebook 10 builds under the same profile
+(:func:`copes_lib.protocols.molora_cells.substrate_for_profile`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
 
 from copes_lib.config import ConfigError, NotebookParams, param
 from copes_lib.molora.adapt import CellConfig
@@ -15,6 +19,7 @@ from copes_lib.molora.lifecycle import LifecycleConfig
 from copes_lib.molora.lm import SubstrateConfig
 from copes_lib.molora.pool import PoolConfig
 from copes_lib.molora.routers import RouterConfig
+from copes_lib.molora.sandbox import RoutingSandboxConfig
 
 
 def _check_device(device: str) -> None:
@@ -22,9 +27,11 @@ def _check_device(device: str) -> None:
         raise ConfigError(f"DEVICE = {device!r} is not valid; use 'cpu', 'cuda', 'cuda:N' or 'mps'")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclass(frozen=True)
 class MoloraSubstrateParams(NotebookParams):
     """10_molora_substrate: corpus, tokenizer, widened substrate pre-training."""
+
+    NOTEBOOK = "10_molora_substrate"
 
     CORPUS_SOURCE: str = param("debian", "debian: fetch and clean real text via apt-get download; "
                                          "sample: the committed sample (offline)", choices=("debian", "sample"))
@@ -55,7 +62,7 @@ class MoloraSubstrateParams(NotebookParams):
             eval_windows=self.EVAL_WINDOWS, seed=self.SEED)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclass(frozen=True)
 class MoloraCellParams(NotebookParams):
     """Settings shared by every adapter cell of notebooks 11 and 12."""
 
@@ -103,9 +110,11 @@ class MoloraCellParams(NotebookParams):
         return CellConfig(**values)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclass(frozen=True)
 class MoloraRouterParams(MoloraCellParams):
     """11_molora_router: R0 vs R1 gate dynamics and the R0 collapse map."""
+
+    NOTEBOOK = "11_molora_router"
 
     MAP_STEPS: int = param(150, "adapter steps of each collapse-map run", ge=1)
     MAP_ROUTER_LR_MULTIPLIERS: str = param("1,30", "collapse map: router learning rate x ROUTER_LR")
@@ -127,9 +136,11 @@ class MoloraRouterParams(MoloraCellParams):
         return [float(v) for v in getattr(self, name).split(",") if v.strip()]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclass(frozen=True)
 class MoloraFactorialParams(MoloraCellParams):
     """12_molora_factorial: the chain B3, +R, +R+E, +R+E+L, one off-chain cell, paired t-tests."""
+
+    NOTEBOOK = "12_molora_factorial"
 
     N_SEEDS: int = param(3, "seeds per cell (paper: 3); seeds are SEED, SEED+1, ...", ge=2)
     EVOLVE_EVERY: int = param(50, "M: adapter steps between evolution events", ge=1)
@@ -151,3 +162,51 @@ class MoloraFactorialParams(MoloraCellParams):
         return LifecycleConfig(deaths=self.DEATHS, grace_steps=self.GRACE_STEPS,
                                inherit_alpha=self.INHERIT_ALPHA if inherit_alpha is None else inherit_alpha,
                                mutation_scale=self.MUTATION_SCALE, realloc_noise=self.REALLOC_NOISE)
+
+
+@dataclass(frozen=True)
+class SandboxNotebookParams(NotebookParams):
+    """Parameters of notebooks/13_molora_sandbox.ipynb (defaults = the cpu profile)."""
+
+    NOTEBOOK = "13_molora_sandbox"
+
+    NUM_SEEDS: int = param(5, "seeds per cell (problem, adapters and optimiser all reseeded)", ge=1)
+    NUM_TASKS: int = param(4, "number of tasks T, also the number of adapter slots", ge=2)
+    INPUT_DIM: int = param(24, "input dimension; at least T * (1 + 2 * RANK)", ge=2)
+    HIDDEN_DIM: int = param(32, "hidden width of the frozen substrate", ge=2)
+    RANK: int = param(2, "rank of true deltas and adapters", ge=1)
+    TRAIN_PER_TASK: int = param(128, "training inputs per task", ge=4)
+    TEST_PER_TASK: int = param(256, "test inputs per task", ge=4)
+    ADAPTER_NOISE: float = param(0.1, "relative noise on pre-aligned adapters", ge=0.0)
+    BUDGET_EVALS: int = param(3000, "function evaluations per run (a gradient step costs 3)", ge=30)
+    GRAD_LR: float = param(1e-2, "Adam learning rate of gradient descent", gt=0.0)
+    CMA_SIGMA0: float = param(1.0, "CMA-ES initial step size", gt=0.0)
+    HYBRID_GRAD_STEPS: int = param(4, "adapter steps per CMA-ES generation in the hybrid", ge=1)
+    ALIGNMENT_POINTS: int = param(9, "alignment values in the sweep, evenly spaced over [0, 1]", ge=2)
+    NOISE_POINTS: int = param(3, "pre-aligned adapter noise levels, evenly spaced over [0, ADAPTER_NOISE]",
+                              ge=2)
+    BOOTSTRAP: int = param(2000, "bootstrap resamples of seeds for the boundary's interval", ge=100)
+    DEVICE: str = param("cpu", "torch device")
+
+    def sandbox_config(self) -> RoutingSandboxConfig:
+        return RoutingSandboxConfig(
+            num_tasks=self.NUM_TASKS, input_dim=self.INPUT_DIM, hidden_dim=self.HIDDEN_DIM, rank=self.RANK,
+            train_per_task=self.TRAIN_PER_TASK, test_per_task=self.TEST_PER_TASK,
+            adapter_noise=self.ADAPTER_NOISE, budget_evals=self.BUDGET_EVALS, grad_lr=self.GRAD_LR,
+            cma_sigma0=self.CMA_SIGMA0, hybrid_grad_steps=self.HYBRID_GRAD_STEPS, device=self.DEVICE,
+        )
+
+    def check(self) -> None:
+        self.sandbox_config()  # surfaces cross-field errors (input_dim, budget) at load time
+
+    @property
+    def seeds(self) -> list[int]:
+        return [self.SEED + i for i in range(self.NUM_SEEDS)]
+
+    @property
+    def alignments(self) -> list[float]:
+        return [round(float(v), 6) for v in np.linspace(0.0, 1.0, self.ALIGNMENT_POINTS)]
+
+    @property
+    def noise_levels(self) -> list[float]:
+        return [round(float(v), 6) for v in np.linspace(0.0, self.ADAPTER_NOISE, self.NOISE_POINTS)]

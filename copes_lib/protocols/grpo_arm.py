@@ -1,0 +1,100 @@
+"""The GRPO arm notebooks 04, 05 and 07 share: ONE GRPO configuration (notebook 04's parameters
+under the profile: group, batches, learning-rate fallbacks, LoRA shape, KL, sampling temperature and
+the dtype policy) and one cached run per (configuration, substrate, validation set).
+
+A run is ``grpo.train_grpo`` on an fp32 copy of the warm-started model (VeRL keeps fp32 master
+weights; ``amp_dtype`` runs the update under autocast), cached under
+``cache/<profile>/grpo_runs-<full|lora>-<key>/``: 05 reuses the full run 04 trained when their
+validation sets agree (the cpu and gpu profiles), instead of training it again under another name.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from copes_lib import grpo, runs
+from copes_lib.config import build, profile_params
+from copes_lib.grpo import GRPOConfig
+from copes_lib.protocols.params import GRPONotebookParams
+
+
+@dataclass
+class GRPORun:
+    label: str
+    history: list[dict[str, Any]]
+    val_by_step: dict[int, float]
+    best_step: int | None
+    best_val: float | None
+    folder: Path
+    result: Any  # grpo.GRPOResult (its .policy holds the final weights)
+
+    def curve(self) -> tuple[list[int], list[float]]:
+        steps = sorted(self.val_by_step)
+        return steps, [self.val_by_step[s] for s in steps]
+
+
+def grpo_params(profile: str) -> GRPONotebookParams:
+    """Notebook 04's parameters under ``profile``: the suite's one GRPO configuration."""
+    return build(GRPONotebookParams, {**profile_params(profile, GRPONotebookParams), "PROFILE": profile})
+
+
+def grpo_config(profile: str, use_lora: bool, lr: float | None = None, steps: int | None = None) -> GRPOConfig:
+    """The GRPOConfig every notebook of ``profile`` trains with (``lr`` None: 04's FULL_LR / LORA_LR)."""
+    return grpo_params(profile).grpo_config(use_lora, lr=lr, steps=steps)
+
+
+def run_folder(profile: str, agent: Any, config: GRPOConfig) -> Path:
+    """The cache folder of a GRPO run: its configuration, the substrate's weights, the rollout settings
+    and the validation problems identify it, not the notebook that asked for it."""
+    objective = agent.objective
+    key = runs.cache_key({"grpo": config.to_dict(), "rollout": objective.rollout_config.to_dict(),
+                          "substrate_checksum": agent.key["substrate_checksum"], "kind": agent.key["kind"]},
+                         [t.id for t in objective.val_tasks])
+    return runs.cache_dir(profile, f"grpo_runs-{'lora' if config.use_lora else 'full'}", key)
+
+
+def grpo_run(profile: str, agent: Any, config: GRPOConfig, *, label: str, force: bool = False,
+             stop_after: int | None = None, forced: set[Path] | None = None) -> GRPORun:
+    """One cached GRPO run (full or LoRA) on an fp32 copy of the warm start, validated on the agent's
+    validation problems; an interrupted run resumes, ``stop_after`` pauses it early (a learning-rate
+    sweep). ``force`` starts over, once per folder recorded in ``forced``."""
+    folder = run_folder(profile, agent, config)
+    forced = set() if forced is None else forced
+    if force and folder not in forced:
+        for name in ("last.pt", "best.pt"):
+            (folder / name).unlink(missing_ok=True)
+        forced.add(folder)
+
+    def on_step(step: int, row: dict[str, Any]) -> None:
+        if step == 0 or "eval/val_accuracy" in row:
+            shown = {k: row[k] for k in ("reward/mean", "eval/val_accuracy", "grpo/kl", "grpo/clip_frac",
+                                         "grpo/entropy", "time/step_s") if k in row}
+            runs.summary_line(label, step, shown)
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    # fp32 weights: a pure-bf16 model would round lr 1e-6 updates away (amp_dtype = bf16 autocast)
+    model = copy.deepcopy(agent.model).to(device=device, dtype=torch.float32)
+    objective = agent.objective
+    result = grpo.train_grpo(model, objective.tokenizer, objective.env, objective.train_tasks,
+                             objective.val_tasks, config, folder, rollout_config=objective.rollout_config,
+                             on_step=on_step, stop_after=stop_after)
+    return GRPORun(label, result.history, dict(result.val_by_step), result.best_step, result.best_val, folder,
+                   result)
+
+
+def grpo_policy(run: GRPORun, which: str = "final"):
+    """A plain model with the run's final or best weights (LoRA adapters merged)."""
+    policy = copy.deepcopy(run.result.policy)
+    if which == "best":
+        grpo.load_trainable_state(policy, runs.load_checkpoint(run.result.best_path)["trainable"])
+    elif which != "final":
+        raise ValueError(f"which = {which!r}; valid values: ['final', 'best']")
+    if hasattr(policy, "merge_and_unload"):
+        policy = policy.merge_and_unload()
+    policy.eval()
+    return policy

@@ -1,0 +1,97 @@
+"""Which notebooks the suite has and the parameter class of each; loading a notebook's parameters.
+
+Every notebook's first code cell is ``P = load_params("<stem>", globals())``. The runner
+(``copes_lib.cli``) validates a whole profile against these classes before it runs anything.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from copes_lib import config
+from copes_lib.config import ConfigError, NotebookParams, build
+from copes_lib.protocols import molora_params, params
+from copes_lib.protocols.substrate_setup import use_profile_data
+
+_CLASSES: tuple[type[NotebookParams], ...] = (
+    params.OverviewParams, params.SubstrateNotebookParams, params.StandardESNotebookParams,
+    params.CoPESNotebookParams, params.GRPONotebookParams, params.FixedBudgetParams, params.AblationParams,
+    params.MultihopQAParams, params.BudgetNotebookParams, molora_params.MoloraSubstrateParams,
+    molora_params.MoloraRouterParams, molora_params.MoloraFactorialParams, molora_params.SandboxNotebookParams,
+    params.SummaryParams,
+)
+#: notebook stem -> its parameter dataclass, in suite order
+NOTEBOOKS: dict[str, type[NotebookParams]] = {cls.NOTEBOOK: cls for cls in _CLASSES}
+
+
+def params_class(notebook: str) -> type[NotebookParams]:
+    """The parameter dataclass of ``notebook`` (its file stem, e.g. ``"02_standard_es"``)."""
+    if notebook not in NOTEBOOKS:
+        raise ConfigError(f"unknown notebook {notebook!r}; valid notebooks: {list(NOTEBOOKS)}")
+    return NOTEBOOKS[notebook]
+
+
+def load_params(notebook: str, namespace: dict[str, Any]) -> NotebookParams:
+    """Validate a notebook's parameters; call as ``P = load_params("02_standard_es", globals())``.
+
+    Every UPPER_CASE plain-scalar global defined so far counts as a parameter, so a misspelt
+    ``papermill -p`` name stops the notebook with the list of valid names instead of being silently
+    ignored. Under the gpu profile it also points the task loaders at the profile's local data files.
+    """
+    loaded = config.load_params(params_class(notebook), namespace)
+    use_profile_data(loaded.PROFILE)
+    return loaded
+
+
+def load_profile(profile: str) -> dict[str, dict[str, Any]]:
+    """``profiles/<profile>.yaml``; a section naming no notebook of the suite fails loudly."""
+    return config.load_profile(profile, NOTEBOOKS)
+
+
+def profile_params(profile: str, notebook: str) -> dict[str, Any]:
+    """The profile's values for one notebook, checked against the notebook's parameter class."""
+    load_profile(profile)
+    return config.profile_params(profile, params_class(notebook))
+
+
+def validate_profile(profile: str) -> None:
+    """Build every notebook's parameters under ``profile``: any bad key or value raises."""
+    for notebook in load_profile(profile):
+        build(params_class(notebook), {**profile_params(profile, notebook), "PROFILE": profile},
+              source=f"parameters in profiles/{profile}.yaml")
+
+
+def profile_problems(profile: str, notebooks: list[str] | None = None) -> dict[str, str]:
+    """``{notebook: what is wrong}`` for each of ``notebooks`` (default: every registered one) whose
+    parameters under ``profile`` do not validate. An empty dict means the profile is valid for them."""
+    sections = load_profile(profile)
+    problems = {}
+    for notebook in notebooks if notebooks is not None else list(NOTEBOOKS):
+        try:
+            values = profile_params(profile, notebook) if notebook in sections else {}
+            build(params_class(notebook), {**values, "PROFILE": profile},
+                  source=f"parameters in profiles/{profile}.yaml")
+        except ConfigError as exc:
+            problems[notebook] = f"{type(exc).__name__}: {exc}"
+    return problems
+
+
+def check_written(profile: str, notebook: str, files: tuple[str, ...] = ("summary.json", "metrics.jsonl"),
+                  figures: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A notebook's last cell: the results folder holds ``files`` and the figures ``figures``, and every
+    number of its summary is finite. Returns the written summary."""
+    import math
+
+    from copes_lib import runs
+
+    out = runs.RESULTS_ROOT / profile / notebook
+    for name in files:
+        assert (out / name).exists(), f"{out / name} was not written"
+    for what in figures:
+        assert runs.figure_path(profile, notebook, what).exists(), f"figure {what!r} of {notebook} was not written"
+    written = runs.read_json(out / "summary.json")
+    bad = [k for k, v in written.items()
+           if isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isfinite(v)]
+    assert not bad, f"{notebook}: summary values are not finite: {bad}"
+    print("ok:", out)
+    return written

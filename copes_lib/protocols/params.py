@@ -1,0 +1,369 @@
+"""The parameters of every notebook of paper A and of the suite notebooks (00, 99).
+
+A notebook's parameters cell holds flat typed scalars; :func:`copes_lib.protocols.notebooks.load_params`
+turns them into one of these frozen dataclasses (defaults = the ``cpu`` profile's values) and fails at
+once on an unknown name, a wrong type or an out-of-range value. The engines never see these classes:
+each class turns itself into the engine-level configs (``ESConfig``, ``GRPOConfig``,
+``WarmStartConfig``, ...) the library's algorithms take.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from copes_lib.budget import SubstrateSizes
+from copes_lib.config import ConfigError, NotebookParams, param
+from copes_lib.grpo import GRPOConfig
+from copes_lib.substrate import MODEL_SIZES, WarmStartConfig
+from copes_lib.tasks import GPUDataPaths
+
+
+@dataclass(frozen=True)
+class OverviewParams(NotebookParams):
+    """Parameters of 00_suite_overview."""
+
+    NOTEBOOK = "00_suite_overview"
+
+
+@dataclass(frozen=True)
+class SummaryParams(NotebookParams):
+    """Parameters of 99_summary."""
+
+    NOTEBOOK = "99_summary"
+
+    WRITE_README: bool = param(True, "rewrite the README's generated results section from the claims table")
+
+
+# =========================================================================== 01: substrate and agent
+@dataclass(frozen=True)
+class SubstrateNotebookParams(NotebookParams):
+    """Parameters of notebook 01_substrate_and_agent (defaults = the cpu profile). Every notebook reads
+    the same values from ``profiles/<profile>.yaml`` (``protocols.substrate_setup``), so all use one
+    substrate."""
+
+    NOTEBOOK = "01_substrate_and_agent"
+
+    MODEL_SIZE: str = param("cpu", "Qwen3 shape of the miniature", choices=tuple(MODEL_SIZES))
+    VOCAB_SIZE: int = param(640, "BPE vocabulary size of the miniature's tokenizer", ge=300, le=8192)
+    MAX_CONTEXT: int = param(384, "longest prompt + trajectory in tokens (model positions)", ge=64)
+    WARM_MATH_STEPS: int = param(450, "warm-start optimizer steps on math traces (fixed per profile)", ge=0)
+    WARM_QA_STEPS: int = param(200, "warm-start optimizer steps on QA traces (fixed per profile)", ge=0)
+    WARM_BATCH: int = param(32, "warm-start traces per step", ge=1)
+    WARM_LR: float = param(3e-3, "warm-start AdamW learning rate (after a linear warmup)", gt=0.0)
+    WARM_WARMUP: int = param(20, "linear learning-rate warmup steps", ge=0)
+    WARM_EVAL_EVERY: int = param(50, "evaluate the warm start every this many steps (curve)", ge=1)
+    WARM_EVAL_PROBLEMS: int = param(128, "validation problems per curve point", ge=1)
+    EVAL_BATCH: int = param(256, "trajectories per rollout batch when evaluating", ge=1)
+    MAX_NEW_TOKENS: int = param(64, "model-written tokens per trajectory", ge=8)
+    N_TRAJECTORIES: int = param(4, "trajectories rendered per task kind", ge=0)
+    BENCH_BATCH: int = param(64, "batch of the rollout-throughput measurement", ge=1)
+    MODEL_PATH: str = param("", "gpu profile: local HF checkpoint folder (e.g. Qwen3.5-4B)")
+    MATH_TRAIN_JSONL: str = param("", "gpu profile: MATH train JSONL (problem, solution, type)")
+    MATH_TEST_JSONL: str = param("", "gpu profile: MATH test JSONL (MATH-500 / MATH-Test format)")
+    QA_TRAIN_JSONL: str = param("", "gpu profile: HotpotQA train JSONL")
+    QA_TEST_JSONL: str = param("", "gpu profile: QA test JSONL (HotpotQA / 2Wiki / MuSiQue format)")
+    SEARCH_CORPUS_JSONL: str = param("", "gpu profile: search corpus JSONL (id, title, text | contents)")
+    VAL_HOLDOUT: int = param(750, "gpu profile: training problems held out for validation (paper: 750)", ge=1)
+
+    def check(self) -> None:
+        if self.PROFILE != "gpu" and self.MODEL_SIZE not in MODEL_SIZES:
+            raise ConfigError(f"MODEL_SIZE = {self.MODEL_SIZE!r}; valid values: {list(MODEL_SIZES)}")
+
+    def warm_start_config(self) -> WarmStartConfig:
+        """The substrate these parameters describe (the gpu profile loads MODEL_PATH instead of training)."""
+        return WarmStartConfig(
+            model_size=self.MODEL_SIZE, vocab_size=self.VOCAB_SIZE, max_context=self.MAX_CONTEXT,
+            math_steps=self.WARM_MATH_STEPS, qa_steps=self.WARM_QA_STEPS, batch=self.WARM_BATCH,
+            lr=self.WARM_LR, warmup=self.WARM_WARMUP, eval_every=self.WARM_EVAL_EVERY,
+            eval_problems=self.WARM_EVAL_PROBLEMS, eval_batch=self.EVAL_BATCH, max_new_tokens=self.MAX_NEW_TOKENS,
+            prompt_style="auto" if self.PROFILE == "gpu" else "plain",
+            model_path=self.MODEL_PATH if self.PROFILE == "gpu" else "")
+
+    def gpu_data_paths(self) -> GPUDataPaths:
+        return GPUDataPaths(math_train_jsonl=self.MATH_TRAIN_JSONL, math_test_jsonl=self.MATH_TEST_JSONL,
+                            qa_train_jsonl=self.QA_TRAIN_JSONL, qa_test_jsonl=self.QA_TEST_JSONL,
+                            search_corpus_jsonl=self.SEARCH_CORPUS_JSONL, val_holdout=self.VAL_HOLDOUT)
+
+
+# =========================================================================== 02, 03: ES and CoPES
+@dataclass(frozen=True)
+class StandardESNotebookParams(NotebookParams):
+    """Parameters of 02_standard_es (defaults = the cpu profile)."""
+
+    NOTEBOOK = "02_standard_es"
+
+    STEPS: int = param(16, "ES steps of the main run (paper: the 16-step budget; best ES checkpoint at 112)",
+                       ge=0)
+    POPULATION: int = param(40, "N, members per step (paper: 40)", ge=2)
+    SIGMA: float = param(1e-2, "sigma of the main run (paper: 1e-3; chosen for this substrate by the "
+                         "sweep, FINDINGS.md)", gt=0.0)
+    ALPHA: float = param(5e-3, "alpha of the main run (paper: 5e-4)", gt=0.0)
+    BATCH_SIZE: int = param(16, "prompts per step, shared by all members (paper: 64; 16 fits the cpu budget)",
+                            ge=1)
+    VAL_EVERY: int = param(8, "validate every this many steps (paper: 8)", ge=1)
+    VAL_PROBLEMS: int = param(512, "validation problems, 0 for all of the val split (paper: 750)", ge=0)
+    CHUNK_SIZE: int = param(4096, "elements per chunk (paper: unstated)", ge=1)
+    BACKEND: str = param("batched", "member evaluation backend (batched: members x prompts in one rollout)",
+                         choices=("sequential", "batched", "ray"))
+    NOISE: str = param("iid", "noise seeding (iid or paper_correlated)", choices=("iid", "paper_correlated"))
+    ES_SEED: int = param(33, "seed of noise and partitions (paper: 33)", ge=0)
+    BATCH_SEED: int = param(1088, "seed of the per-step prompt batches, shared by every method", ge=0)
+    SWEEP_SIGMAS: str = param("0.005,0.01", "comma-separated sigmas of the sweep; empty for no sweep")
+    SWEEP_ALPHA_RATIO: float = param(0.5, "the sweep sets alpha to this ratio times sigma (paper: 0.5)", gt=0.0)
+    SWEEP_STEPS: int = param(4, "steps per sweep run", ge=1)
+    SWEEP_VAL_PROBLEMS: int = param(256, "validation problems for sweep runs", ge=1)
+    TASK_KIND: str = param("math", "task family", choices=("math", "qa"))
+    MAIN_FROM_SWEEP: bool = param(True, "main run at the sweep's best (sigma, alpha); False: SIGMA, ALPHA")
+
+    def check(self) -> None:
+        sweep_values(self.SWEEP_SIGMAS, "SWEEP_SIGMAS")
+
+
+@dataclass(frozen=True)
+class CoPESNotebookParams(StandardESNotebookParams):
+    """Parameters of 03_copes (defaults = the cpu profile)."""
+
+    NOTEBOOK = "03_copes"
+
+    SUBSPACES: int = param(4, "K (paper: 4)", ge=1)
+    ZSCORE: str = param("joint", "z-score over all N (paper) or per subspace (ablation)",
+                        choices=("joint", "independent"))
+    SIGMA: float = param(1e-2, "sigma; CoPES perturbs with sigma_k: sqrt(K) x sigma (the paper's protocol shares ES's sigma)",
+                         gt=0.0)
+    SWEEP_SIGMAS: str = param("0.005,0.01", "comma-separated sigmas of the CoPES sweep, separate from "
+                              "ES's; empty for no sweep")
+    STEP_CONTROL: bool = param(False, "also run ES with sqrt(K) x alpha (CoPES's update size; FINDINGS.md)")
+
+    def check(self) -> None:
+        super().check()
+        if self.POPULATION % self.SUBSPACES or self.POPULATION // self.SUBSPACES < 2:
+            raise ConfigError(f"POPULATION = {self.POPULATION} must be a multiple of SUBSPACES = "
+                              f"{self.SUBSPACES} with at least 2 members per subspace")
+
+
+def sweep_values(text: str, name: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError as err:
+        raise ConfigError(f"{name} = {text!r} must be comma-separated numbers, e.g. '0.005,0.01'") from err
+    if any(not math.isfinite(v) or v <= 0 for v in values):
+        raise ConfigError(f"{name} = {text!r}: every value must be finite and > 0")
+    return values
+
+
+# =========================================================================== 04: GRPO
+@dataclass(frozen=True)
+class GRPONotebookParams(NotebookParams):
+    """Parameters of notebooks/04_grpo.ipynb. Defaults are the cpu profile's values."""
+
+    NOTEBOOK = "04_grpo"
+
+    STEPS: int = param(16, "GRPO training steps per run (paper: 16 for the fixed budget)", ge=1)
+    VAL_EVERY: int = param(4, "validate every this many steps (paper: 8)", ge=1)
+    PROMPT_BATCH: int = param(16, "prompts per step (paper: 64)", ge=1)
+    GROUP_SIZE: int = param(8, "G, trajectories per prompt (paper: 8)", ge=2)
+    MINI_BATCH: int = param(8, "prompts per optimizer step (paper: 32 of 64, i.e. 2 updates per step)", ge=1)
+    MICRO_BATCH: int = param(32, "trajectories per forward/backward (memory only)", ge=1)
+    FULL_LR: float = param(1e-4, "full-parameter learning rate (paper: 1e-6 on a 4B model)", gt=0)
+    LORA_LR: float = param(1e-3, "LoRA learning rate (paper: 5e-6 on a 4B model)", gt=0)
+    LORA_R: int = param(8, "LoRA rank (paper: 32)", ge=1)
+    LORA_ALPHA: int = param(16, "LoRA alpha (paper: 64), twice the rank as in the paper", ge=1)
+    KL_COEF: float = param(1e-3, "k3 KL coefficient (paper: 1e-3)", ge=0)
+    TEMPERATURE: float = param(1.0, "sampling temperature of training rollouts (paper: 1.0)", gt=0)
+    SWEEP_LRS_FULL: str = param("1e-4,3e-4", "comma-separated full-parameter learning rates to sweep first "
+                                             "(empty: no sweep, use FULL_LR)")
+    SWEEP_LRS_LORA: str = param("1e-3,3e-3", "comma-separated LoRA learning rates to sweep first (empty: use LORA_LR)")
+    SWEEP_STEPS: int = param(4, "steps per sweep run; the best validation accuracy picks the rate", ge=1)
+    N_VAL: int = param(512, "validation problems (paper: 750)", ge=1)
+    GRPO_SEED: int = param(42, "GRPO seed (paper: 42)", ge=0)
+    AMP: str = param("none", "autocast dtype of GRPO updates; with 'bfloat16' the model is trained in fp32 "
+                             "(master weights) under bf16 autocast (gpu profile)", choices=("none", "bfloat16"))
+
+    def check(self) -> None:
+        if self.PROMPT_BATCH % self.MINI_BATCH:
+            raise ConfigError(f"PROMPT_BATCH = {self.PROMPT_BATCH} is not divisible by MINI_BATCH = "
+                              f"{self.MINI_BATCH}; choose a MINI_BATCH that divides it")
+        for name in ("SWEEP_LRS_FULL", "SWEEP_LRS_LORA"):
+            for item in filter(None, (s.strip() for s in getattr(self, name).split(","))):
+                try:
+                    ok = float(item) > 0
+                except ValueError:
+                    ok = False
+                if not ok:
+                    raise ConfigError(f"{name} = {getattr(self, name)!r}: {item!r} is not a positive number")
+        if (len(self.sweep("full")) > 1 or len(self.sweep("lora")) > 1) and self.SWEEP_STEPS >= self.STEPS:
+            raise ConfigError(f"SWEEP_STEPS = {self.SWEEP_STEPS} must be < STEPS = {self.STEPS} when a sweep is set")
+
+    def sweep(self, which: str) -> list[float]:
+        text = self.SWEEP_LRS_FULL if which == "full" else self.SWEEP_LRS_LORA
+        return [float(s) for s in text.split(",") if s.strip()]
+
+    def grpo_config(self, use_lora: bool, lr: float | None = None, steps: int | None = None) -> GRPOConfig:
+        return GRPOConfig(
+            group_size=self.GROUP_SIZE, prompt_batch_size=self.PROMPT_BATCH, mini_batch_size=self.MINI_BATCH,
+            micro_batch_size=self.MICRO_BATCH, lr=lr if lr is not None else (self.LORA_LR if use_lora else self.FULL_LR),
+            kl_coef=self.KL_COEF, temperature=self.TEMPERATURE, use_lora=use_lora, lora_r=self.LORA_R, lora_alpha=self.LORA_ALPHA,
+            total_steps=steps or self.STEPS, val_every=self.VAL_EVERY, seed=self.GRPO_SEED, amp_dtype=self.AMP)
+
+
+# =========================================================================== 05, 06, 07: experiments
+@dataclass(frozen=True)
+class _ExperimentParams(NotebookParams):
+    """What every paper-A experiment notebook shares: the ES engine, the batches, the validation."""
+
+    POPULATION: int = param(40, "N, members per ES / CoPES step (paper: 40)", ge=2)
+    BATCH_SIZE: int = param(16, "prompts per ES step, shared by all members (paper: 64)", ge=1)
+    VAL_PROBLEMS: int = param(512, "validation problems (0 means all of the val split; paper: 750)", ge=0)
+    VAL_EVERY: int = param(4, "validate every this many steps (paper: 8)", ge=1)
+    BUDGET_STEPS: int = param(8, "the step budget; 0 means full GRPO's best validation step s* (paper: 16)",
+                              ge=0)
+    SEEDS: int = param(3, "seeds of ES and CoPES (paper: 1 run each)", ge=1)
+    SIGMA: float = param(1e-2, "standard ES sigma when notebook 02 has not chosen one (paper: 1e-3)", gt=0.0)
+    ALPHA: float = param(5e-3, "standard ES alpha when notebook 02 has not chosen one (paper: 5e-4)", gt=0.0)
+    SUBSPACES: int = param(4, "K of CoPES (paper: 4)", ge=1)
+    CHUNK_SIZE: int = param(4096, "elements per parameter chunk (paper: unstated)", ge=1)
+    BACKEND: str = param("batched", "ES member evaluation: sequential or batched (same updates)",
+                         choices=("sequential", "batched"))
+    NOISE: str = param("iid", "noise seeding (iid or paper_correlated)", choices=("iid", "paper_correlated"))
+    ES_SEED: int = param(33, "noise seed of seed 0; seed i uses ES_SEED + i (paper: 33)", ge=0)
+    BATCH_SEED: int = param(1088, "prompt-batch seed of seed 0; seed i uses BATCH_SEED + i", ge=0)
+    READ_UPSTREAM: bool = param(True, "take sigma / alpha / learning rates from notebooks 02-04's summaries "
+                                "when they exist (else this notebook's values)")
+
+    TASK_KIND = "math"  # not a parameter: the notebook fixes its task family
+
+    def check(self) -> None:
+        if self.POPULATION % self.SUBSPACES or self.POPULATION // self.SUBSPACES < 2:
+            raise ConfigError(f"POPULATION = {self.POPULATION} must be a multiple of SUBSPACES = "
+                              f"{self.SUBSPACES} with at least 2 members per subspace (paper: 40 and 4)")
+
+
+@dataclass(frozen=True)
+class _GRPOParams(_ExperimentParams):
+    """Notebooks with GRPO arms. The GRPO configuration itself (batches, group, LoRA shape, KL,
+    temperature, dtype policy, fallback learning rates) is notebook 04's, read from the profile by
+    ``protocols.grpo_arm``: one configuration, so 05 reuses the runs 04 cached."""
+
+    ES_LONG_STEPS: int = param(24, "steps standard ES is continued to, for its best checkpoint and the "
+                               "step it reaches CoPES (paper: 112; 48 to match)", ge=1)
+    LONG_SEEDS: int = param(1, "ES seeds continued to ES_LONG_STEPS (their mean curve is used)", ge=1)
+    TEST_PROBLEMS: int = param(128, "test problems for the test decoding (0 means the whole test split)", ge=0)
+    TEST_SAMPLES: int = param(8, "samples per test problem, n of pass@k (paper: 32)", ge=1)
+    TEST_TEMPERATURE: float = param(0.3, "test decoding temperature (paper: 0.3)", gt=0.0)
+
+    def check(self) -> None:
+        super().check()
+        if self.LONG_SEEDS > self.SEEDS:
+            raise ConfigError(f"LONG_SEEDS = {self.LONG_SEEDS} must be <= SEEDS = {self.SEEDS}")
+        if self.BUDGET_STEPS and self.ES_LONG_STEPS < self.BUDGET_STEPS:
+            raise ConfigError(f"ES_LONG_STEPS = {self.ES_LONG_STEPS} must be >= BUDGET_STEPS = "
+                              f"{self.BUDGET_STEPS}: the long run continues the budget run")
+
+
+@dataclass(frozen=True)
+class FixedBudgetParams(_GRPOParams):
+    """Parameters of 05_fixed_budget_math (defaults = the cpu profile). Full GRPO is notebook 04's run:
+    its STEPS, configuration and learning rate."""
+
+    NOTEBOOK = "05_fixed_budget_math"
+
+    COPES_SIGMA: float = param(5e-3, "CoPES's own sigma when notebook 03 has not tuned one", gt=0.0)
+    COPES_ALPHA: float = param(2.5e-3, "CoPES's own alpha when notebook 03 has not tuned one", gt=0.0)
+    HEADLINE: str = param("tuned", "protocol of the headline keys: tuned (each method at its own sigma / "
+                          "alpha) or paper (CoPES at ES's sigma / alpha)", choices=("tuned", "paper"))
+
+
+@dataclass(frozen=True)
+class AblationParams(_ExperimentParams):
+    """Parameters of 06_copes_ablations (defaults = the cpu profile)."""
+
+    NOTEBOOK = "06_copes_ablations"
+
+    BUDGET_STEPS: int = param(8, "the step budget of every arm (paper: 16)", ge=1)
+    SEEDS: int = param(3, "seeds per arm (paper: 1 run each)", ge=1)
+
+    def check(self) -> None:
+        super().check()
+        if self.POPULATION % 8 or self.POPULATION // 8 < 2:
+            raise ConfigError(f"POPULATION = {self.POPULATION}: the K = 8 arm needs a multiple of 8 with at "
+                              "least 2 members per subspace (paper: 40, N_k = 5)")
+
+
+@dataclass(frozen=True)
+class MultihopQAParams(_GRPOParams):
+    """Parameters of 07_multihop_qa (defaults = the cpu profile)."""
+
+    NOTEBOOK = "07_multihop_qa"
+
+    SEEDS: int = param(1, "seeds of ES and CoPES (paper: 1 run each)", ge=1)
+    BUDGET_STEPS: int = param(8, "the step budget (paper: 48); 0 means full GRPO's best step s*", ge=0)
+    GRPO_STEPS: int = param(8, "full GRPO steps on QA (paper: 48); the rest of the GRPO configuration is "
+                            "notebook 04's", ge=1)
+    ES_LONG_STEPS: int = param(16, "steps standard ES is continued to, to reach CoPES's F1 (paper: 64)", ge=1)
+    TEST_PROBLEMS: int = param(256, "QA test problems (0 means the whole test split)", ge=0)
+    TEST_SAMPLES: int = param(2, "samples per test problem (paper: 32)", ge=1)
+    READ_UPSTREAM: bool = param(False, "take sigma / alpha / learning rates from notebooks 02-04 (tuned on "
+                                "math, not QA)")
+    COPES_SIGMA: float = param(1e-2, "CoPES sigma on QA (the paper's protocol: ES's sigma)", gt=0.0)
+    COPES_ALPHA: float = param(5e-3, "CoPES alpha on QA (the paper's protocol: ES's alpha)", gt=0.0)
+
+    TASK_KIND = "qa"
+
+    def check(self) -> None:
+        super().check()
+        if self.BUDGET_STEPS == 0 and self.ES_LONG_STEPS < self.GRPO_STEPS:
+            raise ConfigError(f"ES_LONG_STEPS = {self.ES_LONG_STEPS} must be >= GRPO_STEPS = "
+                              f"{self.GRPO_STEPS} when the budget is s* (BUDGET_STEPS = 0)")
+
+
+# =========================================================================== 08: memory and GPU-hours
+@dataclass(frozen=True)
+class BudgetNotebookParams(NotebookParams):
+    """Parameters of 08_memory_and_gpu_hours (defaults = the cpu profile)."""
+
+    NOTEBOOK = "08_memory_and_gpu_hours"
+
+    DEVICE: str = param("cpu", "device for the measurements: cpu or cuda")
+    MEASURE_LAYERS: int = param(4, "substrate decoder layers for the measurements", gt=0)
+    MEASURE_HIDDEN: int = param(256, "substrate hidden size", gt=0)
+    MEASURE_HEADS: int = param(4, "substrate query heads", gt=0)
+    MEASURE_KV_HEADS: int = param(2, "substrate KV heads (must divide MEASURE_HEADS)", gt=0)
+    MEASURE_HEAD_DIM: int = param(64, "substrate head dimension", gt=0)
+    MEASURE_INTERMEDIATE: int = param(768, "substrate MLP intermediate size", gt=0)
+    MEASURE_VOCAB: int = param(4096, "substrate vocabulary size", gt=0)
+    CONTEXTS: str = param("256,512,1024,2048", "comma-separated context lengths (tokens) to measure, >= 4")
+    SEQUENCES: int = param(2, "sequences per measured step (batch)", gt=0)
+    LORA_RANK: int = param(8, "LoRA rank of the measured LoRA-GRPO step", gt=0)
+    ACCOUNT_ENGINE: str = param("agent", "step-cost split with the warm-started agent and its real tools "
+                                "(agent: warm_start + rollout) or a random model with plain generate (plain)",
+                                choices=("agent", "plain"))
+    ACCOUNT_POPULATION: int = param(10, "ES population N of the measured ES step (paper: 40)", gt=1)
+    ACCOUNT_PROMPTS: int = param(4, "prompt batch of the measured steps (paper: 64)", gt=0)
+    ACCOUNT_GROUP: int = param(2, "GRPO group size of the measured step (paper: 8)", gt=1)
+    ACCOUNT_PROMPT_LEN: int = param(64, "plain engine: prompt tokens of the measured steps", gt=0)
+    ACCOUNT_NEW_TOKENS: int = param(32, "plain engine: generated tokens per trajectory", gt=0)
+
+    def check(self) -> None:
+        contexts = self.context_lengths
+        if len(contexts) < 4 or any(c <= 8 for c in contexts) or len(set(contexts)) != len(contexts):
+            raise ConfigError(f"CONTEXTS = {self.CONTEXTS!r} must list >= 4 distinct lengths > 8 tokens, "
+                              "e.g. '256,512,1024,2048'")
+        if self.MEASURE_HEADS % self.MEASURE_KV_HEADS:
+            raise ConfigError(f"MEASURE_KV_HEADS = {self.MEASURE_KV_HEADS} must divide "
+                              f"MEASURE_HEADS = {self.MEASURE_HEADS}")
+        if not (self.DEVICE == "cpu" or self.DEVICE.startswith("cuda")):
+            raise ConfigError(f"DEVICE = {self.DEVICE!r} is not valid; valid values: 'cpu', 'cuda', 'cuda:N'")
+
+    @property
+    def context_lengths(self) -> list[int]:
+        try:
+            return [int(c) for c in self.CONTEXTS.split(",") if c.strip()]
+        except ValueError as exc:
+            raise ConfigError(f"CONTEXTS = {self.CONTEXTS!r} must be comma-separated integers") from exc
+
+    @property
+    def sizes(self) -> SubstrateSizes:
+        return SubstrateSizes(layers=self.MEASURE_LAYERS, hidden=self.MEASURE_HIDDEN, heads=self.MEASURE_HEADS,
+                              kv_heads=self.MEASURE_KV_HEADS, head_dim=self.MEASURE_HEAD_DIM,
+                              intermediate=self.MEASURE_INTERMEDIATE, vocab=self.MEASURE_VOCAB)

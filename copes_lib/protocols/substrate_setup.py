@@ -1,0 +1,31 @@
+"""The profile's substrate, as every paper-A notebook uses it: notebook 01's parameters under a
+profile (``profiles/<profile>.yaml`` over the dataclass defaults) turned into the engine's
+:class:`~copes_lib.substrate.WarmStartConfig`, and the gpu profile's data paths handed to
+``copes_lib.tasks``. The engines take these configs as arguments and never read a profile."""
+
+from __future__ import annotations
+
+from copes_lib import tasks
+from copes_lib.config import build, profile_params
+from copes_lib.protocols.params import SubstrateNotebookParams
+from copes_lib.substrate import WarmStartConfig
+
+SUBSTRATE_NOTEBOOK = "01_substrate_and_agent"
+
+
+def substrate_params(profile: str) -> SubstrateNotebookParams:
+    """Notebook 01's parameters under ``profile`` (profile yaml over the dataclass defaults)."""
+    return build(SubstrateNotebookParams, {**profile_params(profile, SubstrateNotebookParams), "PROFILE": profile})
+
+
+def substrate_config(profile: str) -> WarmStartConfig:
+    """The substrate every notebook of ``profile`` shares (what notebook 01 trains and caches)."""
+    use_profile_data(profile)
+    return substrate_params(profile).warm_start_config()
+
+
+def use_profile_data(profile: str) -> None:
+    """Point ``copes_lib.tasks`` at the gpu profile's local files (a no-op for smoke and cpu, whose
+    tasks are generated)."""
+    if profile == "gpu":
+        tasks.use_gpu_data(substrate_params(profile).gpu_data_paths())

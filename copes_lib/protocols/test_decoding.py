@@ -1,0 +1,64 @@
+"""Test decoding of paper A (temperature 0.3, top-p 1, n samples per problem) and unbiased pass@k."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from copes_lib import runs, stats
+from copes_lib.config import NotebookParams
+from copes_lib.es import checksum
+from copes_lib.rollout import evaluate
+
+
+def sample_test(params: NotebookParams, agent, model, tasks: Sequence[Any], *, samples: int,
+                temperature: float, label: str, seed: int = 0) -> dict[str, Any]:
+    """``samples`` trajectories per task at ``temperature`` (top-p 1), cached by the weights' checksum.
+
+    Returns per-task scores (``scores[j]``: the samples' scores of task j; correctness for math, F1 for
+    QA), the mean Acc / EM / F1 (QA) or accuracy (math), and ``correct_counts`` for pass@k.
+    """
+    objective = agent.objective
+    config = dataclasses.replace(objective.rollout_config, temperature=temperature, top_p=1.0)
+    key = runs.cache_key({"weights": checksum(model), "samples": samples, "temperature": temperature,
+                          "rollout": config.to_dict(), "kind": agent.key["kind"], "seed": seed},
+                         [t.id for t in tasks])
+    path = runs.cache_dir(params.PROFILE, "test_samples", key) / "result.json"
+
+    def compute() -> dict[str, Any]:
+        repeated = [t for t in tasks for _ in range(samples)]  # task-major: task j's samples are adjacent
+        result = evaluate(model, objective.tokenizer, repeated, objective.env, config, seed=seed,
+                          return_batches=True)
+        details = [d for b in result["batches"] for d in b.details]
+        scores = [float(s) for b in result["batches"] for s in b.scores]
+        out = {"label": label, "samples": samples, "temperature": temperature, "problems": len(tasks),
+               "scores": [scores[j * samples:(j + 1) * samples] for j in range(len(tasks))]}
+        if agent.key["kind"] == "math":
+            out["accuracy"] = float(np.mean(scores))
+        else:
+            for name in ("acc", "em", "f1"):
+                out[name] = float(np.mean([d[name] for d in details]))
+        return out
+
+    result = runs.cached(path, compute, force=params.FORCE)
+    result["correct_counts"] = [int(sum(s >= 1.0 for s in row)) for row in result["scores"]]
+    per_problem = [float(np.mean(row)) for row in result["scores"]]
+    result["score_se"] = (float(np.std(per_problem, ddof=1) / math.sqrt(len(per_problem)))
+                          if len(per_problem) > 1 else None)
+    runs.summary_line(f"test {label}", 0, {k: result[k] for k in ("accuracy", "acc", "em", "f1") if k in result})
+    return result
+
+
+def pass_at_k_frame(results: dict[str, dict[str, Any]]):
+    """Long table (method, k, pass_at_k) for k = 1..n of each method's test samples."""
+    import pandas as pd
+
+    rows = []
+    for method, result in results.items():
+        curve = stats.pass_at_k_curve(result["correct_counts"], result["samples"])
+        rows += [{"method": method, "k": k, "pass_at_k": float(v)} for k, v in enumerate(curve, start=1)]
+    return pd.DataFrame(rows)

@@ -1,0 +1,237 @@
+"""Paper-A protocols (copes_lib.protocols): parameters, the numbers computed from
+histories, tables, and cached ES runs (continuation = an uninterrupted run) on a toy objective."""
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from copes_lib import config, es, runs
+from copes_lib.config import ConfigError
+from copes_lib.protocols import (
+    ablations,
+    es_arm,
+    fixed_budget,
+    grpo_arm,
+    histories,
+    notebooks,
+    params,
+    tables,
+    test_decoding,
+)
+
+
+def _history(points, step_s=2.0):
+    """A training history with validation at the given {step: accuracy} points."""
+    last = max(points)
+    rows = []
+    for step in range(last + 1):
+        row = {"step": step, "time/device_hours": step * step_s / 3600}
+        if step:
+            row.update({"time/step_s": step_s, "es/update_norm": 0.5 * step})
+        if step in points:
+            row["eval/val_accuracy"] = points[step]
+        rows.append(row)
+    return rows
+
+
+def _run(points, seed_index=0):
+    return es_arm.ESRun(f"arm seed {seed_index}", None, _history(points), None, seed_index)
+
+
+# --------------------------------------------------------------------------- parameters
+@pytest.mark.parametrize("cls, values, field", [
+    (params.FixedBudgetParams, {"POPULATION": 30}, "POPULATION"),
+    (params.FixedBudgetParams, {"LONG_SEEDS": 4, "SEEDS": 3}, "LONG_SEEDS"),
+    (params.FixedBudgetParams, {"BUDGET_STEPS": 16, "ES_LONG_STEPS": 8}, "ES_LONG_STEPS"),
+    (params.MultihopQAParams, {"BUDGET_STEPS": 0, "GRPO_STEPS": 16, "ES_LONG_STEPS": 8}, "ES_LONG_STEPS"),
+    (params.FixedBudgetParams, {"HEADLINE": "best"}, "HEADLINE"),
+    (params.AblationParams, {"POPULATION": 20}, "POPULATION"),
+    (params.AblationParams, {"BUDGET_STEPS": 0}, "BUDGET_STEPS"),
+    (params.MultihopQAParams, {"TEST_TEMPERATURE": 0.0}, "TEST_TEMPERATURE"),
+])
+def test_bad_parameters_fail_naming_the_field(cls, values, field):
+    with pytest.raises(ConfigError, match=field):
+        cls(**values)
+
+
+@pytest.mark.parametrize("notebook", ["05_fixed_budget_math", "06_copes_ablations", "07_multihop_qa"])
+def test_profiles_validate(notebook):
+    for profile in config.PROFILES:
+        assert notebooks.profile_problems(profile, [notebook]) == {}, profile
+    assert notebooks.params_class(notebook)().TASK_KIND == ("qa" if notebook.startswith("07") else "math")
+
+
+# --------------------------------------------------------------------------- numbers from histories
+def test_compare_at_budget_gain_recovery_and_paired_test():
+    base, grpo_best = 0.40, 0.60
+    es_runs = [_run({0: base, 4: v}, i) for i, v in enumerate([0.44, 0.46, 0.45])]
+    copes_runs = [_run({0: base, 4: v}, i) for i, v in enumerate([0.50, 0.53, 0.51])]
+    c = fixed_budget.compare_at_budget(es_runs, copes_runs, 4, base, grpo_best)
+    assert c["gain_recovery_es"] == pytest.approx((0.45 - 0.40) / 0.20)
+    assert c["gain_recovery_copes"] == pytest.approx((np.mean([0.50, 0.53, 0.51]) - 0.40) / 0.20)
+    assert c["gain_recovery_copes_per_seed"][1] == pytest.approx(0.65)
+    d = c["copes_minus_es"]
+    assert d["mean"] == pytest.approx(np.mean([0.06, 0.07, 0.06]))
+    assert d["significant"] is True and d["p"] < 0.05 and d["low"] > 0
+    # a noisy difference of mixed sign is not significant
+    noisy = [_run({0: base, 4: v}, i) for i, v in enumerate([0.50, 0.40, 0.47])]
+    assert fixed_budget.compare_at_budget(es_runs, noisy, 4, base, grpo_best)["copes_minus_es"]["significant"] is False
+    with pytest.raises(ValueError, match="budget step 8"):
+        fixed_budget.compare_at_budget(es_runs, copes_runs, 8, base, grpo_best)
+
+
+def test_gain_recovery_undefined_when_grpo_did_not_move():
+    assert fixed_budget.gain_recovery_or_none(0.5, base=0.4, reference=0.4) is None
+    assert fixed_budget.gain_recovery_or_none(0.5, base=0.4, reference=0.3) is None
+    assert fixed_budget.gain_recovery_or_none(None, base=0.4, reference=0.6) is None
+    assert fixed_budget.gain_recovery_or_none(0.5, base=0.4, reference=0.6) == pytest.approx(0.5)
+
+
+def test_single_seed_has_no_interval_and_is_not_significant():
+    c = fixed_budget.compare_at_budget([_run({0: 0.4, 2: 0.45})], [_run({0: 0.4, 2: 0.55})], 2, 0.4, 0.6)
+    assert c["copes"]["low"] is None and c["copes_minus_es"]["p"] is None
+    assert c["copes_minus_es"]["significant"] is False
+
+
+def test_steps_to_match_best_and_mean_curve():
+    long_a = _history({0: 0.40, 8: 0.44, 16: 0.47, 24: 0.52})
+    long_b = _history({0: 0.40, 8: 0.46, 16: 0.49, 24: 0.50})
+    steps, curve = histories.mean_curve([long_a, long_b])
+    assert steps == [0, 8, 16, 24] and curve[1] == pytest.approx(0.45)
+    assert histories.steps_to_match(steps, curve, 0.48) == 16
+    assert histories.steps_to_match(steps, curve, 0.60) is None
+    assert histories.steps_to_match(steps, curve, 0.30) == 8  # the base (step 0) never counts as reaching
+    assert histories.best_validated(_history({0: 0.9, 4: 0.5, 8: 0.6, 12: 0.6})) == (8, 0.6)  # earliest on ties
+    assert histories.best_validated(_history({0: 0.9, 4: 0.5}), trained_only=False) == (0, 0.9)
+    assert histories.val_at(long_a, 16) == 0.47 and histories.val_at(long_a, 5) is None
+    assert histories.mean_step_seconds(long_a) == pytest.approx(2.0)
+
+
+# --------------------------------------------------------------------------- pass@k and tables
+def test_pass_at_k_frame_shape_and_values():
+    results = {"a": {"samples": 4, "correct_counts": [0, 2, 4]}, "b": {"samples": 4, "correct_counts": [1, 1, 1]}}
+    frame = test_decoding.pass_at_k_frame(results)
+    assert len(frame) == 2 * 4 and set(frame["k"]) == {1, 2, 3, 4}
+    a = frame[frame.method == "a"].set_index("k")["pass_at_k"]
+    assert a[1] == pytest.approx((0 + 0.5 + 1) / 3)  # pass@1 = mean accuracy
+    assert a[4] == pytest.approx(2 / 3)  # a problem with any correct sample counts at k = n
+    assert all(np.diff(a.values) >= -1e-12)
+
+
+def test_tables_in_the_papers_layout():
+    t1 = tables.table1_frame({"copes_at_budget": {"test_pass1": 0.5, "steps": 8, "val_acc": 0.47, "device_hours": 0.1}})
+    assert len(t1) == 6 and t1.iloc[5]["ours test pass@1"] == 50.0 and t1.iloc[5]["paper val acc"] == 88.0
+    assert math.isnan(t1.iloc[0]["ours val acc"])  # missing stays missing, never a number
+    val = {k: fixed_budget.seed_stats([0.4, 0.5]) for k in ablations.ABLATION_KEYS}
+    t3 = tables.table3_frame(val, {k: 1.0 for k in ablations.ABLATION_KEYS})
+    assert len(t3) == 8 and t3.iloc[0]["paper MATH-500 pass@1"] == 78.88 and math.isnan(t3.iloc[7]["paper MATH-500 pass@1"])
+    t4 = tables.table4_frame({"es": {"acc": 0.5, "em": 0.25, "f1": 0.4}})
+    assert t4.iloc[2]["ours Acc/EM/F1"] == "50.00/25.00/40.00" and t4.iloc[0]["ours Acc/EM/F1"] == ""
+    assert t4.iloc[3]["paper 2Wiki Acc/EM/F1"] == "59.06/48.29/55.50"
+
+
+def test_ablation_arms_and_reading():
+    arms = ablations.ablation_configs(params.AblationParams(), sigma=0.01, alpha=0.005, seed_index=1)
+    assert list(arms) == list(ablations.ABLATION_KEYS)
+    assert [arms[k].subspaces for k in ("k1", "k2", "k4", "k8")] == [1, 2, 4, 8]
+    assert arms["indep_z"].zscore == "independent" and arms["k4"].zscore == "joint"
+    assert arms["es_2sigma"].sigma == 0.02 and arms["es_2sigma"].alpha == 0.005
+    assert arms["es_sqrtk_alpha"].alpha == pytest.approx(0.01) and arms["es_sqrtk_alpha"].subspaces == 1
+    assert arms["copes_matched_step"].alpha == pytest.approx(0.0025)
+    assert {c.seed for c in arms.values()} == {params.AblationParams().ES_SEED + 1}
+    per_seed = {k: [0.40, 0.42] for k in ablations.ABLATION_KEYS}
+    per_seed["k4"] = [0.50, 0.53]
+    lines = ablations.ablation_reading(per_seed, {k: 1.0 for k in ablations.ABLATION_KEYS})
+    assert len(lines) == 8 and "k4 is higher than k1" in lines[0] and "excludes 0" in lines[0]
+    per_seed["k1"] = [0.47, 0.50]  # the same difference in every seed: no spread, so no test
+    lines = ablations.ablation_reading(per_seed, {k: 1.0 for k in ablations.ABLATION_KEYS})
+    assert "no spread, no test" in lines[0] and "excludes 0" not in lines[0]
+
+
+# --------------------------------------------------------------------------- cached runs on a toy objective
+class _ToyObjective(es.QuadraticObjective):
+    val_tasks = []
+
+
+def test_es_run_continuation_equals_uninterrupted_run(tmp_path, monkeypatch):
+    monkeypatch.setattr(runs, "CACHE_ROOT", tmp_path)
+    model, objective = es.toy_quadratic(seed=3)
+    toy = _ToyObjective(objective.target)
+    agent = es_arm.AgentSetup(model, toy, {"kind": "toy", "substrate_checksum": 0.0})
+    nb_params = params.FixedBudgetParams(PROFILE="smoke", BACKEND="sequential", POPULATION=8, SUBSPACES=2)
+    config = es_arm.es_config_from(nb_params, subspaces=2, sigma=0.1, alpha=0.05)
+    seeded = es_arm.seeded_agent(agent, nb_params.BATCH_SEED)  # what seed_runs / continue_runs use for seed 0
+    short = es_arm.es_run(nb_params, seeded, config, steps=2, val_every=2, label="short")
+    assert short.folder == es_arm.es_run_folder("smoke", seeded, config, 2, 2)  # same key as es.cached_es_run
+    longer = es_arm.continue_runs(nb_params, agent, [short], 4)[0]
+    fresh = es_arm.es_run(nb_params, seeded, config, steps=4, val_every=1, label="fresh")
+    assert longer.folder != fresh.folder and len(longer.history) == 5
+    for name, value in longer.weights("final").items():
+        assert torch.equal(value, fresh.weights("final")[name]), name
+    assert histories.val_at(longer.history, 4) == pytest.approx(histories.val_at(fresh.history, 4))
+    assert histories.val_at(longer.history, 4) > histories.val_at(longer.history, 0)  # ES improves the toy fitness
+    again = es_arm.es_run(nb_params, seeded, config, steps=4, val_every=nb_params.VAL_EVERY, label="again")  # cached: no training
+    assert again.history == longer.history
+    assert math.isfinite(histories.mean_update_norm(longer.history))
+
+
+def test_protocol_reading_says_which_protocol_favoured_copes():
+    def compare(paper, tuned):
+        diff = lambda m, sig: {"copes_minus_es": {"mean": m, "p": 0.01 if sig else None, "significant": sig}}  # noqa: E731
+        return {"paper": diff(*paper), "tuned": diff(*tuned)}
+
+    lines = fixed_budget.protocol_reading(compare((0.011, True), (0.008, False)), "tuned")
+    assert "p = 0.01: significant" in lines[0] and "p = undefined: not significant" in lines[1]
+    assert "did NOT hold" in lines[2] and lines[3].endswith("the tuned protocol.")
+    assert "as expected" in fixed_budget.protocol_reading(compare((0.001, False), (0.008, True)), "tuned")[2]
+
+
+# --------------------------------------------------------------------------- one GRPO configuration
+GRPO_FIELDS = {"PROMPT_BATCH", "GROUP_SIZE", "MINI_BATCH", "MICRO_BATCH", "FULL_LR", "LORA_LR", "LORA_R",
+               "LORA_ALPHA", "KL_COEF", "GRPO_SEED", "TEMPERATURE", "AMP"}
+
+
+@pytest.mark.parametrize("profile", config.PROFILES)
+def test_notebooks_04_05_07_share_one_grpo_configuration_and_cache(profile, tmp_path, monkeypatch):
+    """05 and 07 train GRPO with notebook 04's configuration (temperature and dtype policy included),
+    and a run of 05 with 04's settings is the cache entry 04 wrote."""
+    from types import SimpleNamespace
+
+    from copes_lib.rollout import RolloutConfig
+
+    for cls in (params.FixedBudgetParams, params.MultihopQAParams):
+        assert not GRPO_FIELDS & {f.name for f in dataclasses.fields(cls)}, cls.__name__
+    p04 = grpo_arm.grpo_params(profile)
+    for use_lora in (False, True):
+        assert grpo_arm.grpo_config(profile, use_lora) == p04.grpo_config(use_lora)
+    shared = grpo_arm.grpo_config(profile, False, lr=p04.FULL_LR, steps=p04.STEPS)
+    assert (shared.temperature, shared.amp_dtype) == (p04.TEMPERATURE, p04.AMP)
+    monkeypatch.setattr(runs, "CACHE_ROOT", tmp_path)
+    agent = SimpleNamespace(objective=SimpleNamespace(rollout_config=RolloutConfig(), val_tasks=[SimpleNamespace(id="v1")]),
+                            key={"substrate_checksum": 1.5, "kind": "math"})
+    assert grpo_arm.run_folder(profile, agent, shared) == grpo_arm.run_folder(profile, agent, p04.grpo_config(False))
+    assert grpo_arm.run_folder(profile, agent, shared) != grpo_arm.run_folder(profile, agent, p04.grpo_config(True))
+
+
+def test_gpu_grpo_keeps_the_dtype_policy():
+    gpu = grpo_arm.grpo_config("gpu", use_lora=False)
+    assert gpu.amp_dtype == "bfloat16" and gpu.lr == 1e-6
+
+
+def test_gpu_data_paths_come_from_the_profile_through_the_protocol_layer(monkeypatch):
+    """The task loaders read no profile: the protocol layer hands them notebook 01's gpu paths."""
+    from copes_lib import tasks
+    from copes_lib.protocols import substrate_setup
+
+    monkeypatch.setattr(tasks, "_gpu_data", [])
+    with pytest.raises(ConfigError, match="no paths are set"):
+        tasks.load_tasks("gpu", "math", "val")
+    substrate_setup.use_profile_data("gpu")
+    assert tasks._gpu_paths() == substrate_setup.substrate_params("gpu").gpu_data_paths()
+    with pytest.raises(ConfigError, match="MATH_TRAIN_JSONL is empty"):  # profiles/gpu.yaml ships empty paths
+        tasks.load_tasks("gpu", "math", "val")
+    config = substrate_setup.substrate_config("gpu")
+    assert (config.prompt_style, config.model_path) == ("auto", substrate_setup.substrate_params("gpu").MODEL_PATH)
