@@ -175,17 +175,17 @@ def test_region_map_verdict_without_wins_and_a_non_monotone_region():
 
 
 def test_region_map_reuses_identical_cells_and_runs_the_rest():
-    cfg = sb.SandboxConfig(train_per_task=16, test_per_task=16, budget_evals=120)
+    cfg = sb.RoutingSandboxConfig(train_per_task=16, test_per_task=16, budget_evals=120)
     seeds = [0]
-    reused = [sb.run_cell(cfg, "aligned", opt, 0, alignment=1.0) for opt in sb.MAP_OPTIMISERS]
+    reused = [sb.run_sandbox_cell(cfg, "aligned", opt, 0, alignment=1.0) for opt in sb.MAP_OPTIMISERS]
     rows = sb.region_map(cfg, seeds, [0.0, 1.0], [cfg.adapter_noise], [cfg.budget_evals], reuse=reused)
     assert len(rows) == 4 and all(r["regime"] == "aligned" for r in rows)
     at_one = [r for r in rows if r["alignment"] == 1.0]
     assert [r["wall_s"] for r in at_one] == [r["wall_s"] for r in reused]  # taken, not rerun
-    fresh = sb.run_cell(cfg, "aligned", "evolution", 0, alignment=0.0)
+    fresh = sb.run_sandbox_cell(cfg, "aligned", "evolution", 0, alignment=0.0)
     assert next(r for r in rows if r["alignment"] == 0.0 and r["optimiser"] == "evolution")[
         "excess_loss"] == fresh["excess_loss"]
-    assert sb.map_budgets(sb.SandboxConfig(budget_evals=3000)) == [300, 900, 3000]
+    assert sb.map_budgets(sb.RoutingSandboxConfig(budget_evals=3000)) == [300, 900, 3000]
     assert sb.map_budgets(cfg) == [120]  # 12 and 36 buy fewer than 2 generations
 
 

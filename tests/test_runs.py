@@ -253,8 +253,10 @@ def test_corrupted_warm_start_is_reported_and_rebuilt(tmp_path, monkeypatch):
     """The failure of issue 17: a truncated model.safetensors in the warm-start cache. The next notebook
     that asks for the warm start (02, 03, ...) reports the path and the command, then retrains it."""
     from copes_lib import substrate
+    from copes_lib.protocols.substrate_setup import substrate_config
 
     monkeypatch.setattr(runs, "CACHE_ROOT", tmp_path)
+    config = substrate_config("smoke")
     trained = []
 
     def quick_training(*args, **kwargs):  # the real training is a minute; what is cached is what matters
@@ -262,18 +264,18 @@ def test_corrupted_warm_start_is_reported_and_rebuilt(tmp_path, monkeypatch):
         return [{"step": 0, "loss": 1.0, "val_score": 0.0, "time_s": 0.0}]
 
     monkeypatch.setattr(substrate, "train_warm_start", quick_training)
-    _, _, info = substrate.warm_start("smoke", "math")
+    _, _, info = substrate.warm_start("smoke", "math", config=config)
     assert not info["cached"] and len(trained) == 1
     weights = tmp_path / "smoke" / info["cache_dir"].split("/")[-1] / "model" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
 
     with pytest.warns(runs.CorruptCacheWarning) as caught:
-        _, _, info = substrate.warm_start("smoke", "math")
+        _, _, info = substrate.warm_start("smoke", "math", config=config)
     message = str(caught[0].message)
     assert str(weights.parent.parent) in message and "SafetensorError" in message
     assert "make reproduce PROFILE=smoke ONLY=01 FORCE=1" in message
     assert not info["cached"] and len(trained) == 2  # rebuilt, not reused
-    _, _, info = substrate.warm_start("smoke", "math")
+    _, _, info = substrate.warm_start("smoke", "math", config=config)
     assert info["cached"] and len(trained) == 2
 
 
