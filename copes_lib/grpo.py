@@ -20,6 +20,7 @@ One training step, next to the equations:
 
        rho_t   = exp(log pi_theta(o_t) - log pi_old(o_t))
        l_t     = max(-A rho_t, -A clip(rho_t, 1 - eps_low, 1 + eps_high))     eps = 0.2, 0.2
+       l_t     = min(l_t, -A c)   if A < 0   (VeRL's dual-clip)                c = 3
        kl_t    = exp(log pi_ref - log pi_theta) - (log pi_ref - log pi_theta) - 1   ("low_var_kl" = k3)
        loss    = agg_t(l_t + beta * kl_t)                                    beta = 1e-3
 
@@ -38,8 +39,14 @@ How it departs from the paper / VeRL 0.8.0:
   VeRL scales per-micro-batch means, which equals this only when micro-batches hold equal token
   counts. Rows are sorted by length inside a mini-batch and each micro-batch is padded to its own
   longest row (less padding work; the loss does not depend on the order).
-- No dual-clip (VeRL's ``clip_ratio_c`` for negative advantages), no entropy bonus (VeRL's default
-  ``entropy_coeff`` is 0 in recent versions), no dynamic batch sizing or sequence packing.
+- No entropy bonus (VeRL's default ``entropy_coeff`` is 0 in recent versions), no dynamic batch sizing
+  or sequence packing. Dual-clip (``clip_ratio_c``) is VeRL's, tested against its formula.
+- Memory at scale: ``logprob_chunk`` computes log-probs from the decoder's hidden states one chunk of
+  tokens at a time (or with liger-kernel's fused linear cross-entropy on CUDA), never the
+  full-vocabulary logits of the whole micro-batch; ``rollout_batch_size`` rolls out in micro-batches;
+  with ``amp_dtype`` set, rollouts sample from a bf16 copy of the policy (bf16 KV cache) that gets the
+  new weights after every update (:class:`RolloutWeights`), as VeRL's inference engine does. Sharding
+  over GPUs (FSDP2) is ``copes_lib.grpo_sharded``, which runs this module's update in each process.
 - The best checkpoint is chosen among trained steps only (step 0, the base model, is reported
   separately), by strict improvement of validation accuracy, the earliest step winning ties.
 - Log-probabilities are computed on left-padded prompts with explicit position ids; logits are
@@ -95,8 +102,8 @@ class GRPOConfig(Config):
     clip_ratio_high: float = param(0.2, "PPO clip: ratio <= 1 + clip_ratio_high (paper range [0.8, 1.2])",
                                    gt=0)
     clip_ratio_c: float = param(
-        0.0, "dual-clip bound for negative advantages (VeRL clip_ratio_c, its default 3.0): the per-token "
-             "loss is at most -A * clip_ratio_c when A < 0; 0 disables it. Must be > 1 when set", ge=0)
+        3.0, "dual-clip bound for negative advantages (VeRL clip_ratio_c, default 3.0 as in VeRL): the "
+             "per-token loss is at most -A * clip_ratio_c when A < 0; 0 disables it. Must be > 1 when set", ge=0)
     kl_coef: float = param(1e-3, "beta, the KL-to-reference loss coefficient (paper: 1e-3; 0 disables "
                                  "the reference pass)", ge=0)
     kl_estimator: str = param(
