@@ -46,10 +46,12 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 @dataclasses.dataclass(frozen=True)
 class MemoryPlan:
-    """Predicted bytes per device of one GRPO configuration, by part (see the module docstring)."""
+    """Predicted bytes per device of one GRPO configuration, by part (see the module docstring).
+    ``phases`` holds both phase terms (``update``, ``rollout``); ``parts`` only the larger."""
 
     parts: dict[str, float]
     processes: int
+    phases: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def total_bytes(self) -> float:
@@ -105,7 +107,7 @@ def predict_grpo_memory(desc: ModelDescription, config: GRPOConfig, context_toke
     kv_dtype = 4 if config.amp_dtype == "none" or not config.rollout_copy else DTYPE_BYTES[config.amp_dtype]
     rollout = 0.0 if sharded else kv_bytes_per_token(desc, kv_dtype) * rollout_rows * context_tokens
     parts["update_activations" if update >= rollout else "rollout_kv_cache"] = max(update, rollout)
-    return MemoryPlan(parts, processes)
+    return MemoryPlan(parts, processes, {"update": update, "rollout": rollout})
 
 
 def check_fits(desc: ModelDescription, config: GRPOConfig, context_tokens: int, processes: int,
@@ -144,6 +146,19 @@ def check_fits(desc: ModelDescription, config: GRPOConfig, context_tokens: int, 
     raise ConfigError(f"GRPO on {desc.name} needs a predicted {plan.total_gib:.1f} GiB per GPU ({parts} GiB) "
                       f"with {processes} GPU(s) of {capacity_gib:g} GiB at {context_tokens} tokens per "
                       f"trajectory; to fit, try: " + "; ".join(advice))
+
+
+def describe_hf_config(config: Any, name: str = "model") -> ModelDescription:
+    """A :class:`ModelDescription` of a dense transformers decoder config (Qwen3/Qwen2/Llama-style)."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    desc = ModelDescription(
+        name=name, params=1, kv_heads=config.num_key_value_heads, head_dim=head_dim,
+        full_attention_layers=config.num_hidden_layers, layers=config.num_hidden_layers,
+        heads=config.num_attention_heads, hidden=config.hidden_size, intermediate=config.intermediate_size,
+        vocab=config.vocab_size, tie_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+        attention_bias=bool(getattr(config, "attention_bias", False)),
+        qk_norm=getattr(config, "model_type", "") == "qwen3", source="transformers config", derived="params")
+    return dataclasses.replace(desc, params=count_params(desc))
 
 
 def measure_update_peak(config: GRPOConfig, sizes: SubstrateSizes, prompt_tokens: int, completion_tokens: int,
@@ -192,4 +207,4 @@ def measure_update_peak(config: GRPOConfig, sizes: SubstrateSizes, prompt_tokens
             "parts_gib": {k: v / GIB for k, v in plan.parts.items() if k != "rollout_kv_cache"}}
 
 
-__all__ = ["MemoryPlan", "check_fits", "measure_update_peak", "predict_grpo_memory"]
+__all__ = ["MemoryPlan", "check_fits", "describe_hf_config", "measure_update_peak", "predict_grpo_memory"]

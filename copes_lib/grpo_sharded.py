@@ -173,7 +173,7 @@ def worker(job_dir: str | Path) -> None:
 # --------------------------------------------------------------------------- the driver
 def launch(model_dir: str | Path, updates: list[dict[str, Any]], config: grpo.GRPOConfig,
            sharding: ShardingConfig, job_dir: str | Path, *, return_grads: bool = False,
-           env: dict[str, str] | None = None) -> dict[str, Any]:
+           env: dict[str, str] | None = None, capacity_gib: float | None = None) -> dict[str, Any]:
     """Run ``grpo_update`` on each of ``updates`` (dicts with ``batch`` = a rollout batch with
     ``prompt_ids``/``completion_ids``/``model_mask``, ``advantages``, ``pad_id``) in a torchrun job of
     ``sharding.processes`` processes, from the model saved in ``model_dir`` (``save_pretrained``).
@@ -181,6 +181,10 @@ def launch(model_dir: str | Path, updates: list[dict[str, Any]], config: grpo.GR
     Returns process 0's result: ``trainable`` (the trained parameters, gathered), ``stats`` (one
     dict per update: ``grpo_update``'s statistics, ``update_s``, ``peak_gib``) and, with
     ``return_grads``, the last optimizer step's gradients. ``job_dir`` must not hold an earlier result.
+
+    Before anything loads, ``grpo_memory.check_fits`` predicts the memory per device from the model's
+    config.json and the longest trajectory, against ``capacity_gib`` (default: the GPU's memory on
+    CUDA, no check on CPU), and raises a ConfigError with the prediction and what to change.
     """
     job_dir = Path(job_dir)
     if (job_dir / "result.pt").exists():
@@ -195,6 +199,18 @@ def launch(model_dir: str | Path, updates: list[dict[str, Any]], config: grpo.GR
         missing = {"batch", "advantages", "pad_id"} - set(update)
         if missing:
             raise ValueError(f"an update lacks {sorted(missing)}; each needs batch, advantages and pad_id")
+    if capacity_gib is None and backend == "nccl":
+        capacity_gib = torch.cuda.get_device_properties(0).total_memory / 2**30
+    if capacity_gib is not None and updates:
+        from transformers import AutoConfig
+
+        from copes_lib.grpo_memory import check_fits, describe_hf_config
+
+        context = max(len(p) + len(c) for u in updates
+                      for p, c in zip(u["batch"].prompt_ids, u["batch"].completion_ids))
+        check_fits(describe_hf_config(AutoConfig.from_pretrained(model_dir), Path(model_dir).name), config,
+                   context, sharding.processes, capacity_gib, sharded=True, param_dtype=sharding.param_dtype,
+                   activation_checkpointing=sharding.activation_checkpointing)
     job_dir.mkdir(parents=True, exist_ok=True)
     runs.atomic_torch_save([
         {"batch": _plain_batch(u["batch"]), "advantages": torch.as_tensor(u["advantages"], dtype=torch.float32),
