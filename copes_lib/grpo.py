@@ -407,7 +407,8 @@ def completion_logprobs(model: torch.nn.Module, batch: PackedBatch, temperature:
             parts.append(torch.utils.checkpoint.checkpoint(_head_chunk_logprobs, *args, use_reentrant=False))
         else:
             parts.append(_head_chunk_logprobs(*args))
-    logps = torch.cat([p[0] for p in parts]).view(targets.shape)
+    # a new tensor, not a view: FSDP2 warns about (and in-place ops would break) a root that returns views
+    logps = torch.cat([p[0] for p in parts]).view(targets.shape).clone()
     entropy = torch.cat([p[1] for p in parts]).view(targets.shape).detach() if with_entropy else None
     return logps, entropy
 

@@ -94,3 +94,31 @@ def test_launch_rejects_bad_updates(tmp_path):
     with pytest.raises(ValueError, match="batch, advantages and pad_id"):
         launch(tmp_path, [{"batch": None}], config, ShardingConfig(processes=1, backend="gloo"), tmp_path / "j")
     assert sys.executable  # the job runs under this interpreter
+
+
+def test_shard_turns_on_activation_checkpointing_without_dropout_mode(tmp_path):
+    # One process group of size 1 inside the test process: every decoder layer must run its forward
+    # twice in a forward + backward (recomputed), while attention stays in eval mode (no dropout).
+    import torch.distributed as dist
+
+    from copes_lib.grpo import completion_logprobs, pack
+    from copes_lib.grpo_sharded import decoder_layers, shard
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        model = tiny_model()
+        calls = []
+        for layer in decoder_layers(model):
+            layer.self_attn.register_forward_pre_hook(lambda *_: calls.append(1))
+        root = shard(model, ShardingConfig(processes=1, backend="gloo", param_dtype="float32"))
+        packed = pack([[1, 2]], [[3, 4, 5]], [[1, 1, 1]], pad_id=0)
+        logps, _ = completion_logprobs(root, packed, chunk_tokens=2)
+        assert len(calls) == 2
+        logps.sum().backward()
+        assert len(calls) == 4  # recomputed in backward
+        assert not any(layer.self_attn.training for layer in decoder_layers(model))
+        with torch.no_grad():
+            completion_logprobs(root, packed)
+        assert len(calls) == 6  # no recompute without gradients
+    finally:
+        dist.destroy_process_group()
