@@ -46,7 +46,8 @@ How it departs from the paper / VeRL 0.8.0:
   full-vocabulary logits of the whole micro-batch; ``rollout_batch_size`` rolls out in micro-batches;
   with ``amp_dtype`` set, rollouts sample from a bf16 copy of the policy (bf16 KV cache) that gets the
   new weights after every update (:class:`RolloutWeights`), as VeRL's inference engine does. Sharding
-  over GPUs (FSDP2) is ``copes_lib.grpo_sharded``, which runs this module's update in each process.
+  over GPUs (FSDP2) is ``copes_lib.grpo_sharded``, which runs this module's update in each process;
+  the memory a configuration needs per device, and a fit check, are in ``copes_lib.grpo_memory``.
 - The best checkpoint is chosen among trained steps only (step 0, the base model, is reported
   separately), by strict improvement of validation accuracy, the earliest step winning ties.
 - Log-probabilities are computed on left-padded prompts with explicit position ids; logits are

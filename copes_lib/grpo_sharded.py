@@ -132,7 +132,9 @@ def worker(job_dir: str | Path) -> None:
         device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
         mesh = init_device_mesh(device.type, (dist.get_world_size(),))
         group = mesh.get_group()
-        model = AutoModelForCausalLM.from_pretrained(job["model_dir"], dtype=torch.float32).to(device).eval()
+        # Loaded on the CPU: fully_shard moves each layer to the device as it shards it, so no process
+        # ever holds the whole fp32 model on its GPU.
+        model = AutoModelForCausalLM.from_pretrained(job["model_dir"], dtype=torch.float32).eval()
         frozen = None
         if config.use_lora:
             model = grpo.attach_lora(model, config)
