@@ -156,8 +156,7 @@ def worker(job_dir: str | Path) -> None:
             dist.barrier(group)
             t0 = time.perf_counter()
             stats = grpo.grpo_update(policy, optimizer, SimpleNamespace(**update["batch"]), update["advantages"],
-                                     config, reference,
-                                     update["pad_id"], process_group=group)
+                                     config, reference, update["pad_id"], process_group=group)
             if cuda:
                 torch.cuda.synchronize(device)
             stats["update_s"] = time.perf_counter() - t0
