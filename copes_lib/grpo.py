@@ -725,7 +725,8 @@ def train_grpo(model: torch.nn.Module, tokenizer: Any, env: Any, train_tasks: Se
                val_tasks: Sequence[Any], config: GRPOConfig, run_dir: str | Path, *,
                rollout_config: Any = None, resume: bool = True, stop_after: int | None = None,
                on_step: Callable[[int, dict[str, Any]], None] | None = None,
-               rollout_fn: Callable | None = None, evaluate_fn: Callable | None = None) -> GRPOResult:
+               rollout_fn: Callable | None = None, evaluate_fn: Callable | None = None,
+               update_fn: Callable | None = None) -> GRPOResult:
     """Train ``model`` with GRPO and return its history; checkpoints live in ``run_dir``.
 
     ``model`` is trained in place (full) or wrapped with LoRA adapters (``config.use_lora``); the
@@ -740,7 +741,14 @@ def train_grpo(model: torch.nn.Module, tokenizer: Any, env: Any, train_tasks: Se
     continues from it; prompts and sampling seeds depend only on (seed, step), so a resumed run
     equals an uninterrupted one. ``stop_after`` ends the run after that step (validated and
     checkpointed), so a learning-rate sweep can continue its winner to ``total_steps`` by resuming.
+
+    ``update_fn(policy, rollouts, advantages, pad_id) -> statistics`` replaces the in-process
+    :func:`grpo_update` (``copes_lib.grpo_sharded.ShardedUpdater`` runs it sharded over GPUs and
+    copies the new weights into ``policy``); it keeps its own optimizer state, so ``resume`` is refused.
     """
+    if update_fn is not None and resume and (Path(run_dir) / "last.pt").exists():
+        raise ValueError(f"{Path(run_dir) / 'last.pt'} exists but an update_fn keeps its own optimizer state, "
+                         "which the checkpoint does not hold; pass resume=False or a new run_dir")
     if stop_after is not None and stop_after < 1:
         raise ValueError(f"stop_after = {stop_after} must be >= 1 (or None to run all total_steps)")
     if rollout_fn is None or evaluate_fn is None:
@@ -800,7 +808,10 @@ def train_grpo(model: torch.nn.Module, tokenizer: Any, env: Any, train_tasks: Se
         rewards = torch.tensor(rb.rewards, dtype=torch.float32)
         advantages = group_advantages(rewards, config.group_size, norm_by_std=config.norm_adv_by_std,
                                       eps=config.adv_eps)
-        stats = grpo_update(policy, optimizer, rb, advantages, config, reference, pad_id)
+        if update_fn is None:
+            stats = grpo_update(policy, optimizer, rb, advantages, config, reference, pad_id)
+        else:
+            stats = update_fn(policy, rb, advantages, pad_id)
         sampler.push()
         t2 = time.perf_counter()
         group_std = rewards.view(-1, config.group_size).std(dim=1)

@@ -19,7 +19,12 @@ copes_lib.grpo_sharded JOB_DIR`` as a subprocess; every process runs :func:`work
    with the process group: each process takes its share of every mini-batch's rows, the counts
    that divide the loss are summed over processes and FSDP sums (does not average) the gradients,
    so the update equals the single-process one (tested on CPU with 2 gloo processes, fp32);
-6. writes the full trainable state (gathered) and per-update statistics and times from process 0.
+6. writes the full trainable state (gathered) and per-update statistics and times from process 0,
+   and on request the full AdamW state, from which the next job continues.
+
+:class:`ShardedUpdater` is ``grpo.train_grpo``'s ``update_fn`` built on this: one job per training
+step, weights and AdamW state carried from job to job, the new weights copied back into the
+driver's policy (the model it rolls out with) after every update.
 
 How it departs from VeRL's FSDP workers: rollouts are not generated here (the driver passes them;
 VeRL colocates a vLLM/SGLang engine), no CPU offload of parameters or optimizer state (FSDP2's
@@ -113,6 +118,30 @@ def full_trainable_state(root: grpo.LogProbsModule, grads: bool = False) -> dict
     return out
 
 
+def _state_options(**kw: Any) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, **kw)
+
+
+def _get_state(root: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Trainable weights and AdamW state, gathered to full CPU tensors on process 0 (a collective)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    trainable = {n for n, p in root.named_parameters() if p.requires_grad}
+    weights = get_model_state_dict(root, options=_state_options(cpu_offload=True))
+    return {"model": {k: v for k, v in weights.items() if k in trainable},
+            "optimizer": get_optimizer_state_dict(root, optimizer, options=_state_options(cpu_offload=True))}
+
+
+def _load_state(root: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """Inverse of :func:`_get_state`: every process reads the full state and keeps its shards."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    set_model_state_dict(root, state["model"], options=_state_options(strict=False))
+    set_optimizer_state_dict(root, optimizer, state["optimizer"], options=_state_options())
+
+
 def worker(job_dir: str | Path) -> None:
     """One process of a torchrun job written by :func:`launch`."""
     import torch.distributed as dist
@@ -147,6 +176,8 @@ def worker(job_dir: str | Path) -> None:
         reference = grpo.Reference(policy, config.use_lora, needed=config.kl_coef > 0, frozen=frozen)
         optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=config.lr,
                                       weight_decay=config.weight_decay)
+        if job.get("init_state"):
+            _load_state(policy, optimizer, torch.load(job["init_state"], map_location="cpu", weights_only=False)["state"])
         updates = torch.load(job_dir / "rollouts.pt", weights_only=False)
         rows = []
         for update in updates:
@@ -164,9 +195,10 @@ def worker(job_dir: str | Path) -> None:
             rows.append(stats)
         grads = full_trainable_state(policy, grads=True) if job.get("return_grads") else None
         state = full_trainable_state(policy)
+        carried = _get_state(policy, optimizer) if job.get("save_state") else None
         if dist.get_rank() == 0:
             runs.save_checkpoint(job_dir / "result.pt", {"trainable": state, "grads": grads, "stats": rows,
-                                                         "processes": dist.get_world_size()})
+                                                         "processes": dist.get_world_size(), "state": carried})
     finally:
         dist.destroy_process_group()
 
@@ -174,7 +206,8 @@ def worker(job_dir: str | Path) -> None:
 # --------------------------------------------------------------------------- the driver
 def launch(model_dir: str | Path, updates: list[dict[str, Any]], config: grpo.GRPOConfig,
            sharding: ShardingConfig, job_dir: str | Path, *, return_grads: bool = False,
-           env: dict[str, str] | None = None, capacity_gib: float | None = None) -> dict[str, Any]:
+           env: dict[str, str] | None = None, capacity_gib: float | None = None,
+           init_state: str | Path | None = None, save_state: bool = False) -> dict[str, Any]:
     """Run ``grpo_update`` on each of ``updates`` (dicts with ``batch`` = a rollout batch with
     ``prompt_ids``/``completion_ids``/``model_mask``, ``advantages``, ``pad_id``) in a torchrun job of
     ``sharding.processes`` processes, from the model saved in ``model_dir`` (``save_pretrained``).
@@ -182,6 +215,8 @@ def launch(model_dir: str | Path, updates: list[dict[str, Any]], config: grpo.GR
     Returns process 0's result: ``trainable`` (the trained parameters, gathered), ``stats`` (one
     dict per update: ``grpo_update``'s statistics, ``update_s``, ``peak_gib``) and, with
     ``return_grads``, the last optimizer step's gradients. ``job_dir`` must not hold an earlier result.
+    ``save_state`` adds ``state`` (trainable weights and AdamW state, full tensors); a later job started
+    with ``init_state`` = the path of that ``result.pt`` continues from it (:class:`ShardedUpdater`).
 
     Before anything loads, ``grpo_memory.check_fits`` predicts the memory per device from the model's
     config.json and the longest trajectory, against ``capacity_gib`` (default: the GPU's memory on
@@ -217,7 +252,8 @@ def launch(model_dir: str | Path, updates: list[dict[str, Any]], config: grpo.GR
         {"batch": _plain_batch(u["batch"]), "advantages": torch.as_tensor(u["advantages"], dtype=torch.float32),
          "pad_id": int(u["pad_id"])} for u in updates], job_dir / "rollouts.pt")
     job = {"model_dir": str(model_dir), "grpo": config.to_dict(),
-           "sharding": dataclasses.replace(sharding, backend=backend).to_dict(), "return_grads": return_grads}
+           "sharding": dataclasses.replace(sharding, backend=backend).to_dict(), "return_grads": return_grads,
+           "save_state": save_state, "init_state": str(init_state) if init_state else None}
     runs.atomic_write_text(job_dir / "job.json", json.dumps(job, indent=1))
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc_per_node={sharding.processes}", "-m", "copes_lib.grpo_sharded", str(job_dir)]
@@ -233,6 +269,34 @@ def launch(model_dir: str | Path, updates: list[dict[str, Any]], config: grpo.GR
         raise RuntimeError(f"sharded GRPO job failed (exit {done.returncode}); log: {job_dir / 'torchrun.log'}\n"
                            + (done.stdout + done.stderr)[-3000:])
     return runs.load_checkpoint(job_dir / "result.pt")
+
+
+class ShardedUpdater:
+    """``grpo.train_grpo``'s ``update_fn`` backed by sharded torchrun jobs, one per training step.
+
+    Each call runs one GRPO update of the step's rollouts in a fresh job of ``sharding.processes``
+    processes that starts from the previous job's weights and AdamW state (carried in its
+    ``result.pt``), then copies the trained weights back into the driver's ``policy``: the model the
+    driver rolls out with gets the new weights after every update. A job per step reloads the model,
+    which costs start-up time per step (a persistent process pool would not); in exchange the
+    notebook stays the driver and no process outlives a step.
+    """
+
+    def __init__(self, model_dir: str | Path, config: grpo.GRPOConfig, sharding: ShardingConfig,
+                 work_dir: str | Path, env: dict[str, str] | None = None):
+        self.model_dir, self.config, self.sharding = Path(model_dir), config, sharding
+        self.work_dir, self.env = Path(work_dir), env
+        self.calls = 0
+        self.last_result: Path | None = None
+
+    def __call__(self, policy: torch.nn.Module, batch: Any, advantages: torch.Tensor, pad_id: int) -> dict:
+        self.calls += 1
+        job_dir = self.work_dir / f"step_{self.calls:05d}"
+        result = launch(self.model_dir, [{"batch": batch, "advantages": advantages, "pad_id": pad_id}], self.config,
+                        self.sharding, job_dir, env=self.env, init_state=self.last_result, save_state=True)
+        self.last_result = job_dir / "result.pt"
+        grpo.load_trainable_state(policy, result["trainable"])
+        return result["stats"][0]
 
 
 def _plain_batch(batch: Any) -> dict[str, list[list[int]]]:

@@ -236,3 +236,22 @@ def test_liger_backend_is_gpu_only_with_a_clear_error():
     _, packed = toy_packed(model, 2)
     with pytest.raises(ConfigError, match="needs a CUDA device"):
         completion_logprobs(model, packed, backend="liger")
+
+
+def test_training_with_an_update_fn_passes_the_policy_and_refuses_to_resume(tmp_path):
+    seen = []
+
+    def update_fn(policy, rollouts, advantages, pad_id):
+        seen.append((policy, len(rollouts.completion_ids), tuple(advantages.shape)))
+        return {"kl": 0.0, "clip_frac": 0.0, "entropy": 0.0, "ratio_mean": 1.0, "loss": 0.0, "grad_norm": 0.0}
+
+    cfg = GRPOConfig(group_size=4, prompt_batch_size=2, mini_batch_size=2, total_steps=2, val_every=2)
+    model = tiny_model()
+    result = train_grpo(model, None, None, list(range(8)), list(range(8)), cfg, tmp_path,
+                        rollout_config=ToyRolloutConfig(), rollout_fn=toy_rollout, evaluate_fn=toy_evaluate,
+                        update_fn=update_fn)
+    assert [s[1:] for s in seen] == [(8, (8,))] * 2 and all(s[0] is result.policy for s in seen)
+    with pytest.raises(ValueError, match="update_fn keeps its own optimizer state"):
+        train_grpo(model, None, None, list(range(8)), list(range(8)), cfg, tmp_path,
+                   rollout_config=ToyRolloutConfig(), rollout_fn=toy_rollout, evaluate_fn=toy_evaluate,
+                   update_fn=update_fn)

@@ -122,3 +122,34 @@ def test_shard_turns_on_activation_checkpointing_without_dropout_mode(tmp_path):
         assert len(calls) == 6  # no recompute without gradients
     finally:
         dist.destroy_process_group()
+
+
+def test_sharded_updater_carries_weights_and_adam_state_between_jobs(tmp_path):
+    # Two steps, each a separate 2-process job started from the previous job's weights and AdamW
+    # state, against two in-process grpo_update calls on the same rollouts. Without the carried AdamW
+    # state the second step would be a first Adam step again: parameter differences ~lr, far above
+    # the 5% of lr allowed here (AdamW's lr * sign(g) first step amplifies float noise in near-zero
+    # gradients, so bit-equality of the parameters is not expected).
+    from copes_lib.grpo_sharded import ShardedUpdater
+
+    config = GRPOConfig(group_size=4, prompt_batch_size=2, mini_batch_size=2, micro_batch_size=4, lr=1e-3,
+                        kl_coef=0.1, seed=3)
+    model = tiny_model(seed=1)
+    model.save_pretrained(tmp_path / "model")
+    updates = _updates(model, config, seeds=(7, 8))
+    ref_model = copy.deepcopy(model)
+    reference = Reference(ref_model, False)
+    optimizer = torch.optim.AdamW(ref_model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    expected = [grpo_update(ref_model, optimizer, u["batch"], u["advantages"], config, reference) for u in updates]
+
+    driver_policy = copy.deepcopy(model)
+    updater = ShardedUpdater(tmp_path / "model", config,
+                             ShardingConfig(processes=2, backend="gloo", param_dtype="float32"), tmp_path / "jobs",
+                             env=_env())
+    got = [updater(driver_policy, u["batch"], u["advantages"], u["pad_id"]) for u in updates]
+    for step, (a, b) in enumerate(zip(expected, got)):
+        for key in ("loss", "kl", "grad_norm"):
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-7), (step, key)
+    assert expected[1]["kl"] > 0
+    for (name, p), q in zip(ref_model.named_parameters(), driver_policy.parameters()):
+        torch.testing.assert_close(q, p, rtol=0, atol=0.05 * config.lr, msg=name)
