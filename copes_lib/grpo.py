@@ -20,6 +20,7 @@ One training step, next to the equations:
 
        rho_t   = exp(log pi_theta(o_t) - log pi_old(o_t))
        l_t     = max(-A rho_t, -A clip(rho_t, 1 - eps_low, 1 + eps_high))     eps = 0.2, 0.2
+       l_t     = min(l_t, -A c)   if A < 0   (VeRL's dual-clip)                c = 3
        kl_t    = exp(log pi_ref - log pi_theta) - (log pi_ref - log pi_theta) - 1   ("low_var_kl" = k3)
        loss    = agg_t(l_t + beta * kl_t)                                    beta = 1e-3
 
@@ -38,8 +39,15 @@ How it departs from the paper / VeRL 0.8.0:
   VeRL scales per-micro-batch means, which equals this only when micro-batches hold equal token
   counts. Rows are sorted by length inside a mini-batch and each micro-batch is padded to its own
   longest row (less padding work; the loss does not depend on the order).
-- No dual-clip (VeRL's ``clip_ratio_c`` for negative advantages), no entropy bonus (VeRL's default
-  ``entropy_coeff`` is 0 in recent versions), no dynamic batch sizing or sequence packing.
+- No entropy bonus (VeRL's default ``entropy_coeff`` is 0 in recent versions), no dynamic batch sizing
+  or sequence packing. Dual-clip (``clip_ratio_c``) is VeRL's, tested against its formula.
+- Memory at scale: ``logprob_chunk`` computes log-probs from the decoder's hidden states one chunk of
+  tokens at a time (or with liger-kernel's fused linear cross-entropy on CUDA), never the
+  full-vocabulary logits of the whole micro-batch; ``rollout_batch_size`` rolls out in micro-batches;
+  with ``amp_dtype`` set, rollouts sample from a bf16 copy of the policy (bf16 KV cache) that gets the
+  new weights after every update (:class:`RolloutWeights`), as VeRL's inference engine does. Sharding
+  over GPUs (FSDP2) is ``copes_lib.grpo_sharded``, which runs this module's update in each process;
+  the memory a configuration needs per device, and a fit check, are in ``copes_lib.grpo_memory``.
 - The best checkpoint is chosen among trained steps only (step 0, the base model, is reported
   separately), by strict improvement of validation accuracy, the earliest step winning ties.
 - Log-probabilities are computed on left-padded prompts with explicit position ids; logits are
@@ -62,12 +70,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.utils.checkpoint
 
 from copes_lib import runs
 from copes_lib.config import Config, ConfigError, param
 
 KL_ESTIMATORS = ("low_var_kl", "k3", "k1", "k2")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+LOGPROB_BACKENDS = ("torch", "liger")
 QWEN3_LINEAR_MODULES = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
 
 
@@ -92,6 +102,9 @@ class GRPOConfig(Config):
                                   gt=0, lt=1)
     clip_ratio_high: float = param(0.2, "PPO clip: ratio <= 1 + clip_ratio_high (paper range [0.8, 1.2])",
                                    gt=0)
+    clip_ratio_c: float = param(
+        3.0, "dual-clip bound for negative advantages (VeRL clip_ratio_c, default 3.0 as in VeRL): the "
+             "per-token loss is at most -A * clip_ratio_c when A < 0; 0 disables it. Must be > 1 when set", ge=0)
     kl_coef: float = param(1e-3, "beta, the KL-to-reference loss coefficient (paper: 1e-3; 0 disables "
                                  "the reference pass)", ge=0)
     kl_estimator: str = param(
@@ -114,6 +127,20 @@ class GRPOConfig(Config):
         "none", "autocast dtype of the update's forward passes; 'bfloat16' with an fp32 model keeps fp32 "
                 "master weights as VeRL's FSDP mixed precision does (a pure-bf16 model cannot resolve lr "
                 "1e-6 updates)", choices=("none", "bfloat16", "float16"))
+    logprob_chunk: int = param(
+        0, "completion tokens per output-head chunk when computing log-probs (0 = the model's full-vocabulary "
+           "logits of every token at once; > 0 = peak memory grows with the chunk, not vocabulary x tokens)",
+        ge=0)
+    logprob_backend: str = param(
+        "torch", "log-prob kernel: torch (CPU and GPU) or liger (liger-kernel's fused linear cross-entropy, "
+                 "CUDA only)", choices=LOGPROB_BACKENDS)
+    rollout_copy: bool = param(
+        True, "with amp_dtype set, roll out from a copy of the policy in amp_dtype (so its KV cache is in "
+              "that dtype, as VeRL's inference engine holds bf16 weights), refreshed with the trained weights "
+              "after every update; False samples from the fp32 policy itself")
+    rollout_batch_size: int = param(
+        0, "trajectories per call of the rollout engine (0 = all prompt_batch_size * group_size at once); "
+           "bounds the rollout's KV cache", ge=0)
     total_steps: int = param(16, "training steps (paper: full GRPO best at 16, LoRA-GRPO at 64)", ge=1)
     val_every: int = param(8, "validate (temperature 0) every this many steps (paper: 8)", ge=1)
     save_every: int = param(1, "write the resumable checkpoint every this many steps", ge=1)
@@ -125,6 +152,9 @@ class GRPOConfig(Config):
                 f"GRPOConfig.prompt_batch_size = {self.prompt_batch_size} is not divisible by "
                 f"mini_batch_size = {self.mini_batch_size}; choose a mini_batch_size that divides it "
                 f"(divisors: {[d for d in range(1, self.prompt_batch_size + 1) if self.prompt_batch_size % d == 0]})")
+        if 0 < self.clip_ratio_c <= 1:
+            raise ConfigError(f"GRPOConfig.clip_ratio_c = {self.clip_ratio_c}: the dual-clip bound must be > 1 "
+                              "(VeRL's default is 3.0) or 0 to disable it")
         if not self.lora_target_modules.strip():
             raise ConfigError("GRPOConfig.lora_target_modules is empty; give names such as "
                               f"{QWEN3_LINEAR_MODULES!r} or 'all-linear'")
@@ -208,6 +238,9 @@ def grpo_loss(logps: torch.Tensor, old_logps: torch.Tensor, ref_logps: torch.Ten
     unclipped = -adv * ratio
     clipped = -adv * ratio.clamp(1.0 - config.clip_ratio_low, 1.0 + config.clip_ratio_high)
     policy_loss = torch.maximum(unclipped, clipped)
+    if config.clip_ratio_c > 0:
+        # VeRL's dual-clip: for A < 0 the loss -A * rho grows without bound in rho; cap it at -A * c.
+        policy_loss = torch.where(adv < 0, torch.minimum(policy_loss, -adv * config.clip_ratio_c), policy_loss)
     per_token = policy_loss
     kl = torch.zeros_like(logps)
     if config.kl_coef > 0:
@@ -283,16 +316,10 @@ def autocast(batch: PackedBatch, amp_dtype: str = "none"):
     return torch.autocast(batch.input_ids.device.type, dtype=getattr(torch, amp_dtype))
 
 
-def completion_logprobs(model: torch.nn.Module, batch: PackedBatch, temperature: float = 1.0,
-                        with_entropy: bool = False, amp_dtype: str = "none") -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log pi(o_t | prefix) of every completion token, (N, completion_width), in fp32; optionally the
-    policy's per-token entropy (no gradient)."""
-    with autocast(batch, amp_dtype):
-        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                    position_ids=batch.position_ids, use_cache=False)
-    pw = batch.prompt_width
-    logits = out.logits[:, pw - 1:-1].float() / temperature
-    targets = batch.input_ids[:, pw:]
+def _logprobs_from_logits(logits: torch.Tensor, targets: torch.Tensor, temperature: float,
+                          with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log-softmax gather (fp32) of ``targets`` under ``logits / temperature``; entropy without gradient."""
+    logits = logits.float() / temperature
     log_norm = logits.logsumexp(dim=-1)
     logps = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_norm
     entropy = None
@@ -303,12 +330,119 @@ def completion_logprobs(model: torch.nn.Module, batch: PackedBatch, temperature:
     return logps, entropy
 
 
+def _head_chunk_logprobs(hidden: torch.Tensor, targets: torch.Tensor, head: torch.nn.Module, temperature: float,
+                         with_entropy: bool, amp_dtype: str) -> tuple[torch.Tensor, torch.Tensor]:
+    ctx = (contextlib.nullcontext() if amp_dtype == "none"
+           else torch.autocast(hidden.device.type, dtype=getattr(torch, amp_dtype)))
+    with ctx:
+        logits = head(hidden)
+    logps, entropy = _logprobs_from_logits(logits, targets, temperature, with_entropy)
+    return logps, (entropy if entropy is not None else torch.zeros_like(logps))
+
+
+def _liger_logprobs(hidden: torch.Tensor, targets: torch.Tensor, head: torch.nn.Module,
+                    temperature: float) -> torch.Tensor:
+    """log pi via liger-kernel's fused linear cross-entropy (Triton, CUDA only): -CE(h W^T / T, o_t)
+    with ``reduction="none"``, the full-vocabulary logits never stored. Not run by the CPU tests."""
+    if hidden.device.type != "cuda":
+        raise ConfigError("GRPOConfig.logprob_backend = 'liger' needs a CUDA device (liger-kernel's Triton "
+                          f"kernels); the model is on {hidden.device.type!r}. Use logprob_backend = 'torch' "
+                          "with logprob_chunk > 0 on CPU")
+    try:
+        from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+    except ImportError as err:
+        raise ConfigError(f"GRPOConfig.logprob_backend = 'liger' needs the liger-kernel package ({err}); "
+                          "install liger-kernel==0.8.5 or use logprob_backend = 'torch'") from err
+    if type(head) is not torch.nn.Linear:
+        raise ConfigError(f"logprob_backend = 'liger' needs a plain nn.Linear output head, got "
+                          f"{type(head).__name__} (LoRA on lm_head?); use logprob_backend = 'torch'")
+    flat = (hidden / temperature).reshape(-1, hidden.shape[-1])
+    loss = liger_fused_linear_cross_entropy(flat, head.weight, targets.reshape(-1), bias=head.bias,
+                                            reduction="none")
+    if isinstance(loss, tuple):
+        loss = loss[0]
+    return (-loss.float()).view(targets.shape)
+
+
+def completion_logprobs(model: torch.nn.Module, batch: PackedBatch, temperature: float = 1.0,
+                        with_entropy: bool = False, amp_dtype: str = "none", chunk_tokens: int = 0,
+                        backend: str = "torch") -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log pi(o_t | prefix) of every completion token, (N, completion_width), in fp32; optionally the
+    policy's per-token entropy (no gradient).
+
+    ``chunk_tokens = 0``: the model's own forward, full-vocabulary logits of every position.
+    ``chunk_tokens > 0``: the decoder's hidden states, then the output head, log-softmax and gather
+    on ``chunk_tokens`` completion tokens at a time; with gradients each chunk is checkpointed, so
+    backward recomputes one chunk's logits instead of keeping all of them. Peak memory then grows
+    with hidden size x tokens + vocabulary x chunk, not vocabulary x tokens (same values: tested).
+    ``backend = "liger"``: liger-kernel's fused linear cross-entropy (CUDA only; no entropy).
+    """
+    if isinstance(model, LogProbsModule):
+        return model(batch, temperature, with_entropy, amp_dtype, chunk_tokens, backend)
+    pw = batch.prompt_width
+    targets = batch.input_ids[:, pw:]
+    if chunk_tokens == 0 and backend == "torch":
+        with autocast(batch, amp_dtype):
+            out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                        position_ids=batch.position_ids, use_cache=False)
+        return _logprobs_from_logits(out.logits[:, pw - 1:-1], targets, temperature, with_entropy)
+    with autocast(batch, amp_dtype):
+        hidden = model.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                                     position_ids=batch.position_ids, use_cache=False).last_hidden_state
+    hidden = hidden[:, pw - 1:-1]
+    head = model.get_output_embeddings()
+    if backend == "liger":
+        with autocast(batch, amp_dtype):
+            logps = _liger_logprobs(hidden, targets, head, temperature)
+        entropy = torch.full_like(logps, math.nan) if with_entropy else None
+        return logps, entropy
+    if backend != "torch":
+        raise ConfigError(f"logprob backend = {backend!r} is not valid; valid values: {list(LOGPROB_BACKENDS)}")
+    flat_hidden = hidden.reshape(-1, hidden.shape[-1])
+    flat_targets = targets.reshape(-1)
+    parts = []
+    for i in range(0, flat_targets.numel(), chunk_tokens):
+        args = (flat_hidden[i:i + chunk_tokens], flat_targets[i:i + chunk_tokens], head, temperature,
+                with_entropy, amp_dtype)
+        if torch.is_grad_enabled():
+            parts.append(torch.utils.checkpoint.checkpoint(_head_chunk_logprobs, *args, use_reentrant=False))
+        else:
+            parts.append(_head_chunk_logprobs(*args))
+    # a new tensor, not a view: FSDP2 warns about (and in-place ops would break) a root that returns views
+    logps = torch.cat([p[0] for p in parts]).view(targets.shape).clone()
+    entropy = torch.cat([p[1] for p in parts]).view(targets.shape).detach() if with_entropy else None
+    return logps, entropy
+
+
+class LogProbsModule(torch.nn.Module):
+    """:func:`completion_logprobs` of ``model`` as this module's forward.
+
+    A sharding engine makes this its root module (``copes_lib.grpo_sharded``): the chunked path calls
+    the decoder and the output head separately, and only inside the root's forward are the root's
+    sharded parameters (embeddings, final norm, head) gathered. ``disable_adapter`` is the wrapped
+    peft model's, so :class:`Reference` works unchanged; parameter names gain a ``model.`` prefix.
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, batch: PackedBatch, temperature: float = 1.0, with_entropy: bool = False,
+                amp_dtype: str = "none", chunk_tokens: int = 0, backend: str = "torch"
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return completion_logprobs(self.model, batch, temperature, with_entropy, amp_dtype, chunk_tokens, backend)
+
+    def disable_adapter(self):
+        return self.model.disable_adapter()
+
+
 @torch.no_grad()
 def batched_logprobs(model: torch.nn.Module, batch: PackedBatch, micro_batch_size: int,
-                     temperature: float, amp_dtype: str = "none") -> torch.Tensor:
+                     temperature: float, amp_dtype: str = "none", chunk_tokens: int = 0,
+                     backend: str = "torch") -> torch.Tensor:
     """:func:`completion_logprobs` without gradient, in micro-batches."""
     parts = [completion_logprobs(model, batch.rows(slice(i, i + micro_batch_size)), temperature,
-                                 amp_dtype=amp_dtype)[0]
+                                 amp_dtype=amp_dtype, chunk_tokens=chunk_tokens, backend=backend)[0]
              for i in range(0, len(batch), micro_batch_size)]
     return torch.cat(parts)
 
@@ -330,24 +464,27 @@ def attach_lora(model: torch.nn.Module, config: GRPOConfig) -> torch.nn.Module:
 class Reference:
     """pi_ref: a frozen copy of the starting model, or (LoRA) the policy with its adapters disabled."""
 
-    def __init__(self, policy: torch.nn.Module, use_lora: bool, needed: bool = True):
+    def __init__(self, policy: torch.nn.Module, use_lora: bool, needed: bool = True,
+                 frozen: torch.nn.Module | None = None):
+        """``frozen``: an already built frozen copy (``grpo_sharded`` passes a sharded one)."""
         self.policy = policy
         self.use_lora = use_lora
-        self.frozen = None
-        if needed and not use_lora:
+        self.frozen = frozen
+        if needed and not use_lora and frozen is None:
             self.frozen = copy.deepcopy(policy).eval()
             for p in self.frozen.parameters():
                 p.requires_grad_(False)
 
     @torch.no_grad()
     def logprobs(self, batch: PackedBatch, micro_batch_size: int, temperature: float,
-                 amp_dtype: str = "none") -> torch.Tensor:
+                 amp_dtype: str = "none", chunk_tokens: int = 0, backend: str = "torch") -> torch.Tensor:
+        kwargs = {"amp_dtype": amp_dtype, "chunk_tokens": chunk_tokens, "backend": backend}
         if self.use_lora:
             with self.policy.disable_adapter():
-                return batched_logprobs(self.policy, batch, micro_batch_size, temperature, amp_dtype)
+                return batched_logprobs(self.policy, batch, micro_batch_size, temperature, **kwargs)
         if self.frozen is None:
             raise RuntimeError("reference requested but none was built (kl_coef == 0)")
-        return batched_logprobs(self.frozen, batch, micro_batch_size, temperature, amp_dtype)
+        return batched_logprobs(self.frozen, batch, micro_batch_size, temperature, **kwargs)
 
 
 def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -367,15 +504,22 @@ def load_trainable_state(model: torch.nn.Module, state: dict[str, torch.Tensor])
 
 # --------------------------------------------------------------------------- one update
 def mini_batches(batch: Any, advantages: torch.Tensor, config: GRPOConfig, pad_id: int,
-                 device: torch.device | str = "cpu") -> list[list[tuple[PackedBatch, torch.Tensor]]]:
+                 device: torch.device | str = "cpu", rank: int = 0, world_size: int = 1
+                 ) -> list[list[tuple[PackedBatch, torch.Tensor]]]:
     """Cut a rollout batch (``prompt_ids``, ``completion_ids``, ``model_mask``) into mini-batches of
     ``mini_batch_size * group_size`` consecutive trajectories, each a list of (micro-batch, advantages).
 
     Within a mini-batch, rows are sorted by length before being cut into micro-batches, and each
     micro-batch is padded only to its own longest row: the loss is a sum over rows divided by
     mini-batch totals, so the order changes nothing but the padding work.
+
+    With ``world_size`` > 1 (data-parallel ranks) this rank keeps rows ``rank, rank + world_size, ...``
+    of each sorted mini-batch: every rank gets as many rows, of similar lengths.
     """
     per_mini = config.mini_batch_size * config.group_size
+    if per_mini % world_size:
+        raise ValueError(f"mini_batch_size * group_size = {per_mini} trajectories cannot be split evenly over "
+                         f"{world_size} processes; choose a process count that divides it")
     n = len(batch.completion_ids)
     if n % per_mini:
         raise ValueError(f"{n} trajectories cannot be cut into mini-batches of mini_batch_size * "
@@ -385,9 +529,9 @@ def mini_batches(batch: Any, advantages: torch.Tensor, config: GRPOConfig, pad_i
     out = []
     for start in range(0, n, per_mini):
         rows = sorted(range(start, start + per_mini),
-                      key=lambda i: len(batch.prompt_ids[i]) + len(batch.completion_ids[i]))
+                      key=lambda i: len(batch.prompt_ids[i]) + len(batch.completion_ids[i]))[rank::world_size]
         micro = []
-        for m0 in range(0, per_mini, config.micro_batch_size):
+        for m0 in range(0, len(rows), config.micro_batch_size):
             idx = rows[m0:m0 + config.micro_batch_size]
             packed = pack([batch.prompt_ids[i] for i in idx], [batch.completion_ids[i] for i in idx],
                           [batch.model_mask[i] for i in idx], pad_id, device)
@@ -398,33 +542,40 @@ def mini_batches(batch: Any, advantages: torch.Tensor, config: GRPOConfig, pad_i
 
 def grpo_update(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Any,
                 advantages: torch.Tensor, config: GRPOConfig, reference: Reference | None,
-                pad_id: int = 0) -> dict[str, float]:
+                pad_id: int = 0, *, process_group: Any = None) -> dict[str, float]:
     """Steps 3-5 of the module docstring on one step's rollouts; returns mean statistics.
 
     ``batch`` has ``prompt_ids``, ``completion_ids`` and ``model_mask`` (a ``RolloutBatch``);
     ``advantages`` holds one value per trajectory.
+
+    ``process_group`` (a ``torch.distributed`` group; ``copes_lib.grpo_sharded`` passes it): this
+    process updates its share of every mini-batch (:func:`mini_batches`), the token and sequence counts
+    that divide the loss and the statistics are summed over the group, and the sharding engine sums
+    (does not average) the gradients, so the update equals the single-process one (tested).
     """
+    rank, world = (0, 1) if process_group is None else (process_group.rank(), process_group.size())
     minis = mini_batches(batch, torch.as_tensor(advantages, dtype=torch.float32), config, pad_id,
-                         next(policy.parameters()).device)
-    amp, temp = config.amp_dtype, config.temperature
+                         next(policy.parameters()).device, rank, world)
+    temp = config.temperature
+    lp = {"amp_dtype": config.amp_dtype, "chunk_tokens": config.logprob_chunk, "backend": config.logprob_backend}
     with torch.no_grad():
         # pi_old: the weights that sampled the rollouts. With one epoch the first mini-batch is seen
         # before any update, so its pi_old is the policy's own (detached) output: no extra pass.
         old = [None if (k == 0 and config.ppo_epochs == 1) else
-               [completion_logprobs(policy, packed, temp, amp_dtype=amp)[0] for packed, _ in micro]
+               [completion_logprobs(policy, packed, temp, **lp)[0] for packed, _ in micro]
                for k, micro in enumerate(minis)]
-        ref = [[reference.logprobs(packed, len(packed), temp, amp) for packed, _ in micro]
+        ref = [[reference.logprobs(packed, len(packed), temp, **lp) for packed, _ in micro]
                if config.kl_coef > 0 else None for micro in minis]
     params = [p for p in policy.parameters() if p.requires_grad]
     totals: dict[str, list[float]] = {}
     for _ in range(config.ppo_epochs):
         for k, micro in enumerate(minis):
-            num_tokens = float(sum(packed.completion_mask.sum() for packed, _ in micro))
-            num_seqs = float(sum(len(packed) for packed, _ in micro))
+            num_tokens, num_seqs = _group_sum([float(sum(packed.completion_mask.sum() for packed, _ in micro)),
+                                               float(sum(len(packed) for packed, _ in micro))], process_group)
             optimizer.zero_grad(set_to_none=True)
             sums = {"kl": 0.0, "clip_frac": 0.0, "entropy": 0.0, "ratio_mean": 0.0, "loss": 0.0}
             for j, (packed, adv) in enumerate(micro):
-                logps, entropy = completion_logprobs(policy, packed, temp, with_entropy=True, amp_dtype=amp)
+                logps, entropy = completion_logprobs(policy, packed, temp, with_entropy=True, **lp)
                 old_logps = logps.detach() if old[k] is None else old[k][j]
                 loss, stats = grpo_loss(logps, old_logps, None if ref[k] is None else ref[k][j], adv,
                                         packed.completion_mask, config, num_tokens=num_tokens, num_seqs=num_seqs)
@@ -435,15 +586,30 @@ def grpo_update(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, batch
                 sums["entropy"] += float((entropy * packed.completion_mask).sum())
                 sums["loss"] += float(loss.detach())
             grad_norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
+            if hasattr(grad_norm, "full_tensor"):  # sharded parameters: a DTensor holding the global norm
+                grad_norm = grad_norm.full_tensor()
             if not torch.isfinite(grad_norm):
                 raise FloatingPointError(f"gradient norm is {float(grad_norm)}; lower GRPOConfig.lr = {config.lr}")
             optimizer.step()
+            sums = dict(zip(sums, _group_sum(list(sums.values()), process_group)))
             denom = max(num_tokens, 1.0)
             row = {key: (v if key == "loss" else v / denom) for key, v in sums.items()}
             row["grad_norm"] = float(grad_norm)
             for key, v in row.items():
                 totals.setdefault(key, []).append(v)
     return {key: sum(v) / len(v) for key, v in totals.items()}
+
+
+def _group_sum(values: list[float], process_group: Any) -> list[float]:
+    """Sum floats over a torch.distributed group (identity without one), in fp64."""
+    if process_group is None:
+        return values
+    import torch.distributed as dist
+
+    device = "cuda" if dist.get_backend(process_group) == "nccl" else "cpu"  # NCCL reduces device tensors only
+    total = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(total, group=process_group)
+    return total.tolist()
 
 
 # --------------------------------------------------------------------------- training loop
@@ -492,6 +658,62 @@ def _default_rollout_fns() -> tuple[Callable, Callable]:
     return rollout_module.rollout, rollout_module.evaluate
 
 
+def concat_rollout_batches(parts: Sequence[Any]) -> Any:
+    """One rollout batch from several, in order: list fields are concatenated, numbers summed
+    (``elapsed_s``, ``forward_calls``); works for ``RolloutBatch`` and any dataclass like it."""
+    if len(parts) == 1:
+        return parts[0]
+    merged = {}
+    for f in dataclasses.fields(parts[0]):
+        values = [getattr(p, f.name) for p in parts]
+        merged[f.name] = ([x for v in values for x in v] if isinstance(values[0], list) else sum(values))
+    return type(parts[0])(**merged)
+
+
+class RolloutWeights:
+    """The weights the rollout engine samples with.
+
+    With ``config.amp_dtype`` set and ``config.rollout_copy`` (the gpu profile), a copy of the policy
+    in ``amp_dtype``: the KV cache of the rollout is then in the compute dtype, not fp32 (autocast
+    alone does not do it: Qwen3's K norm multiplies by an fp32 weight), at the cost of one bf16
+    copy of the weights, which VeRL's inference engine also holds. :meth:`push` copies the policy's
+    trainable weights into it after every update. Otherwise the policy itself (nothing to push).
+    """
+
+    def __init__(self, policy: torch.nn.Module, config: GRPOConfig):
+        self.policy = policy
+        self.model = policy
+        if config.amp_dtype != "none" and config.rollout_copy:
+            self.model = copy.deepcopy(policy).to(getattr(torch, config.amp_dtype)).eval().requires_grad_(False)
+
+    @torch.no_grad()
+    def push(self) -> None:
+        """Send the policy's trainable weights (all, or the LoRA adapters) to the rollout copy."""
+        if self.model is self.policy:
+            return
+        params = dict(self.model.named_parameters())
+        for name, p in self.policy.named_parameters():
+            if p.requires_grad:
+                params[name].copy_(p)
+
+
+def rollout_in_micro_batches(rollout_fn: Callable, model: torch.nn.Module, tokenizer: Any,
+                             tasks: Sequence[Any], env: Any, sample_cfg: Any, seed: int,
+                             config: GRPOConfig) -> Any:
+    """The step's trajectories from ``model`` (``RolloutWeights.model``), ``config.rollout_batch_size``
+    at a time (0 = all at once): a smaller batch bounds the rollout's KV cache.
+
+    The one place ``train_grpo`` calls the rollout engine (so another engine plugs in here).
+    Micro-batch i > 0 is seeded ``seed * 1000 + i`` (a single batch keeps ``seed``), so the samples
+    depend on ``rollout_batch_size``.
+    """
+    size = config.rollout_batch_size or len(tasks)
+    chunks = [list(tasks[i:i + size]) for i in range(0, len(tasks), size)]
+    parts = [rollout_fn(model, tokenizer, chunk, env, sample_cfg, seed if len(chunks) == 1 else seed * 1000 + i)
+             for i, chunk in enumerate(chunks)]
+    return concat_rollout_batches(parts)
+
+
 def _pad_id(tokenizer: Any) -> int:
     pad = getattr(tokenizer, "pad_token_id", None)
     if pad is None:
@@ -503,7 +725,8 @@ def train_grpo(model: torch.nn.Module, tokenizer: Any, env: Any, train_tasks: Se
                val_tasks: Sequence[Any], config: GRPOConfig, run_dir: str | Path, *,
                rollout_config: Any = None, resume: bool = True, stop_after: int | None = None,
                on_step: Callable[[int, dict[str, Any]], None] | None = None,
-               rollout_fn: Callable | None = None, evaluate_fn: Callable | None = None) -> GRPOResult:
+               rollout_fn: Callable | None = None, evaluate_fn: Callable | None = None,
+               update_fn: Callable | None = None) -> GRPOResult:
     """Train ``model`` with GRPO and return its history; checkpoints live in ``run_dir``.
 
     ``model`` is trained in place (full) or wrapped with LoRA adapters (``config.use_lora``); the
@@ -518,7 +741,14 @@ def train_grpo(model: torch.nn.Module, tokenizer: Any, env: Any, train_tasks: Se
     continues from it; prompts and sampling seeds depend only on (seed, step), so a resumed run
     equals an uninterrupted one. ``stop_after`` ends the run after that step (validated and
     checkpointed), so a learning-rate sweep can continue its winner to ``total_steps`` by resuming.
+
+    ``update_fn(policy, rollouts, advantages, pad_id) -> statistics`` replaces the in-process
+    :func:`grpo_update` (``copes_lib.grpo_sharded.ShardedUpdater`` runs it sharded over GPUs and
+    copies the new weights into ``policy``); it keeps its own optimizer state, so ``resume`` is refused.
     """
+    if update_fn is not None and resume and (Path(run_dir) / "last.pt").exists():
+        raise ValueError(f"{Path(run_dir) / 'last.pt'} exists but an update_fn keeps its own optimizer state, "
+                         "which the checkpoint does not hold; pass resume=False or a new run_dir")
     if stop_after is not None and stop_after < 1:
         raise ValueError(f"stop_after = {stop_after} must be >= 1 (or None to run all total_steps)")
     if rollout_fn is None or evaluate_fn is None:
@@ -559,6 +789,7 @@ def train_grpo(model: torch.nn.Module, tokenizer: Any, env: Any, train_tasks: Se
         val_by_step[step] = value
         return value
 
+    sampler = RolloutWeights(policy, config)  # after a resume: the rollout copy starts from the loaded weights
     if start == 0:
         history = [{"step": 0, "eval/val_accuracy": validate(0)}]
         if on_step:
@@ -571,12 +802,17 @@ def train_grpo(model: torch.nn.Module, tokenizer: Any, env: Any, train_tasks: Se
         t0 = time.perf_counter()
         tasks = prompt_batch(train_tasks, step, config.prompt_batch_size, config.seed)
         grouped = [t for t in tasks for _ in range(config.group_size)]
-        rb = rollout_fn(policy, tokenizer, grouped, env, sample_cfg, config.seed * 1_000_003 + step)
+        rb = rollout_in_micro_batches(rollout_fn, sampler.model, tokenizer, grouped, env, sample_cfg,
+                                      config.seed * 1_000_003 + step, config)
         t1 = time.perf_counter()
         rewards = torch.tensor(rb.rewards, dtype=torch.float32)
         advantages = group_advantages(rewards, config.group_size, norm_by_std=config.norm_adv_by_std,
                                       eps=config.adv_eps)
-        stats = grpo_update(policy, optimizer, rb, advantages, config, reference, pad_id)
+        if update_fn is None:
+            stats = grpo_update(policy, optimizer, rb, advantages, config, reference, pad_id)
+        else:
+            stats = update_fn(policy, rb, advantages, pad_id)
+        sampler.push()
         t2 = time.perf_counter()
         group_std = rewards.view(-1, config.group_size).std(dim=1)
         metrics: dict[str, Any] = {
@@ -657,8 +893,8 @@ def device_hours_per_step(history: Sequence[dict[str, Any]], devices: int = 1) -
 
 
 __all__ = [
-    "GRPOConfig", "GRPOResult", "PackedBatch", "Reference", "aggregate", "attach_lora",
-    "batched_logprobs", "completion_logprobs", "device_hours_per_step", "group_advantages", "grpo_loss",
+    "GRPOConfig", "GRPOResult", "LogProbsModule", "PackedBatch", "Reference", "RolloutWeights", "aggregate", "attach_lora",
+    "batched_logprobs", "completion_logprobs", "concat_rollout_batches", "rollout_in_micro_batches", "device_hours_per_step", "group_advantages", "grpo_loss",
     "grpo_update", "kl_penalty", "load_best", "mini_batches", "pack", "pick_learning_rate",
     "load_trainable_state", "prompt_batch", "train_grpo", "trainable_state",
 ]
