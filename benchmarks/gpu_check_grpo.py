@@ -28,8 +28,8 @@ import torch
 
 from copes_lib import grpo, runs
 from copes_lib.budget import SubstrateSizes, build_substrate_model
-from copes_lib.memory_model import GIB
 from copes_lib.grpo_memory import predict_grpo_memory
+from copes_lib.memory_model import GIB
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPT, COMPLETION, TRAJECTORIES = 64, 448, 16

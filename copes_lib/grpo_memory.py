@@ -28,6 +28,8 @@ import dataclasses
 from typing import Any
 
 from copes_lib.budget import LiveTensorBytes, SubstrateSizes, build_substrate_model
+from copes_lib.config import ConfigError
+from copes_lib.grpo import GRPOConfig
 from copes_lib.memory_model import (
     GIB,
     ModelDescription,
@@ -36,8 +38,6 @@ from copes_lib.memory_model import (
     lora_adapter_params,
     parameter_count,
 )
-from copes_lib.config import ConfigError
-from copes_lib.grpo import GRPOConfig
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 

@@ -7,11 +7,11 @@ import pytest
 from test_grpo import tiny_model
 
 from copes_lib.budget import SubstrateSizes
-from copes_lib.memory_model import load_model_description
 from copes_lib.config import ConfigError
 from copes_lib.grpo import GRPOConfig
 from copes_lib.grpo_memory import check_fits, describe_hf_config, measure_update_peak, predict_grpo_memory
 from copes_lib.grpo_sharded import ShardingConfig, launch
+from copes_lib.memory_model import load_model_description
 
 SIZES = SubstrateSizes(layers=2, hidden=128, heads=4, kv_heads=2, head_dim=32, intermediate=384, vocab=4096)
 
