@@ -53,6 +53,32 @@ def sample_test(params: NotebookParams, agent, model, tasks: Sequence[Any], *, s
     return result
 
 
+def greedy_scores(params: NotebookParams, agent, model, tasks: Sequence[Any], *, label: str) -> np.ndarray:
+    """Per-problem scores of greedy validation (correctness for math, F1 for QA), cached by the weights'
+    checksum and the task ids.
+
+    The rollout settings, seed and chunking are those of ``AgentObjective.validate``, so the mean of the
+    returned array is the ``eval/val_score`` a training run logged for the same weights and tasks (up to
+    float noise in batched attention); the claims test differences between methods on these arrays
+    (``copes_lib.stats``), which counts evaluation-set noise that a mean cannot show.
+    """
+    objective = agent.objective
+    config = objective.rollout_config
+    key = runs.cache_key({"weights": checksum(model), "rollout": config.to_dict(), "kind": agent.key["kind"],
+                          "greedy_validation": True}, [t.id for t in tasks])
+    path = runs.cache_dir(params.PROFILE, "greedy_scores", key) / "scores.json"
+
+    def compute() -> dict[str, Any]:
+        result = evaluate(model, objective.tokenizer, list(tasks), objective.env, config, seed=0,
+                          return_batches=True)
+        return {"label": label, "scores": [float(s) for b in result["batches"] for s in b.scores]}
+
+    scores = np.asarray(runs.cached(path, compute, force=params.FORCE)["scores"], dtype=float)
+    if len(scores) != len(tasks):
+        raise ValueError(f"{path} holds {len(scores)} scores for {len(tasks)} tasks; rerun with FORCE=True")
+    return scores
+
+
 def pass_at_k_frame(results: dict[str, dict[str, Any]]):
     """Long table (method, k, pass_at_k) for k = 1..n of each method's test samples."""
     import pandas as pd
