@@ -77,8 +77,13 @@ reproduce: venv
 validate: venv
 	$(BIN)/python -m copes_lib.cli validate --profile $(PROFILE)
 
+# Opens at the repository root (notebooks/, results/, reports/, figures/ all reachable); as root (common
+# in GPU containers) Jupyter refuses to start without --allow-root.
+LAB_UID ?= $(shell id -u)
+LAB_ROOT_FLAG = $(if $(filter 0,$(LAB_UID)),--allow-root)
+
 lab: venv
-	$(BIN)/jupyter lab $(LAB_ARGS) notebooks/
+	$(BIN)/jupyter lab --ServerApp.root_dir="$(CURDIR)" $(LAB_ROOT_FLAG) $(LAB_ARGS)
 
 clean-reports:
 	rm -rf reports/
