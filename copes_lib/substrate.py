@@ -65,15 +65,24 @@ class SubstrateNotebookParams(NotebookParams):
     BENCH_BATCH: int = param(64, "batch of the rollout-throughput measurement", ge=1)
     MODEL_PATH: str = param("", "gpu profile: local HF checkpoint folder (e.g. Qwen3.5-4B)")
     MATH_TRAIN_JSONL: str = param("", "gpu profile: MATH train JSONL (problem, solution, type)")
-    MATH_TEST_JSONL: str = param("", "gpu profile: MATH test JSONL (MATH-500 / MATH-Test format)")
+    MATH_TEST_FILES: str = param("", "gpu profile: Table 1's math test sets, name=path,... with names aime24, "
+                                 "aime25, gsm8k, math500, math_test (tasks.loaders.BENCHMARKS)")
     QA_TRAIN_JSONL: str = param("", "gpu profile: HotpotQA train JSONL")
-    QA_TEST_JSONL: str = param("", "gpu profile: QA test JSONL (HotpotQA / 2Wiki / MuSiQue format)")
+    QA_TEST_FILES: str = param("", "gpu profile: Table 4's QA test sets, name=path,... with names hotpotqa, "
+                               "2wiki, musique")
     SEARCH_CORPUS_JSONL: str = param("", "gpu profile: search corpus JSONL (id, title, text | contents)")
     VAL_HOLDOUT: int = param(750, "gpu profile: training problems held out for validation (paper: 750)", ge=1)
 
     def check(self) -> None:
         if self.PROFILE != "gpu" and self.MODEL_SIZE not in MODEL_SIZES:
             raise ConfigError(f"MODEL_SIZE = {self.MODEL_SIZE!r}; valid values: {list(MODEL_SIZES)}")
+        from copes_lib.tasks.loaders import parse_test_files
+
+        for kind, name in (("math", "MATH_TEST_FILES"), ("qa", "QA_TEST_FILES")):
+            try:
+                parse_test_files(getattr(self, name), kind, f"{type(self).__name__}.{name}")
+            except ValueError as error:
+                raise ConfigError(str(error)) from None
 
 
 def substrate_params(profile: str) -> SubstrateNotebookParams:
@@ -180,6 +189,14 @@ def load_pretrained(path: str, device: str | torch.device | None = None, dtype: 
     if not path or not Path(path).exists():
         raise ConfigError(f"MODEL_PATH = {path!r} does not exist: the gpu profile needs a local HF checkpoint "
                           "folder; set MODEL_PATH in profiles/gpu.yaml (01_substrate_and_agent)")
+    folder = Path(path)
+    weights = [p.name for pattern in ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin")
+               for p in folder.glob(pattern)] if folder.is_dir() else []
+    if not folder.is_dir() or not (folder / "config.json").exists() or not weights:
+        found = sorted(p.name for p in folder.iterdir())[:10] if folder.is_dir() else "a file"
+        raise ConfigError(f"MODEL_PATH = {path!r} is not a Hugging Face checkpoint folder: expected config.json, "
+                          "weights (*.safetensors or pytorch_model*.bin) and tokenizer files "
+                          f"(tokenizer.json / tokenizer_config.json); found {found}")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = dtype or (torch.bfloat16 if str(device).startswith("cuda") else torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left", local_files_only=True)

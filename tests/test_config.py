@@ -225,18 +225,13 @@ def test_injected_data_path_reaches_the_task_loader(tmp_path):
              "solution": f"It is $\\boxed{{{i + 1}}}$."} for i in range(12)]
     train.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert config.profile_params("gpu", "01_substrate_and_agent")["MATH_TRAIN_JSONL"] == ""
-    namespace = _papermill_namespace("gpu", {"MATH_TRAIN_JSONL": str(train), "MATH_TEST_JSONL": str(train),
-                                             "VAL_HOLDOUT": 4},
+    namespace = _papermill_namespace("gpu", {"MATH_TRAIN_JSONL": str(train), "VAL_HOLDOUT": 4},
                                      SubstrateNotebookParams)
     params = load_params("01_substrate_and_agent", namespace)
     assert params.MATH_TRAIN_JSONL == str(train)
     assert substrate_params("gpu").MATH_TRAIN_JSONL == str(train)  # the library sees the same value
-    tasks._gpu_tasks.cache_clear()
-    try:
-        assert len(tasks.load_tasks("gpu", "math", "train")) == 8
-        assert len(tasks.load_tasks("gpu", "math", "val")) == 4
-    finally:
-        tasks._gpu_tasks.cache_clear()
+    assert len(tasks.load_tasks("gpu", "math", "train")) == 8
+    assert len(tasks.load_tasks("gpu", "math", "val")) == 4
 
 
 def test_explicit_values_reach_child_processes():

@@ -40,7 +40,7 @@ from copes_lib.tasks.rewards import (
     qa_scores,
 )
 
-__all__ = ["Task", "load_tasks", "load_passages", "task_ids", "data_fingerprint", "describe_split_file", "SPLITS", "TASK_KINDS", "TAGS", "SEARCH_K",
+__all__ = ["Task", "load_tasks", "load_benchmarks", "load_passages", "task_ids", "data_fingerprint", "describe_split_file", "SPLITS", "TASK_KINDS", "TAGS", "SEARCH_K",
            "TOOL_LIMITS", "format_prompt", "split_trace", "extract_answer", "math_reward", "qa_reward",
            "format_reward", "math_correctness", "qa_scores", "qa_metrics", "math_equal", "GENERATED_SIZES"]
 
@@ -169,37 +169,64 @@ def _gpu_paths():
 
 def _require(value: str, name: str) -> str:
     if not value:
-        raise ConfigError(f"{name} is empty: the gpu profile reads real data from local files; set "
-                          f"{name} in profiles/gpu.yaml (01_substrate_and_agent) to a local JSONL path")
+        raise ConfigError(f"{name} is empty: the gpu profile reads real data from local files; set {name} in "
+                          "profiles/gpu.yaml (01_substrate_and_agent) or pass it to notebook 01 with "
+                          f"papermill -p {name} ...")
     return value
 
 
-@functools.lru_cache(maxsize=4)
-def _gpu_tasks(kind: str) -> dict[str, list[Task]]:
-    from copes_lib.tasks.loaders import load_jsonl_tasks, read_jsonl, stratified_holdout
+_TRAIN_FILE = {"math": "MATH_TRAIN_JSONL", "qa": "QA_TRAIN_JSONL"}
+_TEST_FILES = {"math": "MATH_TEST_FILES", "qa": "QA_TEST_FILES"}
 
+
+@functools.lru_cache(maxsize=4)
+def _gpu_train_val(kind: str, path: str, holdout: int) -> dict[str, list[Task]]:
+    """Training file minus a validation hold-out, stratified by MATH subject (``type`` / ``subject``)."""
+    from copes_lib.tasks.loaders import read_tasks, stratified_holdout
+
+    tasks, subjects = read_tasks(path, "math" if kind == "math" else "qa")
+    strata = subjects if kind == "math" else [""] * len(tasks)
+    train, val = stratified_holdout(tasks, holdout, strata, DATA_SEED)
+    return {"train": train, "val": val}
+
+
+@functools.lru_cache(maxsize=4)
+def _gpu_benchmarks(kind: str, spec: str) -> dict[str, list[Task]]:
+    from copes_lib.tasks.loaders import BENCHMARKS, parse_test_files, read_tasks
+
+    files = parse_test_files(spec, kind, _TEST_FILES[kind])
+    return {bench: read_tasks(path, BENCHMARKS[bench][1], prefix=bench)[0] for bench, path in files.items()}
+
+
+def _gpu_tasks(kind: str, split: str) -> list[Task]:
     p = _gpu_paths()
-    if kind == "math":
-        path = _require(p.MATH_TRAIN_JSONL, "MATH_TRAIN_JSONL")
-        rows = read_jsonl(path)
-        tasks = load_jsonl_tasks(path, "math")
-        subjects = {r.get("unique_id"): r.get("type", r.get("subject", "")) for r in rows}
-        strata = [str(subjects.get(t.id, "")) for t in tasks]
-        train, val = stratified_holdout(tasks, p.VAL_HOLDOUT, strata, DATA_SEED)
-        test = load_jsonl_tasks(_require(p.MATH_TEST_JSONL, "MATH_TEST_JSONL"), "math")
-    else:
-        tasks = load_jsonl_tasks(_require(p.QA_TRAIN_JSONL, "QA_TRAIN_JSONL"), "qa")
-        train, val = stratified_holdout(tasks, p.VAL_HOLDOUT, [""] * len(tasks), DATA_SEED)
-        test = load_jsonl_tasks(_require(p.QA_TEST_JSONL, "QA_TEST_JSONL"), "qa")
-    return {"train": train, "val": val, "test": test}
+    if split == "test":
+        spec = _require(getattr(p, _TEST_FILES[kind]), _TEST_FILES[kind])
+        return [t for tasks in _gpu_benchmarks(kind, spec).values() for t in tasks]
+    path = _require(getattr(p, _TRAIN_FILE[kind]), _TRAIN_FILE[kind])
+    return _gpu_train_val(kind, path, p.VAL_HOLDOUT)[split]
+
+
+def load_benchmarks(profile: str, kind: str) -> dict[str, list[Task]]:
+    """The named test sets of ``kind``: on the gpu profile those of ``MATH_TEST_FILES`` /
+    ``QA_TEST_FILES`` (Tables 1 and 4: aime24, aime25, gsm8k, math500, math_test; hotpotqa, 2wiki,
+    musique), task ids prefixed with the benchmark's name; on smoke / cpu the one generated test split,
+    named ``test``. The test split of :func:`load_tasks` is their concatenation."""
+    _check(profile, kind)
+    if profile == "gpu":
+        p = _gpu_paths()
+        return {b: list(t) for b, t in _gpu_benchmarks(kind, _require(getattr(p, _TEST_FILES[kind]),
+                                                                       _TEST_FILES[kind])).items()}
+    return {"test": load_tasks(profile, kind, "test")}
 
 
 # --------------------------------------------------------------------------- public
 def load_tasks(profile: str, kind: str, split: str) -> list[Task]:
     """The tasks of one split, in a fixed order (a fresh list; Task objects are immutable)."""
     _check(profile, kind, split)
-    tasks = _gpu_tasks(kind) if profile == "gpu" else _generated_tasks(profile, kind)
-    return list(tasks[split])
+    if profile == "gpu":
+        return list(_gpu_tasks(kind, split))
+    return list(_generated_tasks(profile, kind)[split])
 
 
 def task_ids(profile: str, kind: str, split: str) -> list[str]:
