@@ -28,7 +28,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from copes_lib.config import Config, ConfigError, param
-from copes_lib.tasks import SEARCH_K, TOOL_LIMITS, Task, format_prompt, load_passages
+from copes_lib.tasks import TOOL_LIMITS, Task, format_prompt
 from copes_lib.tasks.protocol import (
     ANSWER_CLOSE,
     PYTHON_CLOSE,
@@ -49,7 +49,8 @@ class RolloutConfig(Config):
     3 search, QA 5 + 5; PAPERS.md A4)."""
 
     max_new_tokens: int = param(96, "model-written tokens per trajectory, over all turns", ge=1)
-    max_turns: int = param(6, "model turns per trajectory (each tool call ends a turn)", ge=1)
+    max_turns: int = param(6, "model turns per trajectory (each tool call ends a turn); 0 = every allowed tool "
+                           "call plus the answer (the tool limits' sum + 1: the paper's 9 for math, 11 for QA)", ge=0)
     max_context: int = param(512, "prompt + completion tokens; a trajectory that reaches it ends", ge=8)
     max_python_calls: int | None = param(None, "Python calls per trajectory; None = the task kind's limit", ge=0)
     max_search_calls: int | None = param(None, "search calls per trajectory; None = the task kind's limit", ge=0)
@@ -58,6 +59,16 @@ class RolloutConfig(Config):
     batch_size: int = param(256, "trajectories per rollout call inside evaluate()", ge=1)
     prompt_style: str = param("auto", "prompt format: plain (miniature), chat (chat template), "
                               "auto = chat when the tokenizer has a chat template", choices=("auto", "plain", "chat"))
+    enable_thinking: bool | None = param(None, "chat prompts: the chat template's enable_thinking (Qwen3 / "
+                                         "Qwen3.5 thinking mode); None = the template's own default")
+
+    def to_dict(self) -> dict:
+        """Config.to_dict without ``enable_thinking`` when it is None, so cache keys made before the
+        field existed (every smoke / cpu run) stay valid."""
+        out = super().to_dict()
+        if out["enable_thinking"] is None:
+            del out["enable_thinking"]
+        return out
 
 
 @dataclasses.dataclass
@@ -163,12 +174,13 @@ class AgentEnv:
 
 
 def make_env(kind: str, profile: str, sandbox_config=None, cache_tool_results: bool = True) -> AgentEnv:
-    """The environment of ``kind`` ("math" | "qa") in ``profile``: its corpus, retriever and limits."""
-    from copes_lib.tools import BM25Retriever, Passage
+    """The environment of ``kind`` ("math" | "qa") in ``profile``: its retriever (built once per
+    corpus, :func:`copes_lib.tools.search.shared_retriever`), tool limits and passages per search."""
+    from copes_lib.tasks import tool_settings
+    from copes_lib.tools.search import shared_retriever
 
-    passages = [Passage(i, t, x) for i, t, x in load_passages(profile, kind)]
-    return AgentEnv(kind, BM25Retriever(passages), SEARCH_K[kind], TOOL_LIMITS[kind], sandbox_config,
-                    cache_tool_results)
+    limits, top_k = tool_settings(profile, kind)
+    return AgentEnv(kind, shared_retriever(profile, kind), top_k, limits, sandbox_config, cache_tool_results)
 
 
 # --------------------------------------------------------------------------- stop detection
@@ -292,9 +304,10 @@ def rollout(model, tokenizer, tasks: list[Task], env: AgentEnv, config: RolloutC
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else _as_list(tokenizer.eos_token_id)[0]
     limits = {"python": env.limits["python"] if config.max_python_calls is None else config.max_python_calls,
               "search": env.limits["search"] if config.max_search_calls is None else config.max_search_calls}
+    max_turns = config.max_turns or limits["python"] + limits["search"] + 1
     style = prompt_style(tokenizer, config)
-    prompt_ids = [encode(tokenizer, format_prompt(t, style, tokenizer, limits["python"], limits["search"]))
-                  for t in tasks]
+    prompt_ids = [encode(tokenizer, format_prompt(t, style, tokenizer, limits["python"], limits["search"],
+                                                  config.enable_thinking)) for t in tasks]
     n = len(tasks)
     completion = [[] for _ in range(n)]
     mask = [[] for _ in range(n)]
@@ -384,7 +397,7 @@ def rollout(model, tokenizer, tasks: list[Task], env: AgentEnv, config: RolloutC
         for i, r in enumerate(rows):
             if r in observations:
                 obs_ids = encode(tokenizer, observations[r])
-                if turns[r] >= config.max_turns:
+                if turns[r] >= max_turns:
                     finish[r] = "turns"
                 elif len(prompt_ids[r]) + len(completion[r]) + len(obs_ids) + 1 > config.max_context:
                     finish[r] = "context"

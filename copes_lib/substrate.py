@@ -72,6 +72,15 @@ class SubstrateNotebookParams(NotebookParams):
                                "2wiki, musique")
     SEARCH_CORPUS_JSONL: str = param("", "gpu profile: search corpus JSONL (id, title, text | contents)")
     VAL_HOLDOUT: int = param(750, "gpu profile: training problems held out for validation (paper: 750)", ge=1)
+    MAX_TURNS: int = param(6, "model turns per trajectory (each tool call ends one); 0 = every allowed call "
+                           "plus the answer (the paper's limits: math 9, QA 11)", ge=0)
+    MATH_PYTHON_CALLS: int = param(5, "Python calls per math trajectory (paper: 5)", ge=0)
+    MATH_SEARCH_CALLS: int = param(3, "search calls per math trajectory (paper: 3)", ge=0)
+    QA_PYTHON_CALLS: int = param(5, "Python calls per QA trajectory (paper: 5)", ge=0)
+    QA_SEARCH_CALLS: int = param(5, "search calls per QA trajectory (paper: 5)", ge=0)
+    SEARCH_TOP_K: int = param(1, "passages returned per search call (Search-R1 / the paper: 3)", ge=1)
+    THINKING: bool = param(True, "chat prompts (gpu): the template's enable_thinking, Qwen3.5's thinking mode "
+                           "(the paper does not say; on is the checkpoint's default)")
 
     def check(self) -> None:
         if self.PROFILE != "gpu" and self.MODEL_SIZE not in MODEL_SIZES:
@@ -237,7 +246,9 @@ def warm_rollout_config(params: SubstrateNotebookParams):
     from copes_lib.rollout import RolloutConfig
 
     return RolloutConfig(max_new_tokens=params.MAX_NEW_TOKENS, max_context=params.MAX_CONTEXT,
-                         batch_size=params.EVAL_BATCH, prompt_style="auto" if params.PROFILE == "gpu" else "plain")
+                         batch_size=params.EVAL_BATCH, prompt_style="auto" if params.PROFILE == "gpu" else "plain",
+                         max_turns=params.MAX_TURNS,
+                         enable_thinking=params.THINKING if params.PROFILE == "gpu" else None)
 
 
 def train_warm_start(model, tokenizer, train_tasks, val_tasks, env, steps: int, batch: int, lr: float,

@@ -40,7 +40,7 @@ from copes_lib.tasks.rewards import (
     qa_scores,
 )
 
-__all__ = ["Task", "load_tasks", "load_benchmarks", "load_passages", "task_ids", "data_fingerprint", "describe_split_file", "SPLITS", "TASK_KINDS", "TAGS", "SEARCH_K",
+__all__ = ["Task", "load_tasks", "load_benchmarks", "load_passages", "task_ids", "data_fingerprint", "describe_split_file", "tool_settings", "SPLITS", "TASK_KINDS", "TAGS", "SEARCH_K",
            "TOOL_LIMITS", "format_prompt", "split_trace", "extract_answer", "math_reward", "qa_reward",
            "format_reward", "math_correctness", "qa_scores", "qa_metrics", "math_equal", "GENERATED_SIZES"]
 
@@ -243,6 +243,19 @@ def load_passages(profile: str, kind: str) -> list[tuple[str, str, str]]:
     return list(_generated_world(profile, kind)[0])
 
 
+def tool_settings(profile: str, kind: str) -> tuple[dict[str, int], int]:
+    """(tool limits {"python", "search"}, passages per search call) of ``kind`` under ``profile``:
+    notebook 01's ``MATH_PYTHON_CALLS`` ... ``QA_SEARCH_CALLS`` and ``SEARCH_TOP_K`` (defaults: the
+    paper's limits, math 5 Python + 3 search, QA 5 + 5; one passage on smoke / cpu, Search-R1's 3 on gpu)."""
+    from copes_lib.substrate import substrate_params
+
+    _check(profile, kind)
+    p = substrate_params(profile)
+    prefix = kind.upper()
+    return ({"python": getattr(p, f"{prefix}_PYTHON_CALLS"), "search": getattr(p, f"{prefix}_SEARCH_CALLS")},
+            p.SEARCH_TOP_K)
+
+
 def describe_split_file(profile: str, kind: str) -> dict:
     """The saved split record (ids per split and content fingerprints); generated on first use.
     Reading it is cheap, so cache keys use it instead of generating the tasks."""
@@ -257,5 +270,6 @@ def describe_split_file(profile: str, kind: str) -> dict:
 
 def data_fingerprint(profile: str, kind: str) -> dict:
     """What a cache key needs to know about the generated data: split fingerprints, sizes, search k."""
+    limits, top_k = tool_settings(profile, kind)
     return {"splits": describe_split_file(profile, kind)["fingerprint"], "sizes": GENERATED_SIZES[profile][kind],
-            "search_k": SEARCH_K[kind], "limits": TOOL_LIMITS[kind], "seed": DATA_SEED}
+            "search_k": top_k, "limits": limits, "seed": DATA_SEED}

@@ -98,3 +98,16 @@ class BM25Retriever:
 def format_passages(passages: list[Passage]) -> str:
     """The search observation shown to the model (Search-R1 style: ``Doc 1 (Title: ...) text``)."""
     return "\n".join(f"Doc {i} (Title: {p.title}) {p.text}" for i, p in enumerate(passages, start=1))
+
+
+_SHARED: dict[tuple[str, str], Retriever] = {}
+
+
+def shared_retriever(profile: str, kind: str) -> Retriever:
+    """The search tool's retriever of ``kind`` under ``profile``, built once per process and shared by
+    every environment (notebook 01 used to build three, one per environment)."""
+    if (profile, kind) not in _SHARED:
+        from copes_lib.tasks import load_passages
+
+        _SHARED[(profile, kind)] = BM25Retriever([Passage(i, t, x) for i, t, x in load_passages(profile, kind)])
+    return _SHARED[(profile, kind)]
