@@ -112,6 +112,8 @@ class _GRPOParams(_ExperimentParams):
     TEST_PROBLEMS: int = param(128, "test problems for the test decoding (0 means the whole test split)", ge=0)
     TEST_SAMPLES: int = param(8, "samples per test problem, n of pass@k (paper: 32)", ge=1)
     TEST_TEMPERATURE: float = param(0.3, "test decoding temperature (paper: 0.3)", gt=0.0)
+    TEST_TOP_P: float = param(1.0, "test decoding top-p (paper: 1.0)", gt=0.0, le=1.0)
+    TEST_SAMPLES_AIME: int = param(256, "samples per AIME problem (paper: 256; gpu benchmarks only)", ge=1)
 
     def check(self) -> None:
         super().check()
@@ -462,8 +464,9 @@ def mean_update_norm(history: Sequence[dict[str, Any]]) -> float:
 
 # =========================================================================== test decoding and pass@k
 def sample_test(params: NotebookParams, agent, model, tasks: Sequence[Any], *, samples: int,
-                temperature: float, label: str, seed: int = 0) -> dict[str, Any]:
-    """``samples`` trajectories per task at ``temperature`` (top-p 1), cached by the weights' checksum.
+                temperature: float, label: str, seed: int = 0, top_p: float = 1.0) -> dict[str, Any]:
+    """``samples`` trajectories per task at ``temperature`` and ``top_p`` (the paper: 0.3, 1.0), cached
+    by the weights' checksum.
 
     Returns per-task scores (``scores[j]``: the samples' scores of task j; correctness for math, F1 for
     QA), the mean Acc / EM / F1 (QA) or accuracy (math), and ``correct_counts`` for pass@k.
@@ -472,7 +475,7 @@ def sample_test(params: NotebookParams, agent, model, tasks: Sequence[Any], *, s
     from copes_lib.rollout import evaluate
 
     objective = agent.objective
-    config = dataclasses.replace(objective.rollout_config, temperature=temperature, top_p=1.0)
+    config = dataclasses.replace(objective.rollout_config, temperature=temperature, top_p=top_p)
     key = runs.cache_key({"weights": checksum(model), "samples": samples, "temperature": temperature,
                           "rollout": config.to_dict(), "kind": agent.key["kind"], "seed": seed},
                          [t.id for t in tasks])
