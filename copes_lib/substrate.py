@@ -79,6 +79,11 @@ class SubstrateNotebookParams(NotebookParams):
     QA_PYTHON_CALLS: int = param(5, "Python calls per QA trajectory (paper: 5)", ge=0)
     QA_SEARCH_CALLS: int = param(5, "search calls per QA trajectory (paper: 5)", ge=0)
     SEARCH_TOP_K: int = param(1, "passages returned per search call (Search-R1 / the paper: 3)", ge=1)
+    RETRIEVER: str = param("bm25", "gpu search tool: bm25, or dense (EMBEDDING_MODEL_PATH + FAISS, the paper's "
+                           "E5 setup); built once under cache/ and memory-mapped", choices=("bm25", "dense"))
+    EMBEDDING_MODEL_PATH: str = param("", "gpu, RETRIEVER dense: local encoder folder (e.g. e5-base-v2)")
+    EMBEDDING_QUERY_PREFIX: str = param("", "dense retriever: text put before each query (E5: 'query: ')")
+    EMBEDDING_PASSAGE_PREFIX: str = param("", "dense retriever: text put before each passage (E5: 'passage: ')")
     THINKING: bool = param(True, "chat prompts (gpu): the template's enable_thinking, Qwen3.5's thinking mode "
                            "(the paper does not say; on is the checkpoint's default)")
 

@@ -222,23 +222,25 @@ def parse_test_files(spec: str, kind: str, name: str = "TEST_FILES") -> dict[str
     return out
 
 
+def corpus_passage(row: dict, index: int, path: str | Path) -> tuple[str, str, str]:
+    """(id, title, text) of one corpus row (its id defaults to its position ``index``)."""
+    if "contents" in row:
+        title, _, text = str(row["contents"]).partition("\n")
+        title = title.strip().strip('"')
+    elif "text" in row:
+        title, text = row.get("title", ""), row["text"]
+    else:
+        looks = guess_format(row)
+        raise DataFormatError(
+            f"{path}:{row.get('__line__', f'passage {index}')}: expected a search-corpus row "
+            "{id, contents: '\"Title\"\\ntext'} (Search-R1) or {id, title, text}; the row has fields "
+            f"{sorted(k for k in row if k != '__line__')}" + (f"; it looks like {looks}" if looks else ""))
+    return str(row.get("id", index)), title, text
+
+
 def load_corpus_jsonl(path: str | Path) -> list[tuple[str, str, str]]:
     """(id, title, text) rows of a local search corpus."""
-    out = []
-    for i, row in enumerate(read_jsonl(path)):
-        if "contents" in row:
-            title, _, text = str(row["contents"]).partition("\n")
-            title = title.strip().strip('"')
-        elif "text" in row:
-            title, text = row.get("title", ""), row["text"]
-        else:
-            looks = guess_format(row)
-            raise DataFormatError(
-                f"{path}:{row['__line__']}: expected a search-corpus row {{id, contents: '\"Title\"\\ntext'}} "
-                f"(Search-R1) or {{id, title, text}}; the row has fields {sorted(k for k in row if k != '__line__')}"
-                + (f"; it looks like {looks}" if looks else ""))
-        out.append((str(row.get("id", i)), title, text))
-    return out
+    return [corpus_passage(row, i, path) for i, row in enumerate(read_jsonl(path))]
 
 
 def stratified_holdout(tasks: list[Task], n_holdout: int, strata: list[str], seed: int) -> tuple[list[Task], list[Task]]:
