@@ -101,11 +101,13 @@ class AgentEnv:
     writes here cannot read clocks or randomness usefully, so the cache changes no result."""
 
     def __init__(self, kind: str, retriever=None, search_k: int = 2, limits: dict | None = None,
-                 sandbox_config=None, cache_tool_results: bool = True):
+                 sandbox_config=None, cache_tool_results: bool = True, show_titles: bool = False):
         if kind not in TOOL_LIMITS:
             raise ConfigError(f"kind = {kind!r} is not valid; valid values: {list(TOOL_LIMITS)}")
         self.kind, self.retriever, self.search_k = kind, retriever, search_k
         self.limits = dict(limits or TOOL_LIMITS[kind])
+        # real corpora: Search-R1's "Doc 1 (Title: ...) text" lines; the miniature: the text alone
+        self.show_titles = show_titles
         self.sandbox_config = sandbox_config
         self.cache_tool_results = cache_tool_results
         self._sandbox = None
@@ -139,12 +141,14 @@ class AgentEnv:
 
     def run_search(self, queries: list[str]) -> list[str]:
         """Observations (``<result>...</result>``) of a batch of queries."""
+        from copes_lib.tools.search import format_passages
         if self.retriever is None:
             return [error_observation("search", "no search tool in this environment")] * len(queries)
         todo = list(dict.fromkeys(q for q in queries if q not in self._search_cache))
         if todo:
             for query, passages in zip(todo, self.retriever.search(todo, self.search_k)):
-                self._search_cache[query] = search_observation([p.text for p in passages])
+                texts = [format_passages(passages)] if self.show_titles else [p.text for p in passages]
+                self._search_cache[query] = search_observation(texts)
         return [self._search_cache[q] for q in queries]
 
     # rewards ----------------------------------------------------------------
@@ -180,7 +184,8 @@ def make_env(kind: str, profile: str, sandbox_config=None, cache_tool_results: b
     from copes_lib.tools.search import shared_retriever
 
     limits, top_k = tool_settings(profile, kind)
-    return AgentEnv(kind, shared_retriever(profile, kind), top_k, limits, sandbox_config, cache_tool_results)
+    return AgentEnv(kind, shared_retriever(profile, kind), top_k, limits, sandbox_config, cache_tool_results,
+                    show_titles=profile == "gpu")
 
 
 # --------------------------------------------------------------------------- stop detection
