@@ -92,11 +92,10 @@ def _generated_world(profile: str, kind: str) -> tuple[list[tuple[str, str, str]
     return passages, tasks, plans
 
 
-@functools.lru_cache(maxsize=4)
 def _retriever(profile: str, kind: str):
-    from copes_lib.tools import BM25Retriever, Passage
+    from copes_lib.tools.search import shared_retriever
 
-    return BM25Retriever([Passage(i, t, x) for i, t, x in load_passages(profile, kind)])
+    return shared_retriever(profile, kind)  # the search tool's own index: one build per process
 
 
 def _reference(plan: list, answer: str, passages: list[list]) -> str:
