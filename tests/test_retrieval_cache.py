@@ -3,6 +3,7 @@ cache/ keyed on the corpus, memory-mapped on load; the dense retriever on a smal
 
 import importlib.util
 import json
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,9 @@ def test_corpus_file_reads_passages_on_demand(tmp_path):
     corpus = CorpusFile(path, CorpusFile.line_offsets(path))
     assert len(corpus) == len(FACTS)
     assert corpus[2] == Passage("2", "Ada Lovelace", FACTS[2][1]) and corpus[-1].title == "Jupiter"
+    corpus[0]  # opens the file
+    copy = pickle.loads(pickle.dumps(corpus))  # what a Ray worker receives: reopens the file itself
+    assert copy[3] == corpus[3] and len(copy) == len(corpus)
 
 
 def test_bm25_index_built_once_then_memory_mapped(tmp_path):
