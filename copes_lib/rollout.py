@@ -28,7 +28,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from copes_lib.config import Config, ConfigError, param
-from copes_lib.tasks import SEARCH_K, TOOL_LIMITS, Task, format_prompt, load_passages
+from copes_lib.tasks import TOOL_LIMITS, Task, format_prompt
 from copes_lib.tasks.protocol import (
     ANSWER_CLOSE,
     PYTHON_CLOSE,
@@ -49,7 +49,8 @@ class RolloutConfig(Config):
     3 search, QA 5 + 5; PAPERS.md A4)."""
 
     max_new_tokens: int = param(96, "model-written tokens per trajectory, over all turns", ge=1)
-    max_turns: int = param(6, "model turns per trajectory (each tool call ends a turn)", ge=1)
+    max_turns: int = param(6, "model turns per trajectory (each tool call ends a turn); 0 = every allowed tool "
+                           "call plus the answer (the tool limits' sum + 1: the paper's 9 for math, 11 for QA)", ge=0)
     max_context: int = param(512, "prompt + completion tokens; a trajectory that reaches it ends", ge=8)
     max_python_calls: int | None = param(None, "Python calls per trajectory; None = the task kind's limit", ge=0)
     max_search_calls: int | None = param(None, "search calls per trajectory; None = the task kind's limit", ge=0)
@@ -58,6 +59,16 @@ class RolloutConfig(Config):
     batch_size: int = param(256, "trajectories per rollout call inside evaluate()", ge=1)
     prompt_style: str = param("auto", "prompt format: plain (miniature), chat (chat template), "
                               "auto = chat when the tokenizer has a chat template", choices=("auto", "plain", "chat"))
+    enable_thinking: bool | None = param(None, "chat prompts: the chat template's enable_thinking (Qwen3 / "
+                                         "Qwen3.5 thinking mode); None = the template's own default")
+
+    def to_dict(self) -> dict:
+        """Config.to_dict without ``enable_thinking`` when it is None, so cache keys made before the
+        field existed (every smoke / cpu run) stay valid."""
+        out = super().to_dict()
+        if out["enable_thinking"] is None:
+            del out["enable_thinking"]
+        return out
 
 
 @dataclasses.dataclass
@@ -90,11 +101,13 @@ class AgentEnv:
     writes here cannot read clocks or randomness usefully, so the cache changes no result."""
 
     def __init__(self, kind: str, retriever=None, search_k: int = 2, limits: dict | None = None,
-                 sandbox_config=None, cache_tool_results: bool = True):
+                 sandbox_config=None, cache_tool_results: bool = True, show_titles: bool = False):
         if kind not in TOOL_LIMITS:
             raise ConfigError(f"kind = {kind!r} is not valid; valid values: {list(TOOL_LIMITS)}")
         self.kind, self.retriever, self.search_k = kind, retriever, search_k
         self.limits = dict(limits or TOOL_LIMITS[kind])
+        # real corpora: Search-R1's "Doc 1 (Title: ...) text" lines; the miniature: the text alone
+        self.show_titles = show_titles
         self.sandbox_config = sandbox_config
         self.cache_tool_results = cache_tool_results
         self._sandbox = None
@@ -128,12 +141,14 @@ class AgentEnv:
 
     def run_search(self, queries: list[str]) -> list[str]:
         """Observations (``<result>...</result>``) of a batch of queries."""
+        from copes_lib.tools.search import format_passages
         if self.retriever is None:
             return [error_observation("search", "no search tool in this environment")] * len(queries)
         todo = list(dict.fromkeys(q for q in queries if q not in self._search_cache))
         if todo:
             for query, passages in zip(todo, self.retriever.search(todo, self.search_k)):
-                self._search_cache[query] = search_observation([p.text for p in passages])
+                texts = [format_passages(passages)] if self.show_titles else [p.text for p in passages]
+                self._search_cache[query] = search_observation(texts)
         return [self._search_cache[q] for q in queries]
 
     # rewards ----------------------------------------------------------------
@@ -163,12 +178,14 @@ class AgentEnv:
 
 
 def make_env(kind: str, profile: str, sandbox_config=None, cache_tool_results: bool = True) -> AgentEnv:
-    """The environment of ``kind`` ("math" | "qa") in ``profile``: its corpus, retriever and limits."""
-    from copes_lib.tools import BM25Retriever, Passage
+    """The environment of ``kind`` ("math" | "qa") in ``profile``: its retriever (built once per
+    corpus, :func:`copes_lib.tasks.retrieval.shared_retriever`), tool limits and passages per search."""
+    from copes_lib.tasks import tool_settings
+    from copes_lib.tasks.retrieval import shared_retriever
 
-    passages = [Passage(i, t, x) for i, t, x in load_passages(profile, kind)]
-    return AgentEnv(kind, BM25Retriever(passages), SEARCH_K[kind], TOOL_LIMITS[kind], sandbox_config,
-                    cache_tool_results)
+    limits, top_k = tool_settings(profile, kind)
+    return AgentEnv(kind, shared_retriever(profile, kind), top_k, limits, sandbox_config, cache_tool_results,
+                    show_titles=profile == "gpu")
 
 
 # --------------------------------------------------------------------------- stop detection
@@ -292,9 +309,10 @@ def rollout(model, tokenizer, tasks: list[Task], env: AgentEnv, config: RolloutC
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else _as_list(tokenizer.eos_token_id)[0]
     limits = {"python": env.limits["python"] if config.max_python_calls is None else config.max_python_calls,
               "search": env.limits["search"] if config.max_search_calls is None else config.max_search_calls}
+    max_turns = config.max_turns or limits["python"] + limits["search"] + 1
     style = prompt_style(tokenizer, config)
-    prompt_ids = [encode(tokenizer, format_prompt(t, style, tokenizer, limits["python"], limits["search"]))
-                  for t in tasks]
+    prompt_ids = [encode(tokenizer, format_prompt(t, style, tokenizer, limits["python"], limits["search"],
+                                                  config.enable_thinking)) for t in tasks]
     n = len(tasks)
     completion = [[] for _ in range(n)]
     mask = [[] for _ in range(n)]
@@ -386,7 +404,7 @@ def rollout(model, tokenizer, tasks: list[Task], env: AgentEnv, config: RolloutC
         for i, r in enumerate(rows):
             if r in observations:
                 obs_ids = encode(tokenizer, observations[r])
-                if turns[r] >= config.max_turns:
+                if turns[r] >= max_turns:
                     finish[r] = "turns"
                 elif len(prompt_ids[r]) + len(completion[r]) + len(obs_ids) + 1 > config.max_context:
                     finish[r] = "context"

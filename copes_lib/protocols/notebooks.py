@@ -49,7 +49,8 @@ def load_profile(profile: str) -> dict[str, dict[str, Any]]:
 
 
 def profile_params(profile: str, notebook: str) -> dict[str, Any]:
-    """The profile's values for one notebook, checked against the notebook's parameter class."""
+    """The profile's values for one notebook, checked against the notebook's parameter class, with the
+    values given explicitly to that notebook in this kernel on top (``config.profile_params``)."""
     load_profile(profile)
     return config.profile_params(profile, params_class(notebook))
 
@@ -57,7 +58,7 @@ def profile_params(profile: str, notebook: str) -> dict[str, Any]:
 def validate_profile(profile: str) -> None:
     """Build every notebook's parameters under ``profile``: any bad key or value raises."""
     for notebook in load_profile(profile):
-        build(params_class(notebook), {**profile_params(profile, notebook), "PROFILE": profile},
+        build(params_class(notebook), {**config.yaml_params(profile, params_class(notebook)), "PROFILE": profile},
               source=f"parameters in profiles/{profile}.yaml")
 
 
@@ -68,7 +69,7 @@ def profile_problems(profile: str, notebooks: list[str] | None = None) -> dict[s
     problems = {}
     for notebook in notebooks if notebooks is not None else list(NOTEBOOKS):
         try:
-            values = profile_params(profile, notebook) if notebook in sections else {}
+            values = config.yaml_params(profile, params_class(notebook)) if notebook in sections else {}
             build(params_class(notebook), {**values, "PROFILE": profile},
                   source=f"parameters in profiles/{profile}.yaml")
         except ConfigError as exc:
