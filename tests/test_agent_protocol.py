@@ -6,20 +6,23 @@ import dataclasses
 import pytest
 from transformers import PreTrainedTokenizerFast
 
+from copes_lib.protocols.substrate_setup import substrate_config, substrate_params, use_profile_data
 from copes_lib.rollout import AgentEnv, RolloutConfig, rollout
-from copes_lib.substrate import get_tokenizer, substrate_params, warm_rollout_config
+from copes_lib.substrate import get_tokenizer, warm_rollout_config
 from copes_lib.tasks import Task, format_prompt, tool_settings
 from tests.test_rollout import BigramLM
 
 
 def test_paper_limits_per_task_kind_on_every_profile():
+    for profile in ("gpu", "cpu"):
+        use_profile_data(profile)  # what loading a notebook's parameters does
     assert tool_settings("gpu", "math") == ({"python": 5, "search": 3}, 3)  # paper: 3 search + 5 Python
     assert tool_settings("gpu", "qa") == ({"python": 5, "search": 5}, 3)    # paper: 5 + 5; Search-R1 top 3
     assert tool_settings("cpu", "qa") == ({"python": 5, "search": 5}, 1)    # the miniature: one passage
 
 
 def test_gpu_turns_follow_the_limits_and_cpu_keeps_six():
-    gpu, cpu = warm_rollout_config(substrate_params("gpu")), warm_rollout_config(substrate_params("cpu"))
+    gpu, cpu = (warm_rollout_config(substrate_params(p).warm_start_config()) for p in ("gpu", "cpu"))
     assert gpu.max_turns == 0 and gpu.enable_thinking is True
     assert cpu.max_turns == 6 and cpu.enable_thinking is None
     assert "enable_thinking" not in cpu.to_dict()  # smoke / cpu cache keys unchanged
@@ -30,7 +33,7 @@ def test_gpu_turns_follow_the_limits_and_cpu_keeps_six():
 def test_max_turns_zero_allows_every_call_then_ends(python_limit, search_limit):
     """A model that calls Python forever: with max_turns = 0 it makes python_limit calls, gets refusals
     after that, and stops after python + search + 1 turns (the paper's 9 for math)."""
-    tokenizer = get_tokenizer("smoke")
+    tokenizer = get_tokenizer("smoke", substrate_config("smoke").vocab_size)
     loop = BigramLM(tokenizer, [("?\n", "<python>print(7)</python>"), ("</output>", "<python>")], len(tokenizer))
     env = AgentEnv("math", None, 1, {"python": python_limit, "search": search_limit})
     try:
@@ -51,7 +54,7 @@ QWEN_LIKE_TEMPLATE = (
 
 
 def test_thinking_switch_reaches_the_chat_template():
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=get_tokenizer("smoke").backend_tokenizer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=get_tokenizer("smoke", substrate_config("smoke").vocab_size).backend_tokenizer)
     tokenizer.chat_template = QWEN_LIKE_TEMPLATE
     task = Task("t", "math", "What is 2+3?", ("5",), 1)
     off = format_prompt(task, "chat", tokenizer, enable_thinking=False)

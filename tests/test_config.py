@@ -11,6 +11,7 @@ from copes_lib import config
 from copes_lib.config import REPO_ROOT, ConfigError, NotebookParams, build, param
 from copes_lib.protocols import notebooks
 from copes_lib.protocols.notebooks import load_params
+from copes_lib.protocols.params import SummaryParams
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,19 +186,19 @@ def _papermill_namespace(profile: str, injected: dict, cls) -> dict:
                                              ("MAIN_FROM_SWEEP", True)])
 def test_injected_value_wins_even_when_it_equals_the_cpu_default(name, value):
     """`-p STEPS 16` under gpu gave the profile's 128 because 16 is also the cpu default."""
-    from copes_lib.es import StandardESNotebookParams
+    from copes_lib.protocols.params import StandardESNotebookParams
 
     assert getattr(StandardESNotebookParams(), name) == value  # the case of the bug: value == cpu default
-    assert config.profile_params("gpu", "02_standard_es")[name] != value
+    assert notebooks.profile_params("gpu", "02_standard_es")[name] != value
     namespace = _papermill_namespace("gpu", {name: value}, StandardESNotebookParams)
     params = load_params("02_standard_es", namespace)
     assert getattr(params, name) == value
-    others = config.profile_params("gpu", "02_standard_es")
+    others = notebooks.profile_params("gpu", "02_standard_es")
     assert params.POPULATION == others["POPULATION"]  # the rest still comes from the profile
 
 
 def test_without_injection_the_profile_beats_the_untouched_defaults():
-    from copes_lib.es import StandardESNotebookParams
+    from copes_lib.protocols.params import StandardESNotebookParams
 
     namespace = _papermill_namespace("gpu", {}, StandardESNotebookParams)
     assert load_params("02_standard_es", namespace).STEPS == 128
@@ -208,7 +209,7 @@ def test_without_injection_the_profile_beats_the_untouched_defaults():
 
 @pytest.mark.parametrize("name", ["steps", "Steps", "not_a_param"])
 def test_injected_unknown_name_in_any_case_is_an_error(name):
-    from copes_lib.es import StandardESNotebookParams
+    from copes_lib.protocols.params import StandardESNotebookParams
 
     namespace = _papermill_namespace("gpu", {name: 16}, StandardESNotebookParams)
     with pytest.raises(ConfigError, match=rf"unknown parameters \['{name}'\] for StandardESNotebookParams; "
@@ -220,13 +221,14 @@ def test_injected_unknown_name_in_any_case_is_an_error(name):
 def test_injected_data_path_reaches_the_task_loader(tmp_path):
     """A data path given with -p is the one the gpu task loaders read, not the (empty) YAML one."""
     from copes_lib import tasks
-    from copes_lib.substrate import SubstrateNotebookParams, substrate_params
+    from copes_lib.protocols.params import SubstrateNotebookParams
+    from copes_lib.protocols.substrate_setup import substrate_params
 
     train = tmp_path / "math_train.jsonl"
     rows = [{"problem": f"What is {i}+1?", "level": "Level 1", "type": "Algebra" if i % 2 else "Geometry",
              "solution": f"It is $\\boxed{{{i + 1}}}$."} for i in range(12)]
     train.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert config.profile_params("gpu", "01_substrate_and_agent")["MATH_TRAIN_JSONL"] == ""
+    assert notebooks.profile_params("gpu", "01_substrate_and_agent")["MATH_TRAIN_JSONL"] == ""
     namespace = _papermill_namespace("gpu", {"MATH_TRAIN_JSONL": str(train), "VAL_HOLDOUT": 4},
                                      SubstrateNotebookParams)
     params = load_params("01_substrate_and_agent", namespace)
@@ -237,9 +239,10 @@ def test_injected_data_path_reaches_the_task_loader(tmp_path):
 
 
 def test_explicit_values_reach_child_processes():
-    namespace = _papermill_namespace("smoke", {"SEED": 9}, config.SummaryParams)
+    namespace = _papermill_namespace("smoke", {"SEED": 9}, SummaryParams)
     load_params("99_summary", namespace)
-    code = "from copes_lib import config; print(config.profile_params('smoke', '99_summary')['SEED'])"
+    code = ("from copes_lib.protocols import notebooks; "
+            "print(notebooks.profile_params('smoke', '99_summary')['SEED'])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, check=True)
     assert out.stdout.strip() == "9"
 
@@ -252,7 +255,7 @@ def test_papermill_injected_value_equal_to_the_cpu_default_wins(tmp_path):
                                                         "display_name": "Python 3"}})
     params_cell = nbformat.v4.new_code_cell('PROFILE: str = "cpu"\nSTEPS: int = 16\n')
     params_cell.metadata["tags"] = ["parameters"]
-    check = ('from copes_lib.config import load_params\nP = load_params("02_standard_es", globals())\n'
+    check = ('from copes_lib.protocols.notebooks import load_params\nP = load_params("02_standard_es", globals())\n'
              'print("VALUES", P.STEPS, P.BACKEND, P.SIGMA, P.POPULATION)\n')
     nb.cells = [params_cell, nbformat.v4.new_code_cell(check)]
     source = tmp_path / "probe.ipynb"
@@ -276,7 +279,7 @@ def test_duplicated_profile_section_names_file_and_both_lines(tmp_profiles):
 def test_duplicated_profile_key_names_file_and_both_lines(tmp_profiles):
     tmp_profiles("smoke", "02_standard_es:\n  STEPS: 3\n  SIGMA: 0.1\n  STEPS: 4\n")
     with pytest.raises(ConfigError, match=r"smoke\.yaml: 'STEPS' is defined twice \(lines 2 and 4\)"):
-        config.validate_profile("smoke")
+        notebooks.validate_profile("smoke")
 
 
 def test_profile_syntax_error_names_file_and_line(tmp_profiles):

@@ -8,6 +8,7 @@ import pytest
 
 from copes_lib import config, tasks
 from copes_lib.config import ConfigError
+from copes_lib.protocols.substrate_setup import use_profile_data
 from copes_lib.tasks.loaders import (
     BENCHMARKS,
     DataFormatError,
@@ -131,7 +132,7 @@ def test_parse_test_files():
 
 
 def test_bad_test_files_spec_fails_at_validation():
-    from copes_lib.substrate import SubstrateNotebookParams
+    from copes_lib.protocols.params import SubstrateNotebookParams
 
     with pytest.raises(ConfigError, match=r"SubstrateNotebookParams.QA_TEST_FILES: unknown qa benchmark 'aime24'"):
         SubstrateNotebookParams(PROFILE="gpu", QA_TEST_FILES="aime24=/x.jsonl")
@@ -159,6 +160,7 @@ def test_named_benchmarks_on_the_gpu_profile(tmp_path, monkeypatch):
     monkeypatch.setenv(config.EXPLICIT_ENV, json.dumps({"profile": "gpu", "notebook": "01_substrate_and_agent",
                                                         "values": {"MATH_TEST_FILES": math_spec,
                                                                    "QA_TEST_FILES": qa_spec}}))
+    use_profile_data("gpu")  # what loading notebook 01's parameters does
     math = tasks.load_benchmarks("gpu", "math")
     assert list(math) == ["aime24", "gsm8k", "math500"] and [len(v) for v in math.values()] == [3, 4, 2]
     assert math["aime24"][0].id == "aime24/2024-I-0"
@@ -171,6 +173,7 @@ def test_wrong_format_benchmark_file_fails_with_its_path(tmp_path, monkeypatch):
     gsm = write_jsonl(tmp_path / "gsm8k.jsonl", gsm8k_rows(2))
     monkeypatch.setenv(config.EXPLICIT_ENV, json.dumps({"profile": "gpu", "notebook": "01_substrate_and_agent",
                                                         "values": {"MATH_TEST_FILES": f"math500={gsm}"}}))
+    use_profile_data("gpu")  # what loading notebook 01's parameters does
     with pytest.raises(DataFormatError, match=r"gsm8k\.jsonl:1: expected a MATH .* looks like gsm8k"):
         tasks.load_benchmarks("gpu", "math")
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from copes_lib import config
+from copes_lib.protocols.substrate_setup import use_profile_data
 from copes_lib.tasks.retrieval import CorpusFile, file_retriever, shared_retriever
 from copes_lib.tools.search import BM25Retriever, Passage
 
@@ -69,6 +70,7 @@ def test_gpu_profile_shares_the_cached_index_and_top_k(tmp_path, monkeypatch):
     monkeypatch.setattr(runs, "CACHE_ROOT", tmp_path / "cache")
     monkeypatch.setenv(config.EXPLICIT_ENV, json.dumps({"profile": "gpu", "notebook": "01_substrate_and_agent",
                                                         "values": {"SEARCH_CORPUS_JSONL": str(path)}}))
+    use_profile_data("gpu")  # what loading notebook 01's parameters does
     with make_env("qa", "gpu") as qa, make_env("math", "gpu") as math:
         assert qa.retriever is math.retriever is shared_retriever("gpu", "qa")  # one build per process
         assert qa.search_k == 3 and qa.limits == {"python": 5, "search": 5} and math.limits["search"] == 3

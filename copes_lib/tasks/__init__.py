@@ -191,12 +191,12 @@ class AgentToolSettings(Config):
     search_top_k: int = param(1, "passages returned per search call (Search-R1 / the paper: 3)", ge=1)
 
 
-_tool_settings: list[AgentToolSettings] = []  # set by use_tool_settings (the notebooks' parameter loading)
+_tool_settings: dict[str, AgentToolSettings] = {}  # profile -> settings, set by the notebooks' parameter loading
 
 
-def use_tool_settings(settings: AgentToolSettings) -> None:
-    """Give agents of this process these tool limits and search depth from now on."""
-    _tool_settings[:] = [settings]
+def use_tool_settings(profile: str, settings: AgentToolSettings) -> None:
+    """Give agents of ``profile`` in this process these tool limits and search depth from now on."""
+    _tool_settings[profile] = settings
 
 
 _gpu_data: list[GPUDataPaths] = []  # set by use_gpu_data; the notebooks' parameter loading calls it
@@ -298,7 +298,7 @@ def tool_settings(profile: str, kind: str) -> tuple[dict[str, int], int]:
     ``QA_SEARCH_CALLS`` and ``SEARCH_TOP_K``) (defaults: the
     paper's limits, math 5 Python + 3 search, QA 5 + 5; one passage on smoke / cpu, Search-R1's 3 on gpu)."""
     _check(profile, kind)
-    p = _tool_settings[0] if _tool_settings else AgentToolSettings()
+    p = _tool_settings.get(profile, AgentToolSettings())
     return ({"python": getattr(p, f"{kind}_python_calls"), "search": getattr(p, f"{kind}_search_calls")},
             p.search_top_k)
 
