@@ -1,6 +1,6 @@
 """How good is one population's estimate of the update direction? (issue 18, beyond the paper)
 
-CoPES's premise (PAPERS.md A2, docs/paper_a_copes.md) is that splitting the parameters into K
+CoPES's premise (docs/paper_a_copes.md, A2) is that splitting the parameters into K
 subspaces gives a better estimate of the ascent direction per evaluated member than full-space ES. This
 module measures that directly, at FIXED parameters and on ONE prompt batch, without training:
 
