@@ -5,7 +5,7 @@ model). This module runs, on the suite's miniature substrate:
 
 - **scale axis**: for each size in ``SIZES`` (names of ``substrate.MODEL_SIZES``), a base model
   warm-started EXACTLY as notebook 01 warm-starts its own (``substrate.warm_start`` with 01's
-  parameters, only ``MODEL_SIZE`` changed; the size 01 uses is its cached model), then at the same
+  parameters, only ``model_size`` changed; the size 01 uses is its cached model), then at the same
   step budget: full GRPO (``grpo.train_grpo``), standard ES (K = 1) and CoPES (K = ``SUBSPACES``)
   (``es.train_es``), ES-family arms over ``SEEDS`` noise seeds on the SAME prompt batches (paired);
 - **protocol axis**: CoPES with ES's sigma / alpha (the paper's protocol; its update is ~sqrt(K)
