@@ -39,6 +39,7 @@ MODEL_SIZES = {
                   num_key_value_heads=2, head_dim=16),
     "cpu": dict(hidden_size=160, intermediate_size=448, num_hidden_layers=4, num_attention_heads=5,
                 num_key_value_heads=5, head_dim=32),
+    "tiny": dict(hidden_size=32, intermediate_size=96, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16),  # noqa: E501 (09's scale axis)
     "cpu-large": dict(hidden_size=320, intermediate_size=768, num_hidden_layers=4, num_attention_heads=5,
                       num_key_value_heads=5, head_dim=64),
 }

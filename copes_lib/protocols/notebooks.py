@@ -10,13 +10,14 @@ from typing import Any
 
 from copes_lib import config
 from copes_lib.config import ConfigError, NotebookParams, build
-from copes_lib.protocols import molora_params, params
+from copes_lib.protocols import molora_params, params, scale_study
 from copes_lib.protocols.substrate_setup import use_profile_data
 
 _CLASSES: tuple[type[NotebookParams], ...] = (
     params.OverviewParams, params.SubstrateNotebookParams, params.StandardESNotebookParams,
     params.CoPESNotebookParams, params.GRPONotebookParams, params.FixedBudgetParams, params.AblationParams,
-    params.MultihopQAParams, params.BudgetNotebookParams, molora_params.MoloraSubstrateParams,
+    params.MultihopQAParams, params.BudgetNotebookParams, scale_study.ScaleStudyParams,
+    molora_params.MoloraSubstrateParams,
     molora_params.MoloraRouterParams, molora_params.MoloraFactorialParams, molora_params.SandboxNotebookParams,
     params.SummaryParams,
 )
