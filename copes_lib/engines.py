@@ -1,0 +1,132 @@
+"""Rollout engines: who generates a batch of multi-turn agent trajectories, behind one contract.
+
+ES (member fitness), GRPO (groups of sampled trajectories), validation and test code call
+``engine.generate(tasks, env, config, seed)`` and get a :class:`copes_lib.rollout.RolloutBatch`
+(token ids, the model-written mask, texts, rewards, scores, tool calls, finish reasons), without
+knowing which engine runs. The contract an engine keeps (a vLLM or SGLang engine plugs in by
+keeping it; see docs/engines.md):
+
+- ``engine.model`` is the module whose parameters ES perturbs IN PLACE between calls: an engine must
+  read the weights at every ``generate`` (no stale copy; a server engine reloads or shares them);
+- ``generate`` runs every task to its end with the tool protocol of ``copes_lib.rollout`` (stop at
+  a closing tool tag, run the tools of ``env``, append the observation, continue; limits of
+  ``config``), greedy when ``config.temperature == 0``, seeded by ``seed`` otherwise;
+- greedy results are those of the plain loop (``LoopEngine``) up to float summation order: the
+  same tokens on the same device and dtype (tested for every engine here on the CPU);
+- ``row_hook(rows)``, when given, is called before every forward pass with the original task
+  indices of the rows in it (the population-batched ES backend needs it; an engine that cannot
+  offer it raises ``ConfigError`` when given one).
+
+Engines here: ``loop`` (the plain batched loop of ``rollout.rollout``: CPU and any device) and
+``slots`` (continuous batching: a fixed number of slots, a finished trajectory frees its slot for
+the next task, a row whose turn ends runs its tool and continues without waiting for the rest of
+the batch; hybrid Qwen3.5 models supported through the row-exact linear-attention path). On a GPU
+the ``slots`` engine needs the Triton kernels of Qwen3.5's linear attention
+(``flash-linear-attention``, requirements-gpu.txt): without them transformers falls back to a slow
+PyTorch loop, so :func:`make_engine` refuses with what to install.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+from copes_lib.config import ConfigError
+from copes_lib.rollout import AgentEnv, RolloutBatch, RolloutConfig, rollout
+from copes_lib.tasks import Task
+
+ENGINES = ("loop", "slots")
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """Generates a batch of multi-turn agent trajectories (see the module docstring)."""
+
+    name: str
+    model: nn.Module
+
+    def generate(self, tasks: list[Task], env: AgentEnv, config: RolloutConfig, seed: int = 0,
+                 row_hook: Callable[[list[int]], None] | None = None) -> RolloutBatch: ...
+
+
+class LoopEngine:
+    """The plain loop (``rollout.rollout``): one batched forward per token, rows leave the batch when
+    they finish, a turn boundary waits for every row of the batch. Runs anywhere."""
+
+    name = "loop"
+
+    def __init__(self, model: nn.Module, tokenizer):
+        self.model, self.tokenizer = model, tokenizer
+
+    def generate(self, tasks, env, config, seed=0, row_hook=None) -> RolloutBatch:
+        return rollout(self.model, self.tokenizer, tasks, env, config, seed=seed, row_hook=row_hook)
+
+
+def make_engine(name: str, model: nn.Module, tokenizer, **options) -> RolloutEngine:
+    """The engine ``name`` (one of ENGINES) for ``model``; clear errors for what a machine lacks."""
+    if name not in ENGINES:
+        raise ConfigError(f"engine = {name!r} is not valid; valid values: {list(ENGINES)}")
+    if name == "loop":
+        return LoopEngine(model, tokenizer)
+    from copes_lib.slots import SlotEngine
+
+    return SlotEngine(model, tokenizer, **options)
+
+
+def check_gpu_engine(model: nn.Module) -> None:
+    """Raise ConfigError unless ``model`` can run fast on a GPU: CUDA present and, for hybrid
+    (linear-attention) models, the flash-linear-attention kernels installed."""
+    if not torch.cuda.is_available():
+        raise ConfigError("the GPU engine needs a CUDA GPU (torch.cuda.is_available() is False): install the "
+                          "CUDA build of torch from requirements-gpu.txt, or use engine='loop' on the CPU")
+    layer_types = getattr(getattr(model, "config", None), "layer_types", None) or []
+    if "linear_attention" in layer_types:
+        try:
+            import fla  # noqa: F401  (flash-linear-attention's import name)
+        except ImportError as err:
+            raise ConfigError("this model has linear-attention (Gated-DeltaNet) layers: on a GPU they need the "
+                              "Triton kernels of flash-linear-attention; pip install -r requirements-gpu.txt "
+                              "(or pip install flash-linear-attention)") from err
+
+
+# --------------------------------------------------------------------------- Qwen3.5 models built here
+QWEN35_SIZES = {
+    # 3 linear-attention layers + 1 full-attention layer: the pattern of Qwen3.5, in miniature
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16, linear_key_head_dim=16, linear_value_head_dim=16,
+                 linear_num_key_heads=2, linear_num_value_heads=4),
+    # realistic sizes (randomly initialised; benchmarks): about 0.8B and 2B parameters with Qwen3.5's vocabulary
+    "0.8b": dict(hidden_size=1024, intermediate_size=3584, num_hidden_layers=24, num_attention_heads=8,
+                 num_key_value_heads=2, head_dim=256, linear_key_head_dim=128, linear_value_head_dim=128,
+                 linear_num_key_heads=16, linear_num_value_heads=16),
+    "2b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=24, num_attention_heads=8,
+               num_key_value_heads=2, head_dim=256, linear_key_head_dim=128, linear_value_head_dim=128,
+               linear_num_key_heads=16, linear_num_value_heads=16),
+}
+
+
+def build_qwen35(size: str, vocab_size: int, seed: int, tokenizer=None, device: str | torch.device = "cpu",
+                 dtype: torch.dtype = torch.float32, max_positions: int = 4096):
+    """A randomly initialised Qwen3_5ForCausalLM (text only) of ``size`` (QWEN35_SIZES), every 4th layer
+    full attention, the others Gated-DeltaNet linear attention. Deterministic in ``seed``."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    if size not in QWEN35_SIZES:
+        raise ConfigError(f"size = {size!r} is not valid; valid values: {list(QWEN35_SIZES)}")
+    dims = QWEN35_SIZES[size]
+    layers = dims["num_hidden_layers"]
+    special = {}
+    if tokenizer is not None:
+        special = dict(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                       bos_token_id=tokenizer.bos_token_id)
+    config = Qwen3_5TextConfig(vocab_size=vocab_size, max_position_embeddings=max_positions, **dims, **special,
+                               layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention"
+                                            for i in range(layers)])
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = Qwen3_5ForCausalLM(config)
+    return model.to(dtype=dtype).eval()
