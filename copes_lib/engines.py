@@ -71,8 +71,6 @@ def make_engine(name: str, model: nn.Module, tokenizer, **options) -> RolloutEng
         raise ConfigError(f"engine = {name!r} is not valid; valid values: {list(ENGINES)}")
     if name == "loop":
         return LoopEngine(model, tokenizer)
-    from copes_lib.slots import SlotEngine
-
     return SlotEngine(model, tokenizer, **options)
 
 
@@ -91,6 +89,226 @@ def check_gpu_engine(model: nn.Module) -> None:
                               "Triton kernels of flash-linear-attention; pip install -r requirements-gpu.txt "
                               "(or pip install flash-linear-attention)") from err
 
+
+
+# --------------------------------------------------------------------------- continuous batching
+class SlotEngine:
+    """Continuous batching over ``slots`` rows: a trajectory that finishes frees its slot for the next
+    task at once, and a row whose turn ends with a tool call runs the call (together with the rows
+    that stopped at the same token) and feeds its observation in the next forward while the others
+    keep decoding: no row waits for the slowest row of its batch. One forward per token, as the loop;
+    rows join with fresh cache rows (attention: masked columns; linear attention: fresh states), and
+    leading cache columns no row uses any more are dropped.
+
+    Greedy results equal the loop's (tested on the CPU); sampled results are seeded but use the
+    random stream in another order than the loop does. ``row_hook`` gets original task indices.
+    """
+
+    name = "slots"
+
+    def __init__(self, model: nn.Module, tokenizer, slots: int = 64, require_gpu: bool = False):
+        if slots < 1:
+            raise ConfigError(f"SlotEngine: slots = {slots} must be >= 1")
+        if require_gpu:
+            check_gpu_engine(model)
+        self.model, self.tokenizer, self.slots = model, tokenizer, slots
+
+    @torch.no_grad()
+    def generate(self, tasks, env, config, seed=0, row_hook=None, logits_hook=None) -> RolloutBatch:
+        import contextlib
+        import time
+        from collections import deque
+
+        from copes_lib import rollout as ro
+        from copes_lib.tasks import format_prompt
+
+        start = time.perf_counter()
+        model, tok = self.model, self.tokenizer
+        device = next(model.parameters()).device
+        was_training = model.training
+        model.eval()
+        stops = ro.StopMatcher(tok)
+        pad_id = tok.pad_token_id if tok.pad_token_id is not None else ro._as_list(tok.eos_token_id)[0]
+        limits = {"python": env.limits["python"] if config.max_python_calls is None else config.max_python_calls,
+                  "search": env.limits["search"] if config.max_search_calls is None else config.max_search_calls}
+        style = ro.prompt_style(tok, config)
+        prompt_ids = [ro.encode(tok, format_prompt(t, style, tok, limits["python"], limits["search"])) for t in tasks]
+        n = len(tasks)
+        completion, mask, segment, parts = ([[] for _ in range(n)] for _ in range(4))
+        calls = [{"python": 0, "search": 0} for _ in range(n)]
+        finish, turns, n_model = [""] * n, [0] * n, [0] * n
+        generator = torch.Generator().manual_seed(seed)
+        queue = deque(range(n))
+        rows: list[int] = []
+        pending: list[list[int]] = []
+        fresh: list[bool] = []
+        seen = torch.zeros(0, dtype=torch.long, device=device)
+        attention = torch.zeros(0, 0, dtype=torch.long, device=device)
+        cache = ro._growing_cache(model)
+        cache_arg = "cache" if "cache" in ro.inspect.signature(model.forward).parameters else "past_key_values"
+        exact = ro._RowExactLinearAttention(model, cache, row_hook) if ro.linear_attention_layers(cache) else None
+        forwards = 0
+        with exact if exact is not None else contextlib.nullcontext():
+            while queue or rows:
+                joining = []
+                while queue and len(rows) + len(joining) < self.slots:
+                    joining.append(queue.popleft())
+                if joining:
+                    _add_rows(cache, len(joining))
+                    rows += joining
+                    pending += [list(prompt_ids[r]) for r in joining]
+                    fresh += [True] * len(joining)
+                    seen = torch.cat([seen, seen.new_zeros(len(joining))])
+                    attention = torch.cat([attention, attention.new_zeros(len(joining), attention.shape[1])])
+                width = max(len(p) for p in pending)
+                chunk = torch.tensor([[pad_id] * (width - len(p)) + p for p in pending], dtype=torch.long,
+                                     device=device)
+                chunk_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in pending],
+                                          dtype=torch.long, device=device)
+                positions = (seen[:, None] + chunk_mask.cumsum(1) - 1).clamp_min(0)
+                attention = torch.cat([attention, chunk_mask], dim=1)
+                seen = seen + chunk_mask.sum(1)
+                if row_hook is not None:
+                    row_hook(list(rows))
+                if exact is not None:
+                    exact.real, exact.rows = chunk_mask.bool(), list(rows)
+                    exact.fresh = torch.tensor(fresh, device=device)
+                out = model(input_ids=chunk, attention_mask=attention, position_ids=positions, use_cache=True,
+                            logits_to_keep=1, **{cache_arg: cache})
+                forwards += 1
+                fresh = [False] * len(rows)
+                logits = out.logits[:, -1, :].float()
+                if pad_id not in stops.eos_ids:
+                    logits[:, pad_id] = float("-inf")
+                if logits_hook is not None:
+                    logits_hook(list(rows), [True] * len(rows), logits)
+                new_tokens = ro._pick(logits, config, generator).tolist()
+
+                stopped = []  # (batch row, original row) whose turn ended at this token
+                for i, r in enumerate(rows):
+                    token = new_tokens[i]
+                    completion[r].append(token)
+                    mask[r].append(1)
+                    segment[r].append(token)
+                    pending[i] = [token]
+                    n_model[r] += 1
+                    stop = stops.check(segment[r])
+                    if stop is None:
+                        if n_model[r] >= config.max_new_tokens:
+                            stop = "tokens"
+                        elif len(prompt_ids[r]) + len(completion[r]) >= config.max_context:
+                            stop = "context"
+                    if stop is not None:
+                        finish[r] = stop
+                        stopped.append((i, r))
+                if not stopped:
+                    continue
+                observations = _turn_end(tok, env, config, limits, stopped, finish, segment, parts, turns, calls)
+                stopped_rows = {r for _, r in stopped}
+                keep = []
+                for i, r in enumerate(rows):
+                    if r not in stopped_rows:
+                        keep.append(i)
+                    elif r in observations:
+                        obs_ids = ro.encode(tok, observations[r])
+                        if turns[r] >= config.max_turns:
+                            finish[r] = "turns"
+                        elif len(prompt_ids[r]) + len(completion[r]) + len(obs_ids) + 1 > config.max_context:
+                            finish[r] = "context"
+                        else:
+                            completion[r].extend(obs_ids)
+                            mask[r].extend([0] * len(obs_ids))
+                            pending[i] = pending[i] + obs_ids
+                            keep.append(i)
+                if len(keep) < len(rows):
+                    index = torch.tensor(keep, dtype=torch.long, device=device)
+                    ro.select_rows(cache, index)
+                    attention, seen = attention[index], seen[index]
+                    rows, pending = [rows[i] for i in keep], [pending[i] for i in keep]
+                    fresh = [fresh[i] for i in keep]
+                    attention = _drop_unused_columns(cache, attention)
+        if was_training:
+            model.train()
+        model_texts = ["".join(p) for p in parts]
+        answers = [t.answers for t in tasks]
+        prompts = [ro.decode(tok, p) for p in prompt_ids]
+        details = env.details(prompts, model_texts, answers)
+        return RolloutBatch(
+            tasks=list(tasks), prompt_ids=prompt_ids, completion_ids=completion, model_mask=mask,
+            texts=[ro.decode(tok, c) for c in completion], rewards=env.reward(prompts, model_texts, answers, calls),
+            scores=[d[env.score_key()] for d in details], tool_calls=calls, model_texts=model_texts,
+            finish_reasons=finish, details=details, elapsed_s=time.perf_counter() - start, forward_calls=forwards)
+
+
+def _turn_end(tokenizer, env, config, limits, stopped, finish, segment, parts, turns, calls) -> dict[int, str]:
+    """The turn boundary of ``rollout.rollout`` for the rows ``stopped``: keep the turn's text, run
+    their valid tool calls in one batch per tool; returns {original row: observation}."""
+    from copes_lib.rollout import decode
+    from copes_lib.tasks.protocol import error_observation, last_call
+
+    tool_rows = {"python": [], "search": []}
+    for _i, r in stopped:
+        text = decode(tokenizer, segment[r])
+        parts[r].append(text)
+        segment[r] = []
+        turns[r] += 1
+        if finish[r] in ("python", "search"):
+            tool_rows[finish[r]].append((r, text))
+    observations: dict[int, str] = {}
+    for tool, runner in (("python", env.run_python), ("search", env.run_search)):
+        valid = []
+        for r, text in tool_rows[tool]:
+            body = last_call(text, tool)
+            if calls[r][tool] >= limits[tool]:
+                observations[r] = error_observation(tool, f"{tool} call limit ({limits[tool]}) reached")
+            elif body is None or not body.strip():
+                observations[r] = error_observation(tool, f"invalid call: write <{tool}>...</{tool}>")
+            else:
+                calls[r][tool] += 1
+                valid.append((r, body.strip() if tool == "search" else body))
+        for (r, _), obs in zip(valid, runner([b for _, b in valid]) if valid else []):
+            observations[r] = obs
+    return observations
+
+
+def _add_rows(cache, count: int) -> None:
+    """Append ``count`` empty rows to every initialised layer of ``cache`` (attention: zero keys and
+    values under masked columns; linear attention: zero states, marked fresh by the caller)."""
+    from transformers.cache_utils import LinearAttentionCacheLayerMixin
+
+    from copes_lib.rollout import GrowingLayer
+
+    for layer in cache.layers:
+        if isinstance(layer, LinearAttentionCacheLayerMixin):
+            for s in range(layer.number_of_states):
+                for kind in ("conv", "recurrent"):
+                    states = getattr(layer, f"{kind}_states")
+                    if getattr(layer, f"is_{kind}_states_initialized")[s]:
+                        old = states[s]
+                        states[s] = torch.cat([old, old.new_zeros(count, *old.shape[1:])])
+        if isinstance(layer, GrowingLayer) and layer.is_initialized and layer._k is not None:
+            layer._k = torch.cat([layer._k, layer._k.new_zeros(count, *layer._k.shape[1:])])
+            layer._v = torch.cat([layer._v, layer._v.new_zeros(count, *layer._v.shape[1:])])
+            layer.keys, layer.values = layer._k[..., :layer._n, :], layer._v[..., :layer._n, :]
+        elif not isinstance(layer, (GrowingLayer, LinearAttentionCacheLayerMixin)):
+            raise ConfigError(f"SlotEngine: cache layer type {type(layer).__name__} is not supported")
+
+
+def _drop_unused_columns(cache, attention: torch.Tensor) -> torch.Tensor:
+    """Drop the leading cache columns that no remaining row attends to (rows that used them left)."""
+    from copes_lib.rollout import GrowingLayer
+
+    used = attention.any(0).nonzero()
+    first = int(used[0]) if len(used) else attention.shape[1]
+    if first < 64:  # not worth a copy
+        return attention
+    for layer in cache.layers:
+        if isinstance(layer, GrowingLayer) and layer.is_initialized and layer._n:
+            layer._k = layer._k[..., first:, :].contiguous()
+            layer._v = layer._v[..., first:, :].contiguous()
+            layer._n -= first
+            layer.keys, layer.values = layer._k[..., :layer._n, :], layer._v[..., :layer._n, :]
+    return attention[:, first:]
 
 # --------------------------------------------------------------------------- Qwen3.5 models built here
 QWEN35_SIZES = {

@@ -362,6 +362,7 @@ class _RowExactLinearAttention:
                               "module with a conv1d and that layer_idx was found; this model family is not "
                               "supported by the row-exact rollout")
         self.real: torch.Tensor | None = None   # (batch, width) bool: real token, set before every forward
+        self.fresh: torch.Tensor | None = None  # (batch,) bool: rows with no state yet (slots engine)
         self.rows: list[int] = []
 
     def __enter__(self):
@@ -378,14 +379,17 @@ class _RowExactLinearAttention:
             real = self.real
             width = hidden_states.shape[1]
             lengths = real.sum(1)
-            if cache is None or bool((lengths == width).all()):
+            layer = cache.layers[module.layer_idx] if cache is not None else None
+            layer_fresh = layer is None or not any(layer.has_previous_state.values())
+            no_fresh_rows = layer_fresh or self.fresh is None or not bool(self.fresh.any())
+            if cache is None or (bool((lengths == width).all()) and no_fresh_rows):
                 return original(hidden_states, cache=cache, attention_mask=None, **kwargs)
-            layer = cache.layers[module.layer_idx]
-            fresh = not any(layer.has_previous_state.values())
+            fresh = (torch.full_like(lengths, layer_fresh, dtype=torch.bool) if no_fresh_rows
+                     else self.fresh.to(lengths.device))
             out = hidden_states.new_zeros(hidden_states.shape)
-            for n_real in sorted(set(lengths.tolist()) - {0}):
-                index = (lengths == n_real).nonzero().squeeze(1)
-                states = _RowStates(layer, index, fresh)
+            for n_real, is_fresh in sorted(set(zip(lengths.tolist(), fresh.tolist())) - {(0, False), (0, True)}):
+                index = ((lengths == n_real) & (fresh == is_fresh)).nonzero().squeeze(1)
+                states = _RowStates(layer, index, is_fresh)
                 if self.rows_hook is not None:
                     self.rows_hook([self.rows[i] for i in index.tolist()])
                 out[index, width - n_real:] = original(hidden_states[index, width - n_real:], cache=states,
