@@ -755,6 +755,14 @@ class AgentObjective:
         self.train_tasks, self.val_tasks = list(train_tasks), list(val_tasks)
         self.batch_size, self.batch_seed = batch_size, batch_seed
         self.tokens = 0  # tokens through the model in training rollouts (prompt + completion; benchmarks)
+        self.engine, self.engine_options = "loop", {}  # copes_lib.engines: who generates the rollouts
+
+    def _generate(self, model: nn.Module, tasks: list, step: int, row_hook=None):
+        from copes_lib.engines import make_engine
+
+        engine = make_engine(self.engine, model, self.tokenizer, **self.engine_options)
+        with torch.no_grad():
+            return engine.generate(tasks, self.env, self.rollout_config, seed=step, row_hook=row_hook)
 
     def _count(self, out) -> None:
         self.tokens += sum(len(p) + len(c) for p, c in zip(out.prompt_ids, out.completion_ids))
@@ -773,21 +781,14 @@ class AgentObjective:
         return self.batch_size
 
     def fitness(self, model: nn.Module, step: int) -> float:
-        from copes_lib.rollout import rollout
-
-        with torch.no_grad():
-            out = rollout(model, self.tokenizer, self.batch(step), self.env, self.rollout_config, seed=step)
+        out = self._generate(model, self.batch(step), step)
         self._count(out)
         return float(np.mean(out.rewards))
 
     def population_fitness(self, model: nn.Module, step: int, n_members: int,
                            row_hook: Callable[[list[int]], None]) -> list[float]:
-        from copes_lib.rollout import rollout
-
         tasks = self.batch(step) * n_members  # member-major: rows [m * B, (m + 1) * B) are member m
-        with torch.no_grad():
-            out = rollout(model, self.tokenizer, tasks, self.env, self.rollout_config, seed=step,
-                          row_hook=row_hook)
+        out = self._generate(model, tasks, step, row_hook)
         self._count(out)
         return np.asarray(out.rewards, dtype=np.float64).reshape(n_members, self.batch_size).mean(1).tolist()
 
@@ -878,12 +879,7 @@ def run_arm(agent: AgentSetup, config: ESConfig, *, steps: int, val_every: int, 
     objective = agent.objective if val_problems is None else agent.objective.with_val(val_problems)
     val_ids = [t.id for t in objective.val_tasks]
     key = {**agent.key, "val_ids": val_ids}
-    factory = None
-    if config.backend == "ray":
-        import functools
-
-        ensure_ray(config.ray_workers)  # RAY_ADDRESS: any cluster
-        factory = functools.partial(agent_worker, agent.worker_args)
+    factory = ray_worker_factory(config, agent)
     # FORCE recomputes each distinct run once per session, even if several arms share it
     this = run_key(config, steps, val_every, key)
     force = force and this not in agent.forced
@@ -895,6 +891,20 @@ def run_arm(agent: AgentSetup, config: ESConfig, *, steps: int, val_every: int, 
     agent.base_validation[tuple(val_ids)] = {k[len("eval/val_"):]: v for k, v in history[0].items()
                                              if k.startswith("eval/val_")}
     return history
+
+
+def ray_worker_factory(config: ESConfig, agent: AgentSetup):
+    """None, or for ``backend="ray"``: connect to Ray (``RAY_ADDRESS`` or a local cluster) and return
+    the picklable factory with which each worker rebuilds the agent (weights come once from the driver)."""
+    if config.backend != "ray":
+        return None
+    import functools
+
+    if not agent.worker_args:
+        raise ConfigError("backend='ray' needs the agent's worker_args (load_agent's arguments) to rebuild it "
+                          "in the workers")
+    ensure_ray(config.ray_workers)
+    return functools.partial(agent_worker, agent.worker_args)
 
 
 def agent_worker(worker_args: dict[str, Any]) -> tuple[nn.Module, AgentObjective]:
@@ -987,6 +997,7 @@ class StandardESNotebookParams(NotebookParams):
     BACKEND: str = param("batched", "member evaluation backend (batched: members x prompts in one rollout)",
                          choices=("sequential", "batched", "ray"))
     NOISE: str = param("iid", "noise seeding (iid or paper_correlated)", choices=("iid", "paper_correlated"))
+    RAY_WORKERS: int = param(2, "BACKEND ray: workers (one per GPU on a GPU cluster; RAY_ADDRESS joins one)", ge=1)
     ES_SEED: int = param(33, "seed of noise and partitions (paper: 33)", ge=0)
     BATCH_SEED: int = param(1088, "seed of the per-step prompt batches, shared by every method", ge=0)
     SWEEP_SIGMAS: str = param("0.005,0.01", "comma-separated sigmas of the sweep; empty for no sweep")
@@ -1035,7 +1046,7 @@ def es_config_from(params: StandardESNotebookParams, **overrides: Any) -> ESConf
     values = dict(population=params.POPULATION, subspaces=getattr(params, "SUBSPACES", 1),
                   sigma=params.SIGMA, alpha=params.ALPHA, chunk_size=params.CHUNK_SIZE,
                   noise=params.NOISE, zscore=getattr(params, "ZSCORE", "joint"), backend=params.BACKEND,
-                  seed=params.ES_SEED)
+                  ray_workers=params.RAY_WORKERS, seed=params.ES_SEED)
     values.update(overrides)
     return ESConfig(**values)
 

@@ -31,8 +31,8 @@ How it departs from the paper (and why):
   paired with ES's; every method is validated on the same problems.
 - Step costs are this machine's measured wall time per training step (validation excluded, as in
   A5), counting the machine as one device; "est. device-hours" = mean step cost x steps.
-- The Ray backend of ``copes_lib.es`` is not offered here (``BACKEND`` is sequential or batched): its
-  workers rebuild the objective from notebook parameters and would not see the per-seed batch seed.
+- ``BACKEND = "ray"`` spreads the members over Ray workers (one per GPU on a GPU cluster; ``RAY_ADDRESS``):
+  the workers rebuild the agent with the run's own batch seed (``AgentSetup.worker_args``).
 - Test decoding of ES and CoPES uses seed 0's checkpoint only (cost); seeds enter the validation
   comparison.
 """
@@ -72,8 +72,9 @@ class _ExperimentParams(NotebookParams):
     ALPHA: float = param(5e-3, "standard ES alpha when notebook 02 has not chosen one (paper: 5e-4)", gt=0.0)
     SUBSPACES: int = param(4, "K of CoPES (paper: 4)", ge=1)
     CHUNK_SIZE: int = param(4096, "elements per parameter chunk (paper: unstated)", ge=1)
-    BACKEND: str = param("batched", "ES member evaluation: sequential or batched (same updates)",
-                         choices=("sequential", "batched"))
+    BACKEND: str = param("batched", "ES member evaluation: sequential, batched or ray (same updates)",
+                         choices=("sequential", "batched", "ray"))
+    RAY_WORKERS: int = param(2, "BACKEND ray: workers (one per GPU on a GPU cluster; RAY_ADDRESS joins one)", ge=1)
     NOISE: str = param("iid", "noise seeding (iid or paper_correlated)", choices=("iid", "paper_correlated"))
     ES_SEED: int = param(33, "noise seed of seed 0; seed i uses ES_SEED + i (paper: 33)", ge=0)
     BATCH_SEED: int = param(1088, "prompt-batch seed of seed 0; seed i uses BATCH_SEED + i", ge=0)
@@ -205,7 +206,7 @@ def es_config(params: _ExperimentParams, *, subspaces: int, sigma: float, alpha:
 
     return ESConfig(population=params.POPULATION, subspaces=subspaces, sigma=sigma, alpha=alpha,
                     chunk_size=params.CHUNK_SIZE, noise=params.NOISE, zscore=zscore, backend=params.BACKEND,
-                    seed=params.ES_SEED + seed_index)
+                    ray_workers=params.RAY_WORKERS, seed=params.ES_SEED + seed_index)
 
 
 # =========================================================================== agents and runs
@@ -215,7 +216,8 @@ def seeded_agent(agent, batch_seed: int):
 
     objective = copy.copy(agent.objective)
     objective.batch_seed = batch_seed
-    return AgentSetup(agent.model, objective, {**agent.key, "batch_seed": batch_seed})
+    return AgentSetup(agent.model, objective, {**agent.key, "batch_seed": batch_seed},
+                      {**agent.worker_args, "batch_seed": batch_seed} if agent.worker_args else {})
 
 
 @dataclass
@@ -250,7 +252,7 @@ def es_run(params: NotebookParams, agent, config, *, steps: int, val_every: int,
     """One cached ES/CoPES run on a copy of the warm start. With ``continue_from`` (a shorter run of the
     same config), the new run starts from its checkpoint: all randomness is a function of the step, so
     this equals an uninterrupted run and costs only the extra steps."""
-    from copes_lib.es import cached_es_run
+    from copes_lib.es import cached_es_run, ray_worker_factory
 
     force = params.FORCE if force is None else force
     if continue_from is not None:
@@ -269,7 +271,8 @@ def es_run(params: NotebookParams, agent, config, *, steps: int, val_every: int,
         force = False
     history, folder = cached_es_run(params.PROFILE, "es_runs", copy.deepcopy(agent.model), agent.objective,
                                     config, steps=steps, val_every=val_every, key_extra=_es_key_extra(agent),
-                                    force=force, log_prefix=label)
+                                    force=force, log_prefix=label,
+                                    worker_factory=ray_worker_factory(config, agent))
     return ESRun(label, config, history, folder, config.seed - getattr(params, "ES_SEED", config.seed))
 
 
