@@ -288,6 +288,19 @@ def linear_attention_layers(cache) -> list[int]:
     return [i for i, layer in enumerate(cache.layers) if isinstance(layer, LinearAttentionCacheLayerMixin)]
 
 
+def check_hybrid_cache(model, cache) -> None:
+    """A hybrid model whose cache does not hold transformers' ``LinearAttentionLayer`` (older
+    transformers kept Qwen3.5's states in a model-specific cache) would be rolled out without the
+    row-exact path: refuse rather than return rows that differ from their single-row runs."""
+    layer_types = getattr(getattr(model, "config", None), "layer_types", None) or []
+    if "linear_attention" in layer_types and not linear_attention_layers(cache):
+        import transformers
+
+        raise ConfigError(f"rollout: this hybrid model's cache (transformers {transformers.__version__}) has no "
+                          "LinearAttentionLayer; the row-exact rollout needs transformers 5.24 "
+                          "(requirements.txt / requirements-gpu.txt)")
+
+
 class _RowStates:
     """The conv/recurrent states of some rows of one linear-attention cache layer, copied out, so a
     module can run on those rows alone; ``write_back`` stores them into the full layer. It offers the
@@ -456,6 +469,7 @@ def rollout(model, tokenizer, tasks: list[Task], env: AgentEnv, config: RolloutC
     forwards = 0
 
     exact = _RowExactLinearAttention(model, cache, row_hook) if linear_attention_layers(cache) else None
+    check_hybrid_cache(model, cache)
     with exact if exact is not None else contextlib.nullcontext():
         while rows:
             width = max(len(p) for p in pending)
