@@ -201,7 +201,8 @@ class ES:
     replica that loads bf16 compute weights gets the exact fp32 values this way).
     """
 
-    def __init__(self, model: nn.Module, config: ESConfig, master: Sequence[torch.Tensor] | None = None):
+    def __init__(self, model: nn.Module, config: ESConfig, master: Sequence[torch.Tensor] | None = None,
+                 master_device: str | torch.device | None = None):
         self.model, self.config = model, config
         self.params = [p.data for p in model.parameters()]
         for p in self.params:
@@ -218,7 +219,9 @@ class ES:
                 p.copy_(source)
                 self.master.append(p)
             else:
-                self.master.append(source.detach().to(p.device, torch.float32, copy=True))
+                # master_device="cpu" keeps 4 bytes/parameter off a small GPU (a 4B model: 16 GB);
+                # members then copy their chunks over (cheap next to a member's rollouts)
+                self.master.append(source.detach().to(master_device or p.device, torch.float32, copy=True))
         self.mixed = any(m is not p for m, p in zip(self.master, self.params))
         if self.mixed and config.restore == "subtract":
             raise ConfigError("ESConfig.restore = 'subtract' needs fp32 parameters (it is not exact in "
@@ -275,7 +278,7 @@ class ES:
             if self.master[chunk.tensor] is self.params[chunk.tensor]:
                 compute.add_(eps.to(compute.dtype), alpha=plan.sigma_k)
             else:  # theta + sigma eps in fp32, rounded once to the compute dtype
-                compute.copy_(self._flat(self.master, chunk).add(eps, alpha=plan.sigma_k))
+                compute.copy_(self._flat(self.master, chunk).to(eps.device).add(eps, alpha=plan.sigma_k))
         self.perturb_s += time.perf_counter() - t0
 
     def restore(self, plan: StepPlan, k: int, i: int, backup: list[torch.Tensor | None] | None) -> None:
@@ -294,7 +297,8 @@ class ES:
     def member_weights(self, plan: StepPlan, members: Sequence[tuple[int, int]]) -> dict[int, torch.Tensor]:
         """Stacked full parameter copies, one per member, keyed by id of the model's Parameter
         (what the patched modules of the population-batched backend look up)."""
-        stacked = [m.detach().unsqueeze(0).repeat(len(members), *([1] * m.dim())) for m in self.master]
+        stacked = [m.detach().to(p.device).unsqueeze(0).repeat(len(members), *([1] * m.dim()))
+                   for m, p in zip(self.master, self.params)]
         for g, (k, i) in enumerate(members):
             for c in plan.partition[k]:
                 chunk = self.chunks[c]
@@ -330,13 +334,13 @@ class ES:
             for c in chunk_ids:
                 chunk = self.chunks[c]
                 master = self.master[chunk.tensor]
-                g = torch.zeros(chunk.size, device=master.device, dtype=torch.float32)
+                g = torch.zeros(chunk.size, device=self.params[chunk.tensor].device, dtype=torch.float32)
                 for i in range(n_k):
                     if rhat[k][i] != 0.0:
                         g.add_(self.noise(plan.seeds[k][i], chunk), alpha=float(rhat[k][i]))
                 step = g.mul_(alpha / n_k)
                 sq += float(step.pow(2).sum())
-                self._flat(self.master, chunk).add_(step)
+                self._flat(self.master, chunk).add_(step.to(master.device))
                 if master is not self.params[chunk.tensor]:
                     self._flat(self.params, chunk).copy_(self._flat(self.master, chunk))
             norms.append(math.sqrt(sq))
