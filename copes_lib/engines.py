@@ -171,8 +171,7 @@ class SlotEngine:
                 if row_hook is not None:
                     row_hook(list(rows))
                 if exact is not None:
-                    exact.real, exact.rows = chunk_mask.bool(), list(rows)
-                    exact.fresh = torch.tensor(fresh, device=device)
+                    exact.prepare([len(p) for p in pending], rows, device, fresh)
                 out = model(input_ids=chunk, attention_mask=attention, position_ids=positions, use_cache=True,
                             logits_to_keep=1, **{cache_arg: cache})
                 forwards += 1

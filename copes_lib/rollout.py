@@ -374,9 +374,22 @@ class _RowExactLinearAttention:
             raise ConfigError(f"rollout: cache layers {sorted(missing)} hold linear-attention states but no "
                               "module with a conv1d and that layer_idx was found; this model family is not "
                               "supported by the row-exact rollout")
-        self.real: torch.Tensor | None = None   # (batch, width) bool: real token, set before every forward
-        self.fresh: torch.Tensor | None = None  # (batch,) bool: rows with no state yet (slots engine)
         self.rows: list[int] = []
+        self.full = True  # every row feeds `width` real tokens and none is fresh
+        self.groups: list[tuple[int, bool, list[int], torch.Tensor]] = []  # (real tokens, fresh, batch rows)
+
+    def prepare(self, lengths: list[int], rows: list[int], device, fresh: list[bool] | None = None) -> None:
+        """Before every forward: each batch row's number of real (right-aligned) tokens, the original
+        row ids, and which rows have no state yet (rows joining a running batch; slots engine). The
+        groups are made here once, not in every layer (no device sync per layer)."""
+        fresh = fresh or [False] * len(lengths)
+        width = max(lengths)
+        self.rows = list(rows)
+        self.full = all(n == width for n in lengths) and not any(fresh)
+        keys = sorted({(n, f) for n, f in zip(lengths, fresh) if n > 0})
+        members = {key: [i for i, k in enumerate(zip(lengths, fresh)) if k == key] for key in keys}
+        self.groups = [(n, f, members[(n, f)], torch.tensor(members[(n, f)], dtype=torch.long, device=device))
+                       for n, f in keys]
 
     def __enter__(self):
         for module in self.modules:
@@ -389,22 +402,16 @@ class _RowExactLinearAttention:
 
     def _forward(self, module, original):
         def forward(hidden_states, cache=None, attention_mask=None, **kwargs):
-            real = self.real
-            width = hidden_states.shape[1]
-            lengths = real.sum(1)
-            layer = cache.layers[module.layer_idx] if cache is not None else None
-            layer_fresh = layer is None or not any(layer.has_previous_state.values())
-            no_fresh_rows = layer_fresh or self.fresh is None or not bool(self.fresh.any())
-            if cache is None or (bool((lengths == width).all()) and no_fresh_rows):
+            if cache is None or self.full:
                 return original(hidden_states, cache=cache, attention_mask=None, **kwargs)
-            fresh = (torch.full_like(lengths, layer_fresh, dtype=torch.bool) if no_fresh_rows
-                     else self.fresh.to(lengths.device))
+            layer = cache.layers[module.layer_idx]
+            layer_fresh = not any(layer.has_previous_state.values())
+            width = hidden_states.shape[1]
             out = hidden_states.new_zeros(hidden_states.shape)
-            for n_real, is_fresh in sorted(set(zip(lengths.tolist(), fresh.tolist())) - {(0, False), (0, True)}):
-                index = ((lengths == n_real) & (fresh == is_fresh)).nonzero().squeeze(1)
-                states = _RowStates(layer, index, is_fresh)
+            for n_real, fresh, batch_rows, index in self.groups:
+                states = _RowStates(layer, index, fresh or layer_fresh)
                 if self.rows_hook is not None:
-                    self.rows_hook([self.rows[i] for i in index.tolist()])
+                    self.rows_hook([self.rows[i] for i in batch_rows])
                 out[index, width - n_real:] = original(hidden_states[index, width - n_real:], cache=states,
                                                        attention_mask=None, **kwargs).to(out.dtype)
                 states.write_back(hidden_states.shape[0])
@@ -483,7 +490,7 @@ def rollout(model, tokenizer, tasks: list[Task], env: AgentEnv, config: RolloutC
             if row_hook is not None:
                 row_hook(list(rows))
             if exact is not None:
-                exact.real, exact.rows = chunk_mask.bool(), list(rows)
+                exact.prepare([len(p) for p in pending], rows, device)
             out = model(input_ids=chunk, attention_mask=attention, position_ids=positions, use_cache=True,
                         logits_to_keep=1, **{cache_arg: cache})
             forwards += 1
