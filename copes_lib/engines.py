@@ -102,13 +102,23 @@ class SlotEngine:
 
     Greedy results equal the loop's (tested on the CPU); sampled results are seeded but use the
     random stream in another order than the loop does. ``row_hook`` gets original task indices.
+
+    Cost of joining: a joining row's prompt is fed while the others decode, so every row's cache
+    gets that many (masked) columns; rows therefore join in groups, once ``join_at`` slots are free
+    (default: an eighth of the slots), and the masked columns stay until every row that saw them has
+    left. A paged KV cache would avoid them (transformers' paged continuous batching does not take
+    linear-attention layers in 5.24).
     """
 
     name = "slots"
 
-    def __init__(self, model: nn.Module, tokenizer, slots: int = 64, require_gpu: bool = False):
+    def __init__(self, model: nn.Module, tokenizer, slots: int = 64, require_gpu: bool = False,
+                 join_at: int | None = None):
         if slots < 1:
             raise ConfigError(f"SlotEngine: slots = {slots} must be >= 1")
+        self.join_at = max(1, slots // 8) if join_at is None else join_at
+        if not 1 <= self.join_at <= slots:
+            raise ConfigError(f"SlotEngine: join_at = {join_at} must be in [1, slots = {slots}]")
         if require_gpu:
             check_gpu_engine(model)
         self.model, self.tokenizer, self.slots = model, tokenizer, slots
@@ -151,7 +161,8 @@ class SlotEngine:
         with exact if exact is not None else contextlib.nullcontext():
             while queue or rows:
                 joining = []
-                while queue and len(rows) + len(joining) < self.slots:
+                free = self.slots - len(rows)
+                while queue and free >= min(self.join_at, len(queue)) and len(rows) + len(joining) < self.slots:
                     joining.append(queue.popleft())
                 if joining:
                     _add_rows(cache, len(joining))
