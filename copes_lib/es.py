@@ -847,7 +847,7 @@ class AgentSetup:
 
 
 def load_agent(profile: str | NotebookParams, kind: str = "math", *, seed: int = 0, batch_size: int = 64,
-               batch_seed: int = 1088, val_problems: int = 0) -> AgentSetup:
+               batch_seed: int = 1088, val_problems: int = 0, engine: str = "loop") -> AgentSetup:
     """The profile's warm-started substrate (cached by ``copes_lib.substrate``), its tools, the
     training tasks and the first ``val_problems`` validation tasks (0: all), with the substrate's
     rollout settings. ``profile`` may be a notebook's parameters instead: then PROFILE, TASK_KIND,
@@ -861,6 +861,7 @@ def load_agent(profile: str | NotebookParams, kind: str = "math", *, seed: int =
         profile, kind, seed = p.PROFILE, getattr(p, "TASK_KIND", kind), p.SEED
         batch_size, batch_seed = getattr(p, "BATCH_SIZE", batch_size), getattr(p, "BATCH_SEED", batch_seed)
         val_problems = getattr(p, "VAL_PROBLEMS", val_problems)
+        engine = getattr(p, "ENGINE", engine)
     model, tokenizer, _ = warm_start(profile, kind, seed=seed)
     env = make_env(kind, profile)
     val = load_tasks(profile, kind, "val")
@@ -868,10 +869,11 @@ def load_agent(profile: str | NotebookParams, kind: str = "math", *, seed: int =
     rollout_config = warm_rollout_config(substrate_params(profile))
     objective = AgentObjective(tokenizer, env, load_tasks(profile, kind, "train"), val, rollout_config,
                                batch_size, batch_seed)
+    objective.engine = engine  # greedy trajectories are the same on every engine: not part of the cache key
     key = {"profile": profile, "kind": kind, "substrate_checksum": checksum(model), "batch_size": batch_size,
            "batch_seed": batch_seed, "rollout": rollout_config.to_dict()}
     worker_args = dict(profile=profile, kind=kind, seed=seed, batch_size=batch_size, batch_seed=batch_seed,
-                       val_problems=val_problems)
+                       val_problems=val_problems, engine=engine)
     return AgentSetup(model, objective, key, worker_args)
 
 
@@ -1002,6 +1004,8 @@ class StandardESNotebookParams(NotebookParams):
                          choices=("sequential", "batched", "ray"))
     NOISE: str = param("iid", "noise seeding (iid or paper_correlated)", choices=("iid", "paper_correlated"))
     RAY_WORKERS: int = param(2, "BACKEND ray: workers (one per GPU on a GPU cluster; RAY_ADDRESS joins one)", ge=1)
+    ENGINE: str = param("loop", "rollout engine: loop, or slots (continuous batching; for GPUs)",
+                        choices=("loop", "slots"))
     ES_SEED: int = param(33, "seed of noise and partitions (paper: 33)", ge=0)
     BATCH_SEED: int = param(1088, "seed of the per-step prompt batches, shared by every method", ge=0)
     SWEEP_SIGMAS: str = param("0.005,0.01", "comma-separated sigmas of the sweep; empty for no sweep")

@@ -75,6 +75,8 @@ class _ExperimentParams(NotebookParams):
     BACKEND: str = param("batched", "ES member evaluation: sequential, batched or ray (same updates)",
                          choices=("sequential", "batched", "ray"))
     RAY_WORKERS: int = param(2, "BACKEND ray: workers (one per GPU on a GPU cluster; RAY_ADDRESS joins one)", ge=1)
+    ENGINE: str = param("loop", "rollout engine: loop, or slots (continuous batching; for GPUs)",
+                        choices=("loop", "slots"))
     NOISE: str = param("iid", "noise seeding (iid or paper_correlated)", choices=("iid", "paper_correlated"))
     ES_SEED: int = param(33, "noise seed of seed 0; seed i uses ES_SEED + i (paper: 33)", ge=0)
     BATCH_SEED: int = param(1088, "prompt-batch seed of seed 0; seed i uses BATCH_SEED + i", ge=0)
