@@ -5,7 +5,14 @@ import pytest
 import torch
 
 from copes_lib.config import ConfigError
-from copes_lib.engines import LoopEngine, RolloutEngine, SlotEngine, build_qwen35, check_gpu_engine, make_engine
+from copes_lib.engines import (
+    LoopEngine,
+    RolloutEngine,
+    SlotEngine,
+    build_qwen35,
+    check_gpu_engine,
+    make_engine,
+)
 from copes_lib.rollout import RolloutConfig, encode, make_env
 from copes_lib.substrate import build_model, get_tokenizer
 from copes_lib.tasks import load_tasks
