@@ -139,6 +139,9 @@ class StandardESNotebookParams(NotebookParams):
     CHUNK_SIZE: int = param(4096, "elements per chunk (paper: unstated)", ge=1)
     BACKEND: str = param("batched", "member evaluation backend (batched: members x prompts in one rollout)",
                          choices=("sequential", "batched", "ray"))
+    RAY_WORKERS: int = param(2, "BACKEND ray: workers (one per GPU on a GPU cluster; RAY_ADDRESS joins one)", ge=1)
+    ENGINE: str = param("loop", "rollout engine: loop, or slots (continuous batching; for GPUs)",
+                        choices=("loop", "slots"))
     NOISE: str = param("iid", "noise seeding (iid or paper_correlated)", choices=("iid", "paper_correlated"))
     ES_SEED: int = param(33, "seed of noise and partitions (paper: 33)", ge=0)
     BATCH_SEED: int = param(1088, "seed of the per-step prompt batches, shared by every method", ge=0)
@@ -256,8 +259,11 @@ class _ExperimentParams(NotebookParams):
     ALPHA: float = param(5e-3, "standard ES alpha when notebook 02 has not chosen one (paper: 5e-4)", gt=0.0)
     SUBSPACES: int = param(4, "K of CoPES (paper: 4)", ge=1)
     CHUNK_SIZE: int = param(4096, "elements per parameter chunk (paper: unstated)", ge=1)
-    BACKEND: str = param("batched", "ES member evaluation: sequential or batched (same updates)",
-                         choices=("sequential", "batched"))
+    BACKEND: str = param("batched", "ES member evaluation: sequential, batched or ray (same updates)",
+                         choices=("sequential", "batched", "ray"))
+    RAY_WORKERS: int = param(2, "BACKEND ray: workers (one per GPU on a GPU cluster; RAY_ADDRESS joins one)", ge=1)
+    ENGINE: str = param("loop", "rollout engine: loop, or slots (continuous batching; for GPUs)",
+                        choices=("loop", "slots"))
     NOISE: str = param("iid", "noise seeding (iid or paper_correlated)", choices=("iid", "paper_correlated"))
     ES_SEED: int = param(33, "noise seed of seed 0; seed i uses ES_SEED + i (paper: 33)", ge=0)
     BATCH_SEED: int = param(1088, "prompt-batch seed of seed 0; seed i uses BATCH_SEED + i", ge=0)
