@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from copes_lib.engines import QWEN35_SIZES, LoopEngine, SlotEngine, build_qwen35, check_gpu_engine  # noqa: E402
 from copes_lib.es import ES, AgentObjective, ESConfig, es_step  # noqa: E402
+from copes_lib.protocols.substrate_setup import substrate_config  # noqa: E402
 from copes_lib.rollout import RolloutConfig, encode, make_env, rollout  # noqa: E402
 from copes_lib.substrate import get_tokenizer  # noqa: E402
 from copes_lib.tasks import load_tasks  # noqa: E402
@@ -155,7 +156,7 @@ def memory_model(model, batch: int, new_tokens: int) -> dict:
     linear = len(cfg.layer_types) - full
     params = sum(p.numel() for p in model.parameters())
     try:
-        from copes_lib.budget import ModelDescription, es_memory
+        from copes_lib.memory_model import ModelDescription, es_memory
     except ImportError:  # the memory model moved
         from copes_lib.memory import ModelDescription, es_memory  # type: ignore
     desc = ModelDescription(name="qwen3_5-random", params=params, kv_heads=cfg.num_key_value_heads,
@@ -194,7 +195,7 @@ def main() -> int:
             record["fla_kernels"] = True
         except Exception as err:  # recorded, the check goes on with transformers' PyTorch fallback
             record["fla_kernels"] = f"missing: {err}"
-    tokenizer = get_tokenizer("smoke")
+    tokenizer = get_tokenizer("smoke", substrate_config("smoke").vocab_size)
     env = make_env("math", "smoke")
     sections = {"equality": lambda: equality(device, tokenizer, env),
                 "speed": lambda: speed(device, tokenizer, env, args.size, args.batch, args.new_tokens,

@@ -13,8 +13,9 @@ from copes_lib.engines import (
     check_gpu_engine,
     make_engine,
 )
+from copes_lib.protocols.substrate_setup import substrate_config
 from copes_lib.rollout import RolloutConfig, encode, make_env
-from copes_lib.substrate import build_model, get_tokenizer
+from copes_lib.substrate import build_agent_model, get_tokenizer
 from copes_lib.tasks import load_tasks
 
 SCRIPTS = ["<python>print(1+2)</python>", "<answer>\\boxed{3}</answer>", "<python>x = 5\nprint(x * 7 + 1)</python>",
@@ -23,7 +24,7 @@ SCRIPTS = ["<python>print(1+2)</python>", "<answer>\\boxed{3}</answer>", "<pytho
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return get_tokenizer("smoke")
+    return get_tokenizer("smoke", substrate_config("smoke").vocab_size)
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +59,7 @@ def _loop(model, tokenizer, tasks, env, config, hook):
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
 def test_slot_engine_equals_the_loop_greedy(tokenizer, env, family):
     if family == "qwen3":
-        model = build_model("smoke", len(tokenizer), seed=0, tokenizer=tokenizer)
+        model = build_agent_model("smoke", len(tokenizer), seed=0, tokenizer=tokenizer)
     else:
         model = build_qwen35("tiny", len(tokenizer), seed=0, tokenizer=tokenizer)
     tasks = load_tasks("smoke", "math", "val")[:7]
@@ -75,7 +76,7 @@ def test_slot_engine_equals_the_loop_greedy(tokenizer, env, family):
 
 
 def test_engines_keep_the_contract(tokenizer, env):
-    model = build_model("smoke", len(tokenizer), seed=0, tokenizer=tokenizer)
+    model = build_agent_model("smoke", len(tokenizer), seed=0, tokenizer=tokenizer)
     tasks = load_tasks("smoke", "math", "val")[:3]
     config = RolloutConfig(max_new_tokens=8)
     engines = [make_engine("loop", model, tokenizer), make_engine("slots", model, tokenizer, slots=2)]

@@ -6,6 +6,7 @@ import torch
 
 from copes_lib import rollout as rollout_module
 from copes_lib.engines import build_qwen35
+from copes_lib.protocols.substrate_setup import substrate_config
 from copes_lib.rollout import RolloutConfig, encode, make_env, rollout
 from copes_lib.substrate import get_tokenizer
 from copes_lib.tasks import load_tasks
@@ -16,7 +17,7 @@ SCRIPTS = ["<python>print(1+2)</python>", "<answer>\\boxed{3}</answer>", "<pytho
 
 @pytest.fixture(scope="module")
 def setup():
-    tokenizer = get_tokenizer("smoke")
+    tokenizer = get_tokenizer("smoke", substrate_config("smoke").vocab_size)
     model = build_qwen35("tiny", len(tokenizer), seed=0, tokenizer=tokenizer)
     # A_log in [-3, 0]: slow decay, so a wrongly advanced recurrent state shows in later logits
     with torch.no_grad():
