@@ -8,7 +8,7 @@
 #   benchmarks/gpu_check.sh                 # 0.8B model, batch 64, 128 new tokens
 #   benchmarks/gpu_check.sh --size 2b
 #   benchmarks/gpu_check.sh --size tiny --batch 4 --new-tokens 8   # CPU dry run (JSON marked cpu_dry_run)
-# Results: results/bench/gpu/<UTC stamp>-<size>.json (never overwritten).
+# Results: results/bench/gpu/<UTC stamp>-<size>.json and <UTC stamp>-grpo.json (never overwritten).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -20,4 +20,11 @@ if compgen -G "$WHEELS/*.whl" > /dev/null; then
     PY="$VENV/bin/python"
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-exec timeout "${GPU_CHECK_TIMEOUT:-470}" "$PY" benchmarks/gpu_check.py "$@"
+# ES / engines first (most of the time), then GRPO at scale (chunked log-probs, bf16 rollout copy, memory
+# against copes_lib/grpo_memory.py); each has its own time limit so one cannot starve the other.
+stamp=$(date -u +%Y%m%dT%H%M%SZ)
+status=0
+timeout "${GPU_CHECK_TIMEOUT:-340}" "$PY" benchmarks/gpu_check.py "$@" || status=$?
+timeout "${GPU_CHECK_GRPO_TIMEOUT:-120}" "$PY" benchmarks/gpu_check_grpo.py \
+    --out "results/bench/gpu/${stamp}-grpo.json" || status=$?
+exit "$status"
