@@ -11,11 +11,14 @@ user's ``OMP_NUM_THREADS``. The suite therefore fixes torch's intra-op thread co
 
 and records what was in effect in every ``manifest.json`` (:func:`thread_info`).
 
-``N_FIXED = 1``: it is the committed cpu run's setting (two notebooks at once on 2 cores), and on the
+``N_FIXED = 1``: it is the committed cpu run's setting (two notebooks at once on 2 cores). On the
 development machine (AMD EPYC, AVX512, MKL 2024.2, torch 2.13) 1 and 2 threads gave bitwise equal
-warm starts (tests/test_determinism.py checks the smoke substrate); a machine with more cores gains
-little at these model sizes. What the thread count cannot fix: the instruction set of the CPU
-(AVX512 vs AVX2 vs ARM) changes the kernels torch and MKL pick; see the README ("Reproducibility").
+warm-start training in the short runs we could afford (tests/test_determinism.py checks the smoke
+substrate), which is too little to trust 2 everywhere. The price: ``JOBS=1`` leaves the other cores
+idle; use ``JOBS`` to fill them. What the thread count cannot fix: the instruction set of the CPU
+(AVX512 vs AVX2 vs ARM) changes the kernels torch and MKL pick: forcing AVX2 on the development
+machine changed the smoke warm start's stopping step (300 -> 350) and base accuracy (0.297 -> 0.266);
+see the README ("Reproducibility").
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ N_FIXED = 1
 
 #: the variables a kernel's math libraries read at start-up (OpenMP, MKL, OpenBLAS).
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+#: variables that change which kernels (instruction set, reproducibility mode) torch, MKL and oneDNN pick.
+KERNEL_CHOICE_VARIABLES = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA")
 
 
 def kernel_environment(n: int = N_FIXED) -> dict[str, str]:
@@ -71,7 +76,7 @@ def thread_info() -> dict[str, Any]:
         "fixed_threads": N_FIXED,
         "intra_op_threads": torch.get_num_threads(),
         "interop_threads": torch.get_num_interop_threads(),
-        "env": {name: os.environ.get(name) for name in THREAD_VARIABLES},
+        "env": {name: os.environ.get(name) for name in THREAD_VARIABLES + KERNEL_CHOICE_VARIABLES},
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "blas": blas,
         "mkl": mkl,
@@ -80,4 +85,4 @@ def thread_info() -> dict[str, Any]:
     }
 
 
-__all__ = ["N_FIXED", "THREAD_VARIABLES", "kernel_environment", "fix_threads", "fixed_threads", "thread_info"]
+__all__ = ["N_FIXED", "THREAD_VARIABLES", "KERNEL_CHOICE_VARIABLES", "kernel_environment", "fix_threads", "fixed_threads", "thread_info"]
