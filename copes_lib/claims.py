@@ -378,6 +378,50 @@ def _direction_only(a_key: str, b_key: str) -> Callable[[Context], Judgement]:
     return judge
 
 
+def _judge_largest_gap(ctx: Context) -> Judgement:
+    """Notebook 09, our own question: at the largest size, CoPES (paper protocol) vs ES with the
+    notebook's seeds x problems test (stats.compare): effect -> agrees, opposite -> does not, else
+    inconclusive."""
+    tag = ctx["largest_size_tag"]
+    verdict = ctx.summary.get(f"copes_paper_minus_es_verdict_{tag}")
+    estimate = ctx.summary.get(f"copes_paper_minus_es_{tag}")
+    low, high = ctx.summary.get(f"copes_paper_minus_es_low_{tag}"), ctx.summary.get(f"copes_paper_minus_es_high_{tag}")
+    if verdict is None or estimate is None:
+        return Judgement(MISSING, f"no CoPES - ES comparison for size {tag}", "")
+    interval = f" [{100 * low:+.1f}, {100 * high:+.1f}]" if low is not None and high is not None else ""
+    text = f"{tag} ({_fmt(ctx.summary.get(f'n_params_{tag}'))} parameters): {100 * estimate:+.1f} points{interval}"
+    mapped = {stats.EFFECT: AGREES, stats.OPPOSITE: DISAGREES}.get(verdict, INCONCLUSIVE)
+    return Judgement(mapped, f"{text} ({verdict})", ctx.summary.get("power_note", ""))
+
+
+def _judge_slope(key: str, what: str) -> Callable[[Context], Judgement]:
+    """A trend over sizes from a least-squares line in log10(parameters): no interval across so few
+    sizes, so a rising line reads at most "partly"; a flat or falling one "does not"; under 3 sizes
+    "inconclusive"."""
+    def judge(ctx: Context) -> Judgement:
+        slope, sizes = ctx[key], ctx["n_sizes"]
+        text = f"{what}: slope {_fmt(slope)} per decade of parameters over {sizes} sizes"
+        power = "a line through size means (seeds averaged), no interval over sizes"
+        if sizes < 3:
+            return Judgement(INCONCLUSIVE, text, power)
+        return Judgement(PARTLY if slope > 0 else DISAGREES, text, power)
+    return judge
+
+
+SCALE_CLAIMS: tuple[Claim, ...] = (
+    Claim("S1", "ours", "(ours, beyond the papers) At the largest substrate size CoPES beats standard ES under "
+          "the paper's protocol", "the paper: one 4B model, 88.0 vs 77.6 val acc", "09_scale_study",
+          ("largest_size_tag",), _judge_largest_gap),
+    Claim("S2", "ours", "(ours) CoPES's edge over standard ES grows with model size", "not studied in the papers",
+          "09_scale_study", ("copes_paper_minus_es_slope_per_decade", "n_sizes"),
+          _judge_slope("copes_paper_minus_es_slope_per_decade", "CoPES - ES")),
+    Claim("S3", "ours", "(ours) Standard ES recovers more of full GRPO's gain at larger sizes",
+          "not studied in the papers (4B: 67.2%)", "09_scale_study",
+          ("gain_recovery_es_slope_per_decade", "n_sizes"),
+          _judge_slope("gain_recovery_es_slope_per_decade", "ES gain recovery")),
+)
+
+
 def _benchmark_claims() -> tuple[Claim, ...]:
     """Per-benchmark rows of Tables 1 and 4 (gpu profile: MATH_TEST_FILES / QA_TEST_FILES). They are
     judged only where the notebook wrote their keys, so smoke / cpu tables are unchanged."""
@@ -419,7 +463,7 @@ def judge_claims(summaries: dict[str, dict[str, Any]]) -> list[dict[str, str]]:
     contexts: dict[str, Context] = {}
     rows = []
     measured = tuple(c for c in BENCHMARK_CLAIMS if all(k in summaries.get(c.notebook, {}) for k in c.keys))
-    for claim in CLAIMS + measured:
+    for claim in CLAIMS + SCALE_CLAIMS + measured:
         summary = summaries.get(claim.notebook, {})
         absent = [k for k in claim.keys
                   if k not in summary or (summary[k] is None and k not in claim.none_means)]

@@ -47,12 +47,18 @@ class SubstrateNotebookParams(NotebookParams):
     MODEL_SIZE: str = param("cpu", "Qwen3 shape of the miniature", choices=tuple(MODEL_SIZES))
     VOCAB_SIZE: int = param(640, "BPE vocabulary size of the miniature's tokenizer", ge=300, le=8192)
     MAX_CONTEXT: int = param(384, "longest prompt + trajectory in tokens (model positions)", ge=64)
-    WARM_MATH_STEPS: int = param(450, "warm-start optimizer steps on math traces (fixed per profile)", ge=0)
-    WARM_QA_STEPS: int = param(200, "warm-start optimizer steps on QA traces (fixed per profile)", ge=0)
+    WARM_MATH_STEPS: int = param(600, "most warm-start optimizer steps on math traces (cap of the stopping rule)", ge=0)
+    WARM_QA_STEPS: int = param(300, "most warm-start optimizer steps on QA traces (cap of the stopping rule)", ge=0)
+    WARM_MATH_TARGET: float = param(0.40, "stop the math warm start at the first curve point with validation "
+                                    "accuracy >= this (0 = always train the cap)", ge=0.0, le=1.0)
+    WARM_QA_TARGET: float = param(0.35, "stop the QA warm start at the first curve point with validation "
+                                  "F1 >= this (0 = always train the cap)", ge=0.0, le=1.0)
+    WARM_SPREAD_SEEDS: int = param(2, "extra math warm-start seeds (SEED+1, ...) notebook 01 trains only to "
+                                   "measure the base accuracy's spread over seeds", ge=0)
     WARM_BATCH: int = param(32, "warm-start traces per step", ge=1)
     WARM_LR: float = param(3e-3, "warm-start AdamW learning rate (after a linear warmup)", gt=0.0)
     WARM_WARMUP: int = param(20, "linear learning-rate warmup steps", ge=0)
-    WARM_EVAL_EVERY: int = param(50, "evaluate the warm start every this many steps (curve)", ge=1)
+    WARM_EVAL_EVERY: int = param(25, "evaluate the warm start every this many steps (curve, stopping rule)", ge=1)
     WARM_EVAL_PROBLEMS: int = param(128, "validation problems per curve point", ge=1)
     EVAL_BATCH: int = param(256, "trajectories per rollout batch when evaluating", ge=1)
     MAX_NEW_TOKENS: int = param(64, "model-written tokens per trajectory", ge=8)
@@ -98,7 +104,8 @@ class SubstrateNotebookParams(NotebookParams):
         gpu = self.PROFILE == "gpu"
         return WarmStartConfig(
             model_size=self.MODEL_SIZE, vocab_size=self.VOCAB_SIZE, max_context=self.MAX_CONTEXT,
-            math_steps=self.WARM_MATH_STEPS, qa_steps=self.WARM_QA_STEPS, batch=self.WARM_BATCH,
+            math_steps=self.WARM_MATH_STEPS, qa_steps=self.WARM_QA_STEPS, math_target=self.WARM_MATH_TARGET,
+            qa_target=self.WARM_QA_TARGET, batch=self.WARM_BATCH,
             lr=self.WARM_LR, warmup=self.WARM_WARMUP, eval_every=self.WARM_EVAL_EVERY,
             eval_problems=self.WARM_EVAL_PROBLEMS, eval_batch=self.EVAL_BATCH, max_new_tokens=self.MAX_NEW_TOKENS,
             prompt_style="auto" if gpu else "plain", model_path=self.MODEL_PATH if gpu else "",
