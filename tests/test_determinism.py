@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from copes_lib import cli, runs, threads
-from copes_lib.substrate import substrate_params, warm_start
+from copes_lib.protocols.substrate_setup import substrate_config
+from copes_lib.substrate import warm_start
 
 
 @pytest.fixture
@@ -29,12 +30,12 @@ def _flat(model) -> torch.Tensor:
 
 def test_warm_start_is_the_same_under_1_and_2_threads(tmp_cache, restore_threads):
     """The caller's thread count (1 or 2) does not change the warm start: same curve, same weights."""
-    params = dataclasses.replace(substrate_params("smoke"), WARM_MATH_STEPS=6, WARM_BATCH=8, WARM_EVAL_EVERY=3,
-                                 WARM_EVAL_PROBLEMS=4, MAX_NEW_TOKENS=8, WARM_MATH_TARGET=0.0)
+    config = dataclasses.replace(substrate_config("smoke"), math_steps=6, batch=8, eval_every=3,
+                                 eval_problems=4, max_new_tokens=8, math_target=0.0)
     outcomes = {}
     for n in (1, 2):
         torch.set_num_threads(n)
-        model, _, info = warm_start("smoke", "math", seed=11, force=True, params=params, log=lambda s: None)
+        model, _, info = warm_start("smoke", "math", seed=11, force=True, config=config, log=lambda s: None)
         assert torch.get_num_threads() == n  # the caller's setting is restored
         assert info["threads"] == threads.N_FIXED and info["steps"] == 6
         outcomes[n] = (_flat(model), [(p["step"], p["loss"], p["val_score"]) for p in info["curve"][1:]])  # [0]: loss nan
@@ -46,12 +47,12 @@ def test_training_arithmetic_does_not_depend_on_threads_here(restore_threads):
     """Why N_FIXED = 1 loses nothing on this machine: a forward/backward of the smoke model is bitwise
     equal under 1 and 2 threads. If this fails on another machine, the fixed count is what keeps runs
     comparable (README, "Reproducibility")."""
-    from copes_lib.substrate import build_model
+    from copes_lib.substrate import build_agent_model
 
     grads = {}
     for n in (1, 2):
         torch.set_num_threads(n)
-        model = build_model("smoke", 300, seed=0)
+        model = build_agent_model("smoke", 300, seed=0)
         ids = torch.randint(300, (8, 48), generator=torch.Generator().manual_seed(0))
         model(input_ids=ids, labels=ids).loss.backward()
         grads[n] = torch.cat([p.grad.flatten() for p in model.parameters()])
