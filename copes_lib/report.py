@@ -39,6 +39,8 @@ SUITE_MAP: dict[str, tuple[str, str]] = {
     "06_copes_ablations": (PAPER_A, "Table 3: ablations (K, independent z-score, 2 sigma)"),
     "07_multihop_qa": (PAPER_A, "Table 4: multi-hop QA with search"),
     "08_memory_and_gpu_hours": (PAPER_A, "Table S7 + Fig. 2 (memory vs context) + Table 2 (feasibility) + GPU-hours"),
+    "09_scale_study": ("beyond the papers", "scale and mechanism study: ES / CoPES vs GRPO across model size, "
+                       "protocol and warm start; agreement of update estimates"),
     "10_molora_substrate": (PAPER_B, "frozen substrate and adapter pool (B1)"),
     "11_molora_router": (PAPER_B, "router collapse: softmax monopoly vs sigmoid router (R)"),
     "12_molora_factorial": (PAPER_B, "2^3 factorial R x E x L with paired t-tests (B2)"),
@@ -104,6 +106,12 @@ HEADLINES: dict[str, tuple[Headline, ...]] = {
         Headline("lora_best_val_accuracy", "LoRA-GRPO, best validation accuracy",
                  _pct(_T1["lora_grpo_best"]["val_acc"]), "%"),
         Headline("lora_val_accuracy_at_16", "LoRA-GRPO at step 16", _pct(_T1["lora_grpo_at_16"]["val_acc"]), "%"),
+    ),
+    "09_scale_study": (
+        Headline("n_sizes", "substrate sizes studied"),
+        Headline("params_largest", "largest substrate (parameters)", f"{paper.QWEN35_4B_PARAMS:,} (one size)"),
+        Headline("copes_paper_minus_es_slope_per_decade", "CoPES - ES per decade of parameters", "not studied"),
+        Headline("gain_recovery_es_slope_per_decade", "ES gain recovery per decade of parameters", "not studied"),
     ),
     "10_molora_substrate": (
         Headline("substrate_params", "substrate parameters", "~150M"),
