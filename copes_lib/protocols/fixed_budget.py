@@ -44,12 +44,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from copes_lib import runs, stats
 from copes_lib.config import ConfigError
 from copes_lib.grpo import GRPOConfig
-from copes_lib.protocols.es_arm import AgentSetup, ESRun, continue_runs, seed_runs
-from copes_lib.protocols.grpo_arm import GRPORun, grpo_config, grpo_params, grpo_run
-from copes_lib.protocols.histories import best_validated, mean_curve, steps_to_match, val_at
+from copes_lib.protocols import test_decoding
+from copes_lib.protocols.es_arm import AgentSetup, ESRun, continue_runs, es_model, seed_runs
+from copes_lib.protocols.grpo_arm import GRPORun, grpo_config, grpo_params, grpo_policy, grpo_run
+from copes_lib.protocols.histories import (
+    ACCURACY,
+    best_validated,
+    mean_curve,
+    steps_to_match,
+    val_at,
+    val_points,
+)
 
 
 def upstream_settings(params: Any) -> dict[str, Any]:
@@ -88,51 +98,72 @@ class FixedBudgetRuns:
     long_steps: list[int] = field(default_factory=list)
     long_curve: list[float] = field(default_factory=list)
     match: dict[str, int | None] = field(default_factory=dict)  # first step long ES reaches each CoPES arm
+    metric: str = ACCURACY  # the validation metric of every history (eval/val_score: F1 on QA)
+
+
+def protocol_arms(params: Any, settings: dict[str, Any]) -> dict[str, tuple[str, float, float, int]]:
+    """Notebook 05's three CoPES protocols, name -> (label, sigma, alpha, seeds): ``paper`` (CoPES at ES's
+    sigma / alpha, as published), ``tuned`` (CoPES's own sweep, notebook 03) and ``step_matched`` (ES's
+    sigma, alpha / sqrt(K): the update norm of standard ES). HEADLINE gets SEEDS seeds, the two controls
+    CONTROL_SEEDS (the first seeds of the same pairing)."""
+    k = params.SUBSPACES
+    arms = {"paper": ("CoPES paper protocol", settings["es_sigma"], settings["es_alpha"]),
+            "tuned": ("CoPES tuned", settings["copes_sigma"], settings["copes_alpha"]),
+            "step_matched": ("CoPES step-matched", settings["es_sigma"], settings["es_alpha"] / math.sqrt(k))}
+    return {name: (*arm, params.SEEDS if name == params.HEADLINE else params.CONTROL_SEEDS)
+            for name, arm in arms.items()}
 
 
 def run_fixed_budget(params: Any, agent: AgentSetup, settings: dict[str, Any], *, grpo_steps: int,
-                     copes_arms: dict[str, tuple[str, float, float]], grpo_label: str = "full GRPO",
-                     es_label: str = "ES") -> FixedBudgetRuns:
+                     copes_arms: dict[str, tuple], grpo_label: str = "full GRPO", es_label: str = "ES",
+                     metric: str = ACCURACY) -> FixedBudgetRuns:
     """The protocol of notebooks 05 and 07, steps 1-3 of the module docstring.
 
-    1. full GRPO (the shared configuration, ``settings["full_lr"]``) for ``grpo_steps``; its best
-       validation step s* is the budget unless BUDGET_STEPS fixes it;
-    2. standard ES (``settings["es_sigma"]`` / ``["es_alpha"]``) and each CoPES arm of ``copes_arms``
-       (name -> (label, sigma, alpha); an arm with the same sigma / alpha as an earlier one reuses its
-       runs) over SEEDS paired seeds for the budget;
+    1. full GRPO (the shared configuration, ``settings["full_lr"]``, stopped at its peak by notebook 04's
+       PATIENCE) capped at ``grpo_steps``; its best validation step s* is the budget unless BUDGET_STEPS
+       fixes it;
+    2. standard ES (``settings["es_sigma"]`` / ``["es_alpha"]``) over SEEDS paired seeds and each CoPES
+       arm of ``copes_arms`` (name -> (label, sigma, alpha[, seeds]), seeds default SEEDS) for the
+       budget; an arm with the same sigma / alpha as an earlier one reuses its runs (the cache);
     3. the first LONG_SEEDS ES seeds continued to ES_LONG_STEPS: their mean curve, and the first step at
        which it reaches each CoPES arm's mean at the budget.
+
+    ``metric``: the history key compared (``eval/val_accuracy`` on math; ``eval/val_score``, i.e. F1, on
+    QA, the metric full GRPO validates on).
     """
-    if not params.BUDGET_STEPS and params.ES_LONG_STEPS < grpo_steps:
-        raise ConfigError(f"ES_LONG_STEPS = {params.ES_LONG_STEPS} must be >= the full GRPO run's {grpo_steps} "
-                          "steps when the budget is its best step s* (BUDGET_STEPS = 0)")
     config = grpo_config(params.PROFILE, use_lora=False, lr=settings["full_lr"], steps=grpo_steps)
     full = grpo_run(params.PROFILE, agent, config, label=grpo_label, force=params.FORCE)
     s_star, grpo_best = best_validated(full.history)
     base = full.val_by_step[0]
     budget = params.BUDGET_STEPS or s_star
+    if params.ES_LONG_STEPS < budget:
+        raise ConfigError(f"ES_LONG_STEPS = {params.ES_LONG_STEPS} must be >= the budget ({budget} steps: "
+                          f"{'BUDGET_STEPS' if params.BUDGET_STEPS else 'full GRPO s*'}); raise ES_LONG_STEPS")
     es_runs = seed_runs(params, agent, subspaces=1, sigma=settings["es_sigma"], alpha=settings["es_alpha"],
                         steps=budget, label=es_label)
     copes_runs: dict[str, list[ESRun]] = {}
     done: dict[tuple[float, float], list[ESRun]] = {}
-    for name, (label, sigma, alpha) in copes_arms.items():
-        if (sigma, alpha) not in done:
+    for name, (label, sigma, alpha, *rest) in copes_arms.items():
+        n = rest[0] if rest else params.SEEDS
+        if len(done.get((sigma, alpha), [])) < n:
             done[(sigma, alpha)] = seed_runs(params, agent, subspaces=params.SUBSPACES, sigma=sigma, alpha=alpha,
-                                             steps=budget, label=label)
-        copes_runs[name] = done[(sigma, alpha)]
-    compare = {name: compare_at_budget(es_runs, arm, budget, base, grpo_best) for name, arm in copes_runs.items()}
+                                             steps=budget, label=label, seeds=n)
+        copes_runs[name] = done[(sigma, alpha)][:n]
+    compare = {name: compare_at_budget(es_runs, arm, budget, base, grpo_best, metric)
+               for name, arm in copes_runs.items()}
     long_runs = continue_runs(params, agent, es_runs[:params.LONG_SEEDS], params.ES_LONG_STEPS)
-    long_steps, long_curve = mean_curve([r.history for r in long_runs])
+    long_steps, long_curve = mean_curve([r.history for r in long_runs], metric)
     match = {name: steps_to_match(long_steps, long_curve, c["copes"]["mean"]) for name, c in compare.items()}
     return FixedBudgetRuns(full, config, s_star, grpo_best, base, budget, es_runs, copes_runs, compare, long_runs,
-                           long_steps, long_curve, match)
+                           long_steps, long_curve, match, metric)
 
 
 def compare_at_budget(es_runs: Sequence[ESRun], copes_runs: Sequence[ESRun], budget: int, base: float,
-                      grpo_best: float) -> dict[str, Any]:
-    """Validation accuracy at the budget per seed, gain recovery, and the paired CoPES - ES difference."""
-    es_vals = [val_at(r.history, budget) for r in es_runs]
-    copes_vals = [val_at(r.history, budget) for r in copes_runs]
+                      grpo_best: float, metric: str = ACCURACY) -> dict[str, Any]:
+    """Validation accuracy at the budget per seed, gain recovery, and the paired CoPES - ES difference
+    (over the seeds both arms ran; ``es`` itself is over all of ES's seeds)."""
+    es_vals = [val_at(r.history, budget, metric) for r in es_runs]
+    copes_vals = [val_at(r.history, budget, metric) for r in copes_runs]
     if None in es_vals or None in copes_vals:
         raise ValueError(f"a run has no validation at the budget step {budget}")
     es_stats, copes_stats = seed_stats(es_vals), seed_stats(copes_vals)
@@ -168,25 +199,135 @@ def paired_comparison(a: Sequence[float], b: Sequence[float], alpha: float = 0.0
     return finite
 
 
+PROTOCOL_NAMES = {"paper": "paper's protocol (CoPES at ES's sigma / alpha, as published)",
+                  "tuned": "tuned control (CoPES at its own sweep's best sigma / alpha)",
+                  "step_matched": "step-matched control (CoPES at ES's sigma, alpha / sqrt(K): ES's update norm)"}
+
+
 def protocol_reading(compare: dict[str, dict[str, Any]], headline: str) -> list[str]:
-    """Sentences on the two protocols of notebook 05: CoPES - ES under each, which one gave CoPES the
-    larger edge, and whether the expectation behind the default headline (FINDINGS.md: CoPES at ES's
-    sigma / alpha is handicapped) held in this run."""
+    """Sentences on notebook 05's protocols: CoPES - ES under each (paired over that arm's seeds), which
+    one is the headline, and how the controls move CoPES's edge relative to the paper's protocol."""
     lines = []
-    for proto in ("paper", "tuned"):
-        d = compare[proto]["copes_minus_es"]
+    for proto, c in compare.items():
+        d = c["copes_minus_es"]
         p = "undefined" if d["p"] is None else f"{d['p']:.3g}"
-        lines.append(f"{proto} protocol: CoPES - ES = {100 * d['mean']:+.2f} points at the budget "
-                     f"(paired over seeds, p = {p}: {'significant' if d['significant'] else 'not significant'}).")
-    edge = {proto: compare[proto]["copes_minus_es"]["mean"] for proto in ("paper", "tuned")}
-    if edge["paper"] > edge["tuned"]:
-        lines.append("CoPES's edge is larger under the paper's protocol: the expectation that sharing ES's "
-                     "sigma / alpha handicaps CoPES did NOT hold in this run.")
-    elif edge["paper"] < edge["tuned"]:
-        lines.append("CoPES's edge is larger under its own tuned sigma / alpha, as expected.")
-    else:
-        lines.append("CoPES's edge is the same under both protocols.")
-    lines.append(f"The headline keys use the {headline} protocol.")
+        role = "HEADLINE" if proto == headline else "control"
+        lines.append(f"{PROTOCOL_NAMES.get(proto, proto)} [{role}, {int(d['n'])} paired seeds]: CoPES - ES = "
+                     f"{100 * d['mean']:+.2f} points at the budget (paired t over seeds, p = {p}; the claims "
+                     "table tests the headline with seeds x problems noise).")
+    if headline in compare:
+        for proto in compare:
+            if proto == headline:
+                continue
+            delta = compare[proto]["copes_minus_es"]["mean"] - compare[headline]["copes_minus_es"]["mean"]
+            lines.append(f"CoPES's edge under the {proto} control is {100 * delta:+.2f} points vs the headline "
+                         f"(seed means; the control ran {compare[proto]['copes']['n']} seeds).")
+    lines.append(f"The headline keys use the {headline} protocol, declared before the run.")
     return lines
 
 
+# =========================================================================== per-problem scores
+def budget_scores(params: Any, agent: AgentSetup, frb: FixedBudgetRuns, *, lora: GRPORun | None = None,
+                  headline: str | None = None) -> tuple[dict[str, np.ndarray], dict[str, list[int]],
+                                                        dict[str, float]]:
+    """Per-seed per-validation-problem greedy scores of every arm's weights at the budget step (the
+    claims' ``val_accuracy_at_budget`` / ``val_f1_at_budget``), via ``test_decoding.greedy_scores``
+    (cached by weights).
+
+    Arms: ``es``; ``copes`` (the headline protocol; ``headline`` None: the only CoPES arm) and
+    ``copes_<protocol>_protocol`` for each CoPES arm; ``lora_grpo`` (``lora``'s weights at the budget),
+    ``full_grpo`` (its best checkpoint, s*) and ``base`` (one row each). Rows are labelled by seed: ES and
+    CoPES seed i by ``ES_SEED + i`` (paired), the GRPO arms by the GRPO seed, the base by SEED.
+
+    Returns (arms, seeds, gaps): ``gaps[arm]`` is the largest |mean of the scores - the run's logged
+    validation value| over its rows; the notebook asserts it is within 2 / n problems.
+    """
+    tasks = agent.objective.val_tasks
+    arms: dict[str, np.ndarray] = {}
+    seeds: dict[str, list[int]] = {}
+    gaps: dict[str, float] = {}
+
+    def add(arm: str, models: list[tuple[Any, float, int]]) -> None:
+        rows = [test_decoding.greedy_scores(params, agent, model, tasks, label=f"{arm} seed {seed}")
+                for model, _, seed in models]
+        arms[arm] = np.stack(rows)
+        seeds[arm] = [seed for _, _, seed in models]
+        gaps[arm] = float(max(abs(row.mean() - logged) for row, (_, logged, _) in zip(rows, models)))
+
+    def es_rows(runs_: Sequence[ESRun]) -> list[tuple[Any, float, int]]:
+        return [(es_model(agent, r, "final"), val_at(r.history, frb.budget, frb.metric),
+                 params.ES_SEED + r.seed_index) for r in runs_]
+
+    add("es", es_rows(frb.es_runs))
+    if headline is None and len(frb.copes_runs) == 1:
+        headline = next(iter(frb.copes_runs))
+    for name, arm_runs in frb.copes_runs.items():
+        if name == headline:
+            add("copes", es_rows(arm_runs))
+        if len(frb.copes_runs) > 1:
+            add(f"copes_{name}_protocol", es_rows(arm_runs))
+    if lora is not None:
+        add("lora_grpo", [(grpo_policy(lora, "final"), lora.val_by_step[frb.budget], frb.grpo_config.seed)])
+    add("full_grpo", [(grpo_policy(frb.full, "best"), frb.grpo_best, frb.grpo_config.seed)])
+    add("base", [(agent.model, frb.base, params.SEED)])
+    return arms, seeds, gaps
+
+
+def save_budget_scores(out_dir: Any, metric: str, arms: dict[str, np.ndarray], seeds: dict[str, list[int]],
+                       a: str = "copes", b: str = "es", *, scale: float = 100, unit: str = " points") -> str:
+    """Save the arms (``stats.save_scores``) and return the power note of ``a`` vs ``b`` (the MDE now, and
+    for a planned study with twice the seeds)."""
+    stats.save_scores(out_dir, metric, arms, seeds)
+    n = min(len(arms[a]), len(arms[b]))
+    if n < 2:
+        return stats.power_note(arms[a], arms[b], scale=scale, unit=unit)
+    return stats.power_note(arms[a][:n], arms[b][:n], n_seeds=2 * n, scale=scale, unit=unit)
+
+
+def mean_interval(scores: np.ndarray, *, level: float = 0.95, n_boot: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """Mean of a (seeds, problems) array and its ``level`` interval from the seeds x problems bootstrap
+    (``stats.hierarchical_bootstrap`` against a zero arm); with one seed only problems are resampled."""
+    scores = np.atleast_2d(np.asarray(scores, dtype=float))
+    zero = np.zeros((1, scores.shape[1]))
+    reps = stats.hierarchical_bootstrap(scores, zero, n_boot=n_boot, seed=seed, paired_seeds=False)
+    tail = (1 - level) / 2
+    return float(scores.mean()), float(np.quantile(reps, tail)), float(np.quantile(reps, 1 - tail))
+
+
+# =========================================================================== figures with uncertainty
+def plot_seed_band(ax: Any, histories: Sequence[Sequence[dict[str, Any]]], *, color: str, label: str,
+                   metric: str = ACCURACY, marker: str = "o") -> None:
+    """Each seed's validation curve faint, the mean over seeds bold with its Student-t 95% band (at the
+    steps every seed validated; one seed: no band)."""
+    for h in histories:
+        ax.plot(*val_points(h, metric), "-", color=color, alpha=0.2, lw=0.8)
+    steps, _ = mean_curve(histories, metric)
+    by_step = [[dict(zip(*val_points(h, metric)))[s] for h in histories] for s in steps]
+    cis = [stats.mean_ci(v) if len(v) > 1 else (v[0], math.nan, math.nan) for v in by_step]
+    mean = np.array([c[0] for c in cis])
+    ax.plot(steps, mean, f"-{marker}", color=color, ms=3, label=f"{label} (mean of {len(histories)})")
+    if len(histories) > 1:
+        ax.fill_between(steps, [c[1] for c in cis], [c[2] for c in cis], color=color, alpha=0.2, lw=0)
+
+
+def pass_at_k_intervals(results: dict[str, dict[str, Any]], *, level: float = 0.95, n_boot: int = 1000,
+                        seed: int = 0):
+    """pass@k for k = 1..n of each method with a ``level`` interval from a seeded bootstrap over test
+    problems (the evaluation-set noise; one checkpoint per method, so seed noise is not in it). Long table
+    (method, k, pass_at_k, low, high)."""
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    for method, result in results.items():
+        counts = np.asarray(result["correct_counts"])
+        n = result["samples"]
+        per_problem = np.stack([[stats.pass_at_k(n, int(c), k) for k in range(1, n + 1)] for c in counts])
+        idx = rng.integers(0, len(counts), size=(n_boot, len(counts)))
+        reps = per_problem[idx].mean(axis=1)  # (n_boot, n)
+        tail = (1 - level) / 2
+        for k in range(1, n + 1):
+            rows.append({"method": method, "k": k, "pass_at_k": float(per_problem[:, k - 1].mean()),
+                         "low": float(np.quantile(reps[:, k - 1], tail)),
+                         "high": float(np.quantile(reps[:, k - 1], 1 - tail))})
+    return pd.DataFrame(rows)
