@@ -51,7 +51,7 @@ from copes_lib.config import ConfigError
 from copes_lib.grpo import GRPOConfig
 from copes_lib.protocols import test_decoding
 from copes_lib.protocols.es_arm import AgentSetup, ESRun, continue_runs, es_model, seed_runs
-from copes_lib.protocols.grpo_arm import GRPORun, grpo_config, grpo_params, grpo_policy, grpo_run
+from copes_lib.protocols.grpo_arm import GRPORun, grpo_config, grpo_params, grpo_policy, grpo_run, peak_report
 from copes_lib.protocols.histories import (
     ACCURACY,
     best_validated,
@@ -331,3 +331,75 @@ def pass_at_k_intervals(results: dict[str, dict[str, Any]], *, level: float = 0.
                          "low": float(np.quantile(reps[:, k - 1], tail)),
                          "high": float(np.quantile(reps[:, k - 1], 1 - tail))})
     return pd.DataFrame(rows)
+
+
+# =========================================================================== notebook 05's summary
+def math_summary(params: Any, frb: FixedBudgetRuns, settings: dict[str, Any], *, lora: GRPORun,
+                 es_best: tuple[int, float], pass1: dict[str, float], step_hours: tuple[float, float],
+                 n_val: int, n_test: int, budget_note: str) -> dict[str, Any]:
+    """Notebook 05's summary.json keys (the claims read ``gain_recovery_*``, ``base_val_accuracy``,
+    ``full_grpo_best_val_accuracy``, ``es_steps_to_match_copes``, ``budget_steps``, ``es_long_steps``,
+    ``val_every``, ``es_long_n_seeds``). Headline keys have no suffix; every protocol's also carry
+    ``_<protocol>_protocol``. Gain recovery is left out, with ``gain_recovery_note``, when full GRPO did not
+    beat the base. ``pass1``: test pass@1 by key (base, full_grpo, es_best, lora_grpo, es, copes);
+    ``step_hours``: (ES-class, GRPO-class) device-hours per step."""
+    head = frb.compare[params.HEADLINE]
+    lora_val = lora.val_by_step[frb.budget]
+    peak = peak_report(frb.full)
+
+    def protocol_keys(proto: str, suffix: str) -> dict[str, Any]:
+        c, d = frb.compare[proto], frb.compare[proto]["copes_minus_es"]
+        return {f"gain_recovery_copes{suffix}": c["gain_recovery_copes"],
+                f"gain_recovery_es{suffix}": c["gain_recovery_es"],
+                f"val_accuracy_copes_at_budget{suffix}": c["copes"]["mean"],
+                f"val_accuracy_copes_at_budget_ci_low{suffix}": c["copes"]["low"],
+                f"val_accuracy_copes_at_budget_ci_high{suffix}": c["copes"]["high"],
+                f"copes_minus_es_val_accuracy{suffix}": d["mean"], f"copes_minus_es_p{suffix}": d["p"],
+                f"copes_minus_es_ci_low{suffix}": d["low"], f"copes_minus_es_ci_high{suffix}": d["high"],
+                f"copes_minus_es_significant{suffix}": d["significant"],
+                f"es_steps_to_match_copes{suffix}": frb.match[proto], f"n_seeds{suffix}": c["copes"]["n"]}
+
+    summary = {
+        "gain_recovery_copes": head["gain_recovery_copes"],
+        "gain_recovery_es": head["gain_recovery_es"],
+        "gain_recovery_lora_grpo": gain_recovery_or_none(lora_val, frb.base, frb.grpo_best),
+        "es_steps_to_match_copes": frb.match[params.HEADLINE],
+        "budget_steps": frb.budget,
+        "headline_protocol": params.HEADLINE,
+        "protocol_reading": " ".join(protocol_reading(frb.compare, params.HEADLINE)),
+        "grpo_best_step": frb.s_star,
+        "grpo_peak_step": peak["peak_step"],
+        "grpo_last_step": peak["last_step"],
+        "grpo_stopped_early": peak["stopped_early"],
+        "grpo_peak_censored": peak["peak_censored"],
+        "grpo_step_cap": frb.grpo_config.total_steps,
+        "grpo_patience": frb.grpo_config.early_stop_patience,
+        "base_val_accuracy": frb.base,
+        "full_grpo_best_val_accuracy": frb.grpo_best,
+        "val_accuracy_es_at_budget": head["es"]["mean"],
+        "val_accuracy_es_at_budget_ci_low": head["es"]["low"],
+        "val_accuracy_es_at_budget_ci_high": head["es"]["high"],
+        "val_accuracy_lora_grpo_at_budget": lora_val,
+        "es_best_step": es_best[0],
+        "es_best_val_accuracy": es_best[1],
+        "es_long_steps": params.ES_LONG_STEPS,
+        "es_long_n_seeds": len(frb.long_runs),
+        "val_every": params.VAL_EVERY,
+        **protocol_keys(params.HEADLINE, ""),
+        **{k: v for proto in frb.compare for k, v in protocol_keys(proto, f"_{proto}_protocol").items()},
+        **{f"test_pass1_{key}": value for key, value in pass1.items()},
+        "es_sigma": settings["es_sigma"], "es_alpha": settings["es_alpha"], "es_setting_source": settings["es_source"],
+        "copes_sigma": settings["copes_sigma"], "copes_alpha": settings["copes_alpha"],
+        "copes_setting_source": settings["copes_source"],
+        "full_grpo_lr": settings["full_lr"], "lora_grpo_lr": settings["lora_lr"], "grpo_lr_source": settings["grpo_source"],
+        "es_class_device_hours_per_step": float(step_hours[0]), "grpo_class_device_hours_per_step": float(step_hours[1]),
+        "val_problems": n_val, "test_problems": n_test, "test_samples": params.TEST_SAMPLES,
+        "n_seeds": params.SEEDS, "control_seeds": params.CONTROL_SEEDS, "budget_note": budget_note,
+    }
+    undefined = [k for k in ("gain_recovery_copes", "gain_recovery_es", "gain_recovery_lora_grpo") if summary[k] is None]
+    for key in undefined:
+        del summary[key]
+    if undefined:
+        summary["gain_recovery_note"] = (f"undefined: full GRPO's best validation accuracy {frb.grpo_best:.4f} does "
+                                         f"not exceed the base {frb.base:.4f}")
+    return summary

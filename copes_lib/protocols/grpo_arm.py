@@ -90,10 +90,12 @@ def grpo_run(profile: str, agent: Any, config: GRPOConfig, *, label: str, force:
                    result)
 
 
-def peak_report(run: GRPORun) -> dict[str, Any]:
-    """Where a run peaked and whether that peak is censored (best = last trained step, no early stop)."""
-    return {"peak_step": run.best_step, "last_step": run.result.last_step,
-            "stopped_early": bool(run.result.stopped_early), "peak_censored": bool(run.result.peak_censored)}
+def peak_report(run: GRPORun | grpo.GRPOResult) -> dict[str, Any]:
+    """Where a run (or a ``grpo.GRPOResult``) peaked, where it stopped, and whether the peak is censored
+    (best = last trained step of a run that did not stop on its own)."""
+    result = getattr(run, "result", run)
+    return {"peak_step": result.best_step, "last_step": result.last_step,
+            "stopped_early": bool(result.stopped_early), "peak_censored": bool(result.peak_censored)}
 
 
 def grpo_policy(run: GRPORun, which: str = "final"):

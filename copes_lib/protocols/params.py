@@ -162,7 +162,7 @@ class GRPONotebookParams(NotebookParams):
     STEPS: int = param(40, "cap on GRPO training steps per run; PATIENCE stops it earlier at its peak "
                        "(paper: full GRPO's best at 16, LoRA-GRPO's at 64)", ge=1)
     PATIENCE: int = param(2, "stop a run after this many validations in a row without a new best (its peak "
-                          "is then behind it, not censored by STEPS); 0 = run all STEPS", ge=0)
+                          "is then behind it, not censored by STEPS); 0 runs all STEPS", ge=0)
     VAL_EVERY: int = param(4, "validate every this many steps (paper: 8)", ge=1)
     PROMPT_BATCH: int = param(16, "prompts per step (paper: 64)", ge=1)
     GROUP_SIZE: int = param(8, "G, trajectories per prompt (paper: 8)", ge=2)
@@ -278,7 +278,7 @@ class FixedBudgetParams(_GRPOParams):
     COPES_SIGMA: float = param(5e-3, "CoPES's own sigma when notebook 03 has not tuned one", gt=0.0)
     COPES_ALPHA: float = param(2.5e-3, "CoPES's own alpha when notebook 03 has not tuned one", gt=0.0)
     SEEDS: int = param(5, "seeds of ES and the headline CoPES arm, paired (paper: 1 run each)", ge=1)
-    CONTROL_SEEDS: int = param(2, "seeds of each CoPES control arm (the other protocols; <= SEEDS, the first "
+    CONTROL_SEEDS: int = param(2, "seeds of each CoPES control arm (the other protocols; at most SEEDS, the first "
                                "seeds of the same pairing)", ge=1)
     HEADLINE: str = param("paper", "protocol of the headline keys: paper (CoPES at ES's sigma / alpha, as "
                           "published), tuned (CoPES at its own sweep's best) or step_matched (CoPES at ES's sigma "
