@@ -6,10 +6,12 @@ differences, steps to match).
 The runs themselves are cached runs of ``copes_lib.es`` and ``copes_lib.grpo``
 (``protocols.es_arm``, ``protocols.grpo_arm``); test decoding is ``protocols.test_decoding``.
 
-The protocol, next to the paper (PAPERS.md A4-A6):
+The protocol, next to the paper (docs/paper_a_copes.md):
 
-1. full GRPO is trained and validated; its best validation step s* sets the budget (the paper:
-   s* = 16). ``BUDGET_STEPS > 0`` fixes the budget instead (stated in the notebook).
+1. full GRPO is trained and validated until it stops improving (notebook 04's PATIENCE validations
+   without a new best, capped at its STEPS); its best validation step s* sets the budget (the paper:
+   s* = 16). ``BUDGET_STEPS > 0`` fixes the budget instead (stated in the notebook). A peak at the last
+   step of a capped run is reported as censored.
 2. standard ES, CoPES and LoRA-GRPO run for the budget; ES and CoPES with several seeds. Seed i
    uses noise seed ``ES_SEED + i`` and prompt-batch seed ``BATCH_SEED + i`` for BOTH methods, so
    ES and CoPES of one seed see the same prompt batches (paired).
@@ -20,21 +22,22 @@ The protocol, next to the paper (PAPERS.md A4-A6):
 5. test decoding: temperature 0.3, top-p 1, n samples per problem, unbiased pass@k for k = 1..n.
 
 How it departs from the paper (and why):
-- Several seeds where the paper ran once; intervals are Student-t over seeds; "significant" is a
-  two-sided paired t-test at 5% (with 3 seeds it has little power: a non-significant result is weak
-  evidence either way).
-- The paper ran each method once with shared sigma / alpha. Here two protocols sit side by side: the
-  paper's (CoPES at standard ES's sigma and alpha) and each method at its own tuned setting (read
-  from notebooks 02 / 03 when they have run, else the notebook's parameters); FINDINGS.md showed the
-  choice decides the sign of the comparison at this scale.
+- Several seeds where the paper ran once. The claims are tested on per-seed per-problem scores at the
+  budget (``budget_scores``, saved with ``stats.save_scores``; seeds x problems noise, Holm over the
+  notebook's family in ``copes_lib.claims``); the Student-t intervals and paired t over seeds printed
+  by the notebooks are descriptive.
+- The headline is the paper's protocol (CoPES at standard ES's sigma and alpha, as published); two
+  controls sit beside it (``protocol_arms``): CoPES at its own tuned setting (notebook 03's sweep, ties
+  broken by ``es_arm.SWEEP_TIE_RULE``) and step-matched CoPES (alpha / sqrt(K), ES's update norm); at
+  this scale the choice can decide the sign of the comparison (docs/prior_measurements.md).
 - GRPO's prompt batches come from its own seeded order (``grpo.prompt_batch``), so they are not
   paired with ES's; every method is validated on the same problems.
 - Step costs are this machine's measured wall time per training step (validation excluded, as in
   A5), counting the machine as one device; "est. device-hours" = mean step cost x steps.
 - The Ray backend of ``copes_lib.es`` is not offered here (``BACKEND`` is sequential or batched): its
   workers rebuild the objective from notebook parameters and would not see the per-seed batch seed.
-- Test decoding of ES and CoPES uses seed 0's checkpoint only (cost); seeds enter the validation
-  comparison.
+- Notebook 05 test-decodes ES and CoPES at seed 0's checkpoint only (cost; its pass@k intervals are
+  over problems); notebook 07 test-decodes every seed.
 """
 
 from __future__ import annotations
