@@ -184,8 +184,8 @@ def test_protocol_reading_names_the_headline_and_the_controls():
 
     compare = {"paper": diff(0.011), "tuned": diff(0.008, 2), "step_matched": diff(0.001, 2)}
     lines = fixed_budget.protocol_reading(compare, "paper")
-    assert "HEADLINE, 5 paired seeds" in lines[0] and "+1.10 points" in lines[0]
-    assert "control, 2 paired seeds" in lines[1] and "control" in lines[2]
+    assert "HEADLINE, 5 paired seed(s)" in lines[0] and "+1.10 points" in lines[0]
+    assert "control, 2 paired seed(s)" in lines[1] and "control" in lines[2]
     assert "tuned control is -0.30 points vs the headline" in lines[3]
     assert lines[-1] == "The headline keys use the paper protocol, declared before the run."
 

@@ -215,7 +215,7 @@ def protocol_reading(compare: dict[str, dict[str, Any]], headline: str) -> list[
         d = c["copes_minus_es"]
         p = "undefined" if d["p"] is None else f"{d['p']:.3g}"
         role = "HEADLINE" if proto == headline else "control"
-        lines.append(f"{PROTOCOL_NAMES.get(proto, proto)} [{role}, {int(d['n'])} paired seeds]: CoPES - ES = "
+        lines.append(f"{PROTOCOL_NAMES.get(proto, proto)} [{role}, {int(d['n'])} paired seed(s)]: CoPES - ES = "
                      f"{100 * d['mean']:+.2f} points at the budget (paired t over seeds, p = {p}; the claims "
                      "table tests the headline with seeds x problems noise).")
     if headline in compare:
@@ -224,7 +224,7 @@ def protocol_reading(compare: dict[str, dict[str, Any]], headline: str) -> list[
                 continue
             delta = compare[proto]["copes_minus_es"]["mean"] - compare[headline]["copes_minus_es"]["mean"]
             lines.append(f"CoPES's edge under the {proto} control is {100 * delta:+.2f} points vs the headline "
-                         f"(seed means; the control ran {compare[proto]['copes']['n']} seeds).")
+                         f"(seed means; the control ran {compare[proto]['copes']['n']} seed(s)).")
     lines.append(f"The headline keys use the {headline} protocol, declared before the run.")
     return lines
 
