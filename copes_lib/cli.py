@@ -53,6 +53,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "06_copes_ablations": ("05_fixed_budget_math",),  # reuses 05's K = 1 / K = 4 runs from the cache
     "07_multihop_qa": ("01_substrate_and_agent",),  # the QA warm start
     "08_memory_and_gpu_hours": ("01_substrate_and_agent",),
+    "09_scale_study": ("01_substrate_and_agent",),  # 01's warm start at its own size (cached)
     "10_molora_substrate": (),
     "11_molora_router": ("10_molora_substrate",),
     "12_molora_factorial": ("10_molora_substrate",),

@@ -39,6 +39,7 @@ MODEL_SIZES = {
                   num_key_value_heads=2, head_dim=16),
     "cpu": dict(hidden_size=160, intermediate_size=448, num_hidden_layers=4, num_attention_heads=5,
                 num_key_value_heads=5, head_dim=32),
+    "tiny": dict(hidden_size=32, intermediate_size=96, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16),  # noqa: E501 (09's scale axis)
     "cpu-large": dict(hidden_size=320, intermediate_size=768, num_hidden_layers=4, num_attention_heads=5,
                       num_key_value_heads=5, head_dim=64),
 }
@@ -64,6 +65,9 @@ class WarmStartConfig(Config):
     prompt_style: str = param("plain", "prompt format of rollouts (auto: the checkpoint's chat template)",
                               choices=("plain", "auto"))
     model_path: str = param("", "a local HF checkpoint folder to load instead of training (gpu profile)")
+    max_turns: int = param(6, "model turns per trajectory (each tool call ends one); 0 = every allowed call "
+                           "plus the answer", ge=0)
+    enable_thinking: bool | None = param(None, "chat prompts: the template's enable_thinking (None: not passed)")
 
 
 # --------------------------------------------------------------------------- tokenizer
@@ -168,6 +172,14 @@ def load_pretrained(path: str, device: str | torch.device | None = None, dtype: 
     if not path or not Path(path).exists():
         raise ConfigError(f"MODEL_PATH = {path!r} does not exist: the gpu profile needs a local HF checkpoint "
                           "folder; set MODEL_PATH in profiles/gpu.yaml (01_substrate_and_agent)")
+    folder = Path(path)
+    weights = [p.name for pattern in ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin")
+               for p in folder.glob(pattern)] if folder.is_dir() else []
+    if not folder.is_dir() or not (folder / "config.json").exists() or not weights:
+        found = sorted(p.name for p in folder.iterdir())[:10] if folder.is_dir() else "a file"
+        raise ConfigError(f"MODEL_PATH = {path!r} is not a Hugging Face checkpoint folder: expected config.json, "
+                          "weights (*.safetensors or pytorch_model*.bin) and tokenizer files "
+                          f"(tokenizer.json / tokenizer_config.json); found {found}")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = dtype or (torch.bfloat16 if str(device).startswith("cuda") else torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left", local_files_only=True)
@@ -209,7 +221,8 @@ def warm_rollout_config(config: WarmStartConfig):
     from copes_lib.rollout import RolloutConfig
 
     return RolloutConfig(max_new_tokens=config.max_new_tokens, max_context=config.max_context,
-                         batch_size=config.eval_batch, prompt_style=config.prompt_style)
+                         batch_size=config.eval_batch, prompt_style=config.prompt_style,
+                         max_turns=config.max_turns, enable_thinking=config.enable_thinking)
 
 
 def train_warm_start(model, tokenizer, train_tasks, val_tasks, env, steps: int, batch: int, lr: float,
