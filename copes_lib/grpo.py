@@ -144,6 +144,9 @@ class GRPOConfig(Config):
     total_steps: int = param(16, "training steps (paper: full GRPO best at 16, LoRA-GRPO at 64)", ge=1)
     val_every: int = param(8, "validate (temperature 0) every this many steps (paper: 8)", ge=1)
     save_every: int = param(1, "write the resumable checkpoint every this many steps", ge=1)
+    early_stop_patience: int = param(
+        0, "stop after this many consecutive validations without a new best validation score (total_steps "
+           "is then the cap), so the best step is not censored by the run's end; 0 = off, run total_steps", ge=0)
     seed: int = param(42, "seed of prompt order, sampling and LoRA init (paper GRPO runs: 42)", ge=0)
 
     def check(self) -> None:
@@ -625,6 +628,17 @@ class GRPOResult:
     best_val: float | None
     best_path: Path | None
     last_path: Path
+    stopped_early: bool = False  # early_stop_patience validations without a new best ended the run
+
+    @property
+    def last_step(self) -> int:
+        return int(self.history[-1]["step"])
+
+    @property
+    def peak_censored(self) -> bool:
+        """The best validation is the last trained step and the run did not stop on its own: the peak
+        may lie beyond the run (a reference gain measured here may be underestimated)."""
+        return self.best_step is not None and self.best_step == self.last_step and not self.stopped_early
 
     def val_at(self, step: int) -> float | None:
         return self.val_by_step.get(step)
@@ -741,6 +755,9 @@ def train_grpo(model: torch.nn.Module, tokenizer: Any, env: Any, train_tasks: Se
     continues from it; prompts and sampling seeds depend only on (seed, step), so a resumed run
     equals an uninterrupted one. ``stop_after`` ends the run after that step (validated and
     checkpointed), so a learning-rate sweep can continue its winner to ``total_steps`` by resuming.
+    ``config.early_stop_patience`` = P > 0 ends the run after P validations in a row without a new best
+    (``result.stopped_early``; the checkpoint records it, so a resumed run stays stopped); otherwise
+    ``total_steps`` is reached and ``best_step == total_steps`` means the peak may lie beyond it.
 
     ``update_fn(policy, rollouts, advantages, pad_id) -> statistics`` replaces the in-process
     :func:`grpo_update` (``copes_lib.grpo_sharded.ShardedUpdater`` runs it sharded over GPUs and
@@ -773,7 +790,7 @@ def train_grpo(model: torch.nn.Module, tokenizer: Any, env: Any, train_tasks: Se
 
     history: list[dict[str, Any]] = []
     val_by_step: dict[int, float] = {}
-    best_step, best_val, start = None, None, 0
+    best_step, best_val, start, stale, stopped = None, None, 0, 0, False
     state = runs.load_checkpoint(last_path, map_location=str(device)) if resume else None
     if state is not None:
         if state["config"] != config.to_dict():
@@ -783,6 +800,7 @@ def train_grpo(model: torch.nn.Module, tokenizer: Any, env: Any, train_tasks: Se
         history, start = state["history"], state["step"]
         val_by_step = {int(k): v for k, v in state["val_by_step"].items()}
         best_step, best_val = state["best_step"], state["best_val"]
+        stale, stopped = state.get("stale_validations", 0), state.get("stopped_early", False)
 
     def validate(step: int) -> float:
         value = _val_metric(evaluate_fn(policy, tokenizer, list(val_tasks), env, eval_cfg, config.seed))
@@ -797,6 +815,8 @@ def train_grpo(model: torch.nn.Module, tokenizer: Any, env: Any, train_tasks: Se
     pad_id = _pad_id(tokenizer)
     last_step = config.total_steps if stop_after is None else min(stop_after, config.total_steps)
     for step in range(start + 1, last_step + 1):
+        if stopped:
+            break
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         t0 = time.perf_counter()
@@ -836,20 +856,25 @@ def train_grpo(model: torch.nn.Module, tokenizer: Any, env: Any, train_tasks: Se
         if step % config.val_every == 0 or step == last_step:
             metrics["eval/val_accuracy"] = value = validate(step)
             if best_val is None or value > best_val:
-                best_step, best_val = step, value
+                best_step, best_val, stale = step, value, 0
                 runs.save_checkpoint(best_path, {"step": step, "val": value, "trainable": trainable_state(policy),
                                                  "use_lora": config.use_lora})
+            else:
+                stale += 1
+            stopped = 0 < config.early_stop_patience <= stale
         history.append(metrics)
-        if step % config.save_every == 0 or step == last_step:
+        if step % config.save_every == 0 or step == last_step or stopped:
             runs.save_checkpoint(last_path, {
                 "config": config.to_dict(), "step": step, "trainable": trainable_state(policy),
                 "optimizer": optimizer.state_dict(), "history": history, "val_by_step": val_by_step,
-                "best_step": best_step, "best_val": best_val})
+                "best_step": best_step, "best_val": best_val, "stale_validations": stale,
+                "stopped_early": stopped})
         if on_step:
             on_step(step, metrics)
     return GRPOResult(policy=policy, history=history, val_by_step=val_by_step, base_val=val_by_step[0],
                       best_step=best_step, best_val=best_val,
-                      best_path=best_path if best_step is not None else None, last_path=last_path)
+                      best_path=best_path if best_step is not None else None, last_path=last_path,
+                      stopped_early=stopped)
 
 
 def load_best(policy: torch.nn.Module, result: GRPOResult) -> torch.nn.Module:

@@ -335,3 +335,49 @@ def test_pick_learning_rate_keeps_the_best_run_and_breaks_ties(tmp_path):
     assert lr == 1e-3 and [r["chosen"] for r in rows] == [False, False, True]
     with pytest.raises(ValueError, match="not validated at sweep_steps = 2"):
         pick_learning_rate(lambda lr, stop: fake(0.1, 0.1), [1e-4], 2)
+
+
+def scripted_validation(values):
+    """An evaluate_fn returning the given validation accuracies in order (step 0 first)."""
+    calls = iter(values)
+    return lambda *args, **kwargs: {"accuracy": next(calls)}
+
+
+def run_patience(tmp_path, values, *, patience, steps=8, on_step=None):
+    cfg = GRPOConfig(group_size=4, prompt_batch_size=4, mini_batch_size=2, micro_batch_size=8, lr=3e-2,
+                     total_steps=steps, val_every=1, early_stop_patience=patience)
+    return train_grpo(tiny_model(), None, None, list(range(8)), list(range(8)), cfg, tmp_path,
+                      rollout_config=ToyRolloutConfig(), rollout_fn=toy_rollout,
+                      evaluate_fn=scripted_validation(values), on_step=on_step)
+
+
+def test_early_stopping_stops_after_patience_without_a_new_best(tmp_path):
+    # best at step 2; steps 3 and 4 do not beat it (a tie is not a new best): patience 2 stops at 4
+    result = run_patience(tmp_path, [0.1, 0.2, 0.5, 0.4, 0.5, 0.9, 0.9, 0.9, 0.9], patience=2)
+    assert [r["step"] for r in result.history] == [0, 1, 2, 3, 4]
+    assert result.stopped_early and result.best_step == 2 and not result.peak_censored
+    # a resumed stopped run stays stopped (evaluate_fn would fail if called again)
+    again = run_patience(tmp_path, [], patience=2)
+    assert again.stopped_early and again.last_step == 4 and again.best_step == 2
+
+
+def test_early_stopping_does_not_stop_while_improving(tmp_path):
+    result = run_patience(tmp_path, [0.1, 0.2, 0.3, 0.35, 0.4, 0.45], patience=1, steps=5)
+    assert [r["step"] for r in result.history] == [0, 1, 2, 3, 4, 5]
+    assert not result.stopped_early and result.best_step == 5 and result.peak_censored
+
+
+def test_early_stopping_off_runs_every_step_and_resumes_with_its_count(tmp_path):
+    values = [0.1, 0.5, 0.4, 0.3, 0.2, 0.1]
+    off = run_patience(tmp_path / "off", values, patience=0, steps=5)
+    assert off.last_step == 5 and not off.stopped_early and off.best_step == 1
+
+    def crash_at_step_2(step, metrics):
+        if step == 2:
+            raise Interrupted
+
+    with pytest.raises(Interrupted):
+        run_patience(tmp_path / "on", values[:3], patience=3, on_step=crash_at_step_2)
+    # the stale count (1 after step 2) survives the resume: steps 3 and 4 make 3 -> stop at 4
+    resumed = run_patience(tmp_path / "on", values[3:], patience=3)
+    assert resumed.stopped_early and resumed.last_step == 4 and resumed.best_step == 1

@@ -178,15 +178,62 @@ def test_es_run_continuation_equals_uninterrupted_run(tmp_path, monkeypatch):
     assert math.isfinite(histories.mean_update_norm(longer.history))
 
 
-def test_protocol_reading_says_which_protocol_favoured_copes():
-    def compare(paper, tuned):
-        diff = lambda m, sig: {"copes_minus_es": {"mean": m, "p": 0.01 if sig else None, "significant": sig}}  # noqa: E731
-        return {"paper": diff(*paper), "tuned": diff(*tuned)}
+def test_protocol_reading_names_the_headline_and_the_controls():
+    def diff(mean, n=5):
+        return {"copes_minus_es": {"mean": mean, "p": 0.01, "significant": True, "n": float(n)}, "copes": {"n": n}}
 
-    lines = fixed_budget.protocol_reading(compare((0.011, True), (0.008, False)), "tuned")
-    assert "p = 0.01: significant" in lines[0] and "p = undefined: not significant" in lines[1]
-    assert "did NOT hold" in lines[2] and lines[3].endswith("the tuned protocol.")
-    assert "as expected" in fixed_budget.protocol_reading(compare((0.001, False), (0.008, True)), "tuned")[2]
+    compare = {"paper": diff(0.011), "tuned": diff(0.008, 2), "step_matched": diff(0.001, 2)}
+    lines = fixed_budget.protocol_reading(compare, "paper")
+    assert "HEADLINE, 5 paired seed(s)" in lines[0] and "+1.10 points" in lines[0]
+    assert "control, 2 paired seed(s)" in lines[1] and "control" in lines[2]
+    assert "tuned control is -0.30 points vs the headline" in lines[3]
+    assert lines[-1] == "The headline keys use the paper protocol, declared before the run."
+
+
+def test_sweep_tie_is_shown_and_broken_by_the_declared_rule():
+    rows = [{"sigma": 0.005, "alpha": 0.0025, "final_val_accuracy": 0.39, "final_reward_mean": 0.2},
+            {"sigma": 0.01, "alpha": 0.005, "final_val_accuracy": 0.39, "final_reward_mean": 0.3},
+            {"sigma": 0.02, "alpha": 0.01, "final_val_accuracy": 0.30, "final_reward_mean": 0.9}]
+    choice = es_arm.sweep_choice(rows, (1.0, 1.0))
+    assert (choice.sigma, choice.alpha, choice.tie) == (0.01, 0.005, (0.005, 0.01))  # higher training reward
+    assert "TIE" in choice.describe() and choice.rule == es_arm.SWEEP_TIE_RULE
+    rows[1]["final_reward_mean"] = 0.2  # still tied on reward: the smaller sigma
+    assert es_arm.best_setting(rows, (1.0, 1.0)) == (0.005, 0.0025)
+    rows[1]["final_val_accuracy"] = 0.40
+    assert es_arm.sweep_choice(rows, (1.0, 1.0)).tie == ()
+    assert es_arm.sweep_choice([], (1.0, 2.0)) == es_arm.SweepChoice(1.0, 2.0)
+
+
+def test_protocol_arms_headline_is_the_paper_protocol_with_all_seeds():
+    p = params.FixedBudgetParams()
+    assert p.HEADLINE == "paper" and p.SEEDS >= 5
+    settings = {"es_sigma": 0.01, "es_alpha": 0.004, "copes_sigma": 0.005, "copes_alpha": 0.0025}
+    arms = fixed_budget.protocol_arms(p, settings)
+    assert arms["paper"][1:] == (0.01, 0.004, p.SEEDS)
+    assert arms["tuned"][1:] == (0.005, 0.0025, p.CONTROL_SEEDS)
+    assert arms["step_matched"][1:] == (0.01, pytest.approx(0.004 / math.sqrt(p.SUBSPACES)), p.CONTROL_SEEDS)
+    with pytest.raises(ConfigError, match="CONTROL_SEEDS"):
+        params.FixedBudgetParams(SEEDS=2, CONTROL_SEEDS=3, LONG_SEEDS=1)
+
+
+def test_pass_at_k_intervals_cover_the_estimate_and_shrink_with_problems():
+    few = {"m": {"correct_counts": [0, 4, 2, 1], "samples": 4}}
+    many = {"m": {"correct_counts": [0, 4, 2, 1] * 25, "samples": 4}}
+    a, b = fixed_budget.pass_at_k_intervals(few), fixed_budget.pass_at_k_intervals(many)
+    assert list(a["k"]) == [1, 2, 3, 4] and a["pass_at_k"].iloc[0] == pytest.approx(7 / 16)
+    assert ((a["low"] <= a["pass_at_k"]) & (a["pass_at_k"] <= a["high"])).all()
+    assert ((b["high"] - b["low"]) < (a["high"] - a["low"])).all()
+
+
+def test_mean_interval_counts_seed_noise():
+    rng = np.random.default_rng(0)
+    problems = rng.random(200) < 0.5
+    same = np.stack([problems] * 5).astype(float)
+    shifted = same + np.arange(5)[:, None] * 0.05  # seeds differ by a constant
+    m0, lo0, hi0 = fixed_budget.mean_interval(same)
+    m1, lo1, hi1 = fixed_budget.mean_interval(shifted)
+    assert lo0 <= m0 <= hi0 and lo1 <= m1 <= hi1
+    assert hi1 - lo1 > hi0 - lo0
 
 
 # --------------------------------------------------------------------------- one GRPO configuration

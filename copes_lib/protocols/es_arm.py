@@ -139,12 +139,41 @@ def run_sweep(params: StandardESNotebookParams, agent: AgentSetup, subspaces: in
     return rows
 
 
-def best_setting(sweep: list[dict[str, Any]], fallback: tuple[float, float]) -> tuple[float, float]:
-    """(sigma, alpha) with the highest final validation accuracy (ties: the smaller sigma)."""
+SWEEP_TIE_RULE = ("highest final validation accuracy; ties (equal accuracy) go to the higher mean training "
+                  "reward at the last sweep step, then to the smaller sigma")
+
+
+@dataclass(frozen=True)
+class SweepChoice:
+    """The sweep's choice, the settings that tied with it on validation accuracy, and the rule that broke
+    the tie (declared here, before any run: ``SWEEP_TIE_RULE``)."""
+
+    sigma: float
+    alpha: float
+    tie: tuple[float, ...] = ()  # sigmas that tied for the best validation accuracy (empty: no tie)
+    rule: str = SWEEP_TIE_RULE
+
+    def describe(self) -> str:
+        if not self.tie:
+            return f"sweep choice sigma = {self.sigma:g}, alpha = {self.alpha:g} (no tie)"
+        return (f"sweep TIE at sigma in {list(self.tie)}: broken by the declared rule ({self.rule}) -> "
+                f"sigma = {self.sigma:g}, alpha = {self.alpha:g}")
+
+
+def sweep_choice(sweep: list[dict[str, Any]], fallback: tuple[float, float]) -> SweepChoice:
+    """The best row of a sigma sweep by ``SWEEP_TIE_RULE``, with the tie shown; ``fallback`` when empty."""
     if not sweep:
-        return fallback
-    best = max(sweep, key=lambda r: (r["final_val_accuracy"], -r["sigma"]))
-    return best["sigma"], best["alpha"]
+        return SweepChoice(*fallback)
+    top = max(r["final_val_accuracy"] for r in sweep)
+    tied = [r for r in sweep if r["final_val_accuracy"] == top]
+    best = max(tied, key=lambda r: (r.get("final_reward_mean", 0.0), -r["sigma"]))
+    return SweepChoice(best["sigma"], best["alpha"], tuple(sorted(r["sigma"] for r in tied)) if len(tied) > 1 else ())
+
+
+def best_setting(sweep: list[dict[str, Any]], fallback: tuple[float, float]) -> tuple[float, float]:
+    """(sigma, alpha) of :func:`sweep_choice`."""
+    choice = sweep_choice(sweep, fallback)
+    return choice.sigma, choice.alpha
 
 
 def binomial_se(accuracy: float, n: int) -> float:

@@ -6,10 +6,12 @@ differences, steps to match).
 The runs themselves are cached runs of ``copes_lib.es`` and ``copes_lib.grpo``
 (``protocols.es_arm``, ``protocols.grpo_arm``); test decoding is ``protocols.test_decoding``.
 
-The protocol, next to the paper (PAPERS.md A4-A6):
+The protocol, next to the paper (docs/paper_a_copes.md):
 
-1. full GRPO is trained and validated; its best validation step s* sets the budget (the paper:
-   s* = 16). ``BUDGET_STEPS > 0`` fixes the budget instead (stated in the notebook).
+1. full GRPO is trained and validated until it stops improving (notebook 04's PATIENCE validations
+   without a new best, capped at its STEPS); its best validation step s* sets the budget (the paper:
+   s* = 16). ``BUDGET_STEPS > 0`` fixes the budget instead (stated in the notebook). A peak at the last
+   step of a capped run is reported as censored.
 2. standard ES, CoPES and LoRA-GRPO run for the budget; ES and CoPES with several seeds. Seed i
    uses noise seed ``ES_SEED + i`` and prompt-batch seed ``BATCH_SEED + i`` for BOTH methods, so
    ES and CoPES of one seed see the same prompt batches (paired).
@@ -20,21 +22,22 @@ The protocol, next to the paper (PAPERS.md A4-A6):
 5. test decoding: temperature 0.3, top-p 1, n samples per problem, unbiased pass@k for k = 1..n.
 
 How it departs from the paper (and why):
-- Several seeds where the paper ran once; intervals are Student-t over seeds; "significant" is a
-  two-sided paired t-test at 5% (with 3 seeds it has little power: a non-significant result is weak
-  evidence either way).
-- The paper ran each method once with shared sigma / alpha. Here two protocols sit side by side: the
-  paper's (CoPES at standard ES's sigma and alpha) and each method at its own tuned setting (read
-  from notebooks 02 / 03 when they have run, else the notebook's parameters); FINDINGS.md showed the
-  choice decides the sign of the comparison at this scale.
+- Several seeds where the paper ran once. The claims are tested on per-seed per-problem scores at the
+  budget (``budget_scores``, saved with ``stats.save_scores``; seeds x problems noise, Holm over the
+  notebook's family in ``copes_lib.claims``); the Student-t intervals and paired t over seeds printed
+  by the notebooks are descriptive.
+- The headline is the paper's protocol (CoPES at standard ES's sigma and alpha, as published); two
+  controls sit beside it (``protocol_arms``): CoPES at its own tuned setting (notebook 03's sweep, ties
+  broken by ``es_arm.SWEEP_TIE_RULE``) and step-matched CoPES (alpha / sqrt(K), ES's update norm); at
+  this scale the choice can decide the sign of the comparison (docs/prior_measurements.md).
 - GRPO's prompt batches come from its own seeded order (``grpo.prompt_batch``), so they are not
   paired with ES's; every method is validated on the same problems.
 - Step costs are this machine's measured wall time per training step (validation excluded, as in
   A5), counting the machine as one device; "est. device-hours" = mean step cost x steps.
 - ``BACKEND = "ray"`` spreads the members over Ray workers (one per GPU on a GPU cluster; ``RAY_ADDRESS``):
   the workers rebuild the agent with the run's own batch seed (``AgentSetup.worker_args``).
-- Test decoding of ES and CoPES uses seed 0's checkpoint only (cost); seeds enter the validation
-  comparison.
+- Notebook 05 test-decodes ES and CoPES at seed 0's checkpoint only (cost; its pass@k intervals are
+  over problems); notebook 07 test-decodes every seed.
 """
 
 from __future__ import annotations
@@ -44,12 +47,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from copes_lib import runs, stats
 from copes_lib.config import ConfigError
 from copes_lib.grpo import GRPOConfig
-from copes_lib.protocols.es_arm import AgentSetup, ESRun, continue_runs, seed_runs
-from copes_lib.protocols.grpo_arm import GRPORun, grpo_config, grpo_params, grpo_run
-from copes_lib.protocols.histories import best_validated, mean_curve, steps_to_match, val_at
+from copes_lib.protocols import test_decoding
+from copes_lib.protocols.es_arm import AgentSetup, ESRun, continue_runs, es_model, seed_runs
+from copes_lib.protocols.grpo_arm import GRPORun, grpo_config, grpo_params, grpo_policy, grpo_run, peak_report
+from copes_lib.protocols.histories import (
+    ACCURACY,
+    best_validated,
+    mean_curve,
+    steps_to_match,
+    val_at,
+    val_points,
+)
 
 
 def upstream_settings(params: Any) -> dict[str, Any]:
@@ -88,51 +101,72 @@ class FixedBudgetRuns:
     long_steps: list[int] = field(default_factory=list)
     long_curve: list[float] = field(default_factory=list)
     match: dict[str, int | None] = field(default_factory=dict)  # first step long ES reaches each CoPES arm
+    metric: str = ACCURACY  # the validation metric of every history (eval/val_score: F1 on QA)
+
+
+def protocol_arms(params: Any, settings: dict[str, Any]) -> dict[str, tuple[str, float, float, int]]:
+    """Notebook 05's three CoPES protocols, name -> (label, sigma, alpha, seeds): ``paper`` (CoPES at ES's
+    sigma / alpha, as published), ``tuned`` (CoPES's own sweep, notebook 03) and ``step_matched`` (ES's
+    sigma, alpha / sqrt(K): the update norm of standard ES). HEADLINE gets SEEDS seeds, the two controls
+    CONTROL_SEEDS (the first seeds of the same pairing)."""
+    k = params.SUBSPACES
+    arms = {"paper": ("CoPES paper protocol", settings["es_sigma"], settings["es_alpha"]),
+            "tuned": ("CoPES tuned", settings["copes_sigma"], settings["copes_alpha"]),
+            "step_matched": ("CoPES step-matched", settings["es_sigma"], settings["es_alpha"] / math.sqrt(k))}
+    return {name: (*arm, params.SEEDS if name == params.HEADLINE else params.CONTROL_SEEDS)
+            for name, arm in arms.items()}
 
 
 def run_fixed_budget(params: Any, agent: AgentSetup, settings: dict[str, Any], *, grpo_steps: int,
-                     copes_arms: dict[str, tuple[str, float, float]], grpo_label: str = "full GRPO",
-                     es_label: str = "ES") -> FixedBudgetRuns:
+                     copes_arms: dict[str, tuple], grpo_label: str = "full GRPO", es_label: str = "ES",
+                     metric: str = ACCURACY) -> FixedBudgetRuns:
     """The protocol of notebooks 05 and 07, steps 1-3 of the module docstring.
 
-    1. full GRPO (the shared configuration, ``settings["full_lr"]``) for ``grpo_steps``; its best
-       validation step s* is the budget unless BUDGET_STEPS fixes it;
-    2. standard ES (``settings["es_sigma"]`` / ``["es_alpha"]``) and each CoPES arm of ``copes_arms``
-       (name -> (label, sigma, alpha); an arm with the same sigma / alpha as an earlier one reuses its
-       runs) over SEEDS paired seeds for the budget;
+    1. full GRPO (the shared configuration, ``settings["full_lr"]``, stopped at its peak by notebook 04's
+       PATIENCE) capped at ``grpo_steps``; its best validation step s* is the budget unless BUDGET_STEPS
+       fixes it;
+    2. standard ES (``settings["es_sigma"]`` / ``["es_alpha"]``) over SEEDS paired seeds and each CoPES
+       arm of ``copes_arms`` (name -> (label, sigma, alpha[, seeds]), seeds default SEEDS) for the
+       budget; an arm with the same sigma / alpha as an earlier one reuses its runs (the cache);
     3. the first LONG_SEEDS ES seeds continued to ES_LONG_STEPS: their mean curve, and the first step at
        which it reaches each CoPES arm's mean at the budget.
+
+    ``metric``: the history key compared (``eval/val_accuracy`` on math; ``eval/val_score``, i.e. F1, on
+    QA, the metric full GRPO validates on).
     """
-    if not params.BUDGET_STEPS and params.ES_LONG_STEPS < grpo_steps:
-        raise ConfigError(f"ES_LONG_STEPS = {params.ES_LONG_STEPS} must be >= the full GRPO run's {grpo_steps} "
-                          "steps when the budget is its best step s* (BUDGET_STEPS = 0)")
     config = grpo_config(params.PROFILE, use_lora=False, lr=settings["full_lr"], steps=grpo_steps)
     full = grpo_run(params.PROFILE, agent, config, label=grpo_label, force=params.FORCE)
     s_star, grpo_best = best_validated(full.history)
     base = full.val_by_step[0]
     budget = params.BUDGET_STEPS or s_star
+    if params.ES_LONG_STEPS < budget:
+        raise ConfigError(f"ES_LONG_STEPS = {params.ES_LONG_STEPS} must be >= the budget ({budget} steps: "
+                          f"{'BUDGET_STEPS' if params.BUDGET_STEPS else 'full GRPO s*'}); raise ES_LONG_STEPS")
     es_runs = seed_runs(params, agent, subspaces=1, sigma=settings["es_sigma"], alpha=settings["es_alpha"],
                         steps=budget, label=es_label)
     copes_runs: dict[str, list[ESRun]] = {}
     done: dict[tuple[float, float], list[ESRun]] = {}
-    for name, (label, sigma, alpha) in copes_arms.items():
-        if (sigma, alpha) not in done:
+    for name, (label, sigma, alpha, *rest) in copes_arms.items():
+        n = rest[0] if rest else params.SEEDS
+        if len(done.get((sigma, alpha), [])) < n:
             done[(sigma, alpha)] = seed_runs(params, agent, subspaces=params.SUBSPACES, sigma=sigma, alpha=alpha,
-                                             steps=budget, label=label)
-        copes_runs[name] = done[(sigma, alpha)]
-    compare = {name: compare_at_budget(es_runs, arm, budget, base, grpo_best) for name, arm in copes_runs.items()}
+                                             steps=budget, label=label, seeds=n)
+        copes_runs[name] = done[(sigma, alpha)][:n]
+    compare = {name: compare_at_budget(es_runs, arm, budget, base, grpo_best, metric)
+               for name, arm in copes_runs.items()}
     long_runs = continue_runs(params, agent, es_runs[:params.LONG_SEEDS], params.ES_LONG_STEPS)
-    long_steps, long_curve = mean_curve([r.history for r in long_runs])
+    long_steps, long_curve = mean_curve([r.history for r in long_runs], metric)
     match = {name: steps_to_match(long_steps, long_curve, c["copes"]["mean"]) for name, c in compare.items()}
     return FixedBudgetRuns(full, config, s_star, grpo_best, base, budget, es_runs, copes_runs, compare, long_runs,
-                           long_steps, long_curve, match)
+                           long_steps, long_curve, match, metric)
 
 
 def compare_at_budget(es_runs: Sequence[ESRun], copes_runs: Sequence[ESRun], budget: int, base: float,
-                      grpo_best: float) -> dict[str, Any]:
-    """Validation accuracy at the budget per seed, gain recovery, and the paired CoPES - ES difference."""
-    es_vals = [val_at(r.history, budget) for r in es_runs]
-    copes_vals = [val_at(r.history, budget) for r in copes_runs]
+                      grpo_best: float, metric: str = ACCURACY) -> dict[str, Any]:
+    """Validation accuracy at the budget per seed, gain recovery, and the paired CoPES - ES difference
+    (over the seeds both arms ran; ``es`` itself is over all of ES's seeds)."""
+    es_vals = [val_at(r.history, budget, metric) for r in es_runs]
+    copes_vals = [val_at(r.history, budget, metric) for r in copes_runs]
     if None in es_vals or None in copes_vals:
         raise ValueError(f"a run has no validation at the budget step {budget}")
     es_stats, copes_stats = seed_stats(es_vals), seed_stats(copes_vals)
@@ -168,25 +202,207 @@ def paired_comparison(a: Sequence[float], b: Sequence[float], alpha: float = 0.0
     return finite
 
 
+PROTOCOL_NAMES = {"paper": "paper's protocol (CoPES at ES's sigma / alpha, as published)",
+                  "tuned": "tuned control (CoPES at its own sweep's best sigma / alpha)",
+                  "step_matched": "step-matched control (CoPES at ES's sigma, alpha / sqrt(K): ES's update norm)"}
+
+
 def protocol_reading(compare: dict[str, dict[str, Any]], headline: str) -> list[str]:
-    """Sentences on the two protocols of notebook 05: CoPES - ES under each, which one gave CoPES the
-    larger edge, and whether the expectation behind the default headline (FINDINGS.md: CoPES at ES's
-    sigma / alpha is handicapped) held in this run."""
+    """Sentences on notebook 05's protocols: CoPES - ES under each (paired over that arm's seeds), which
+    one is the headline, and how the controls move CoPES's edge relative to the paper's protocol."""
     lines = []
-    for proto in ("paper", "tuned"):
-        d = compare[proto]["copes_minus_es"]
+    for proto, c in compare.items():
+        d = c["copes_minus_es"]
         p = "undefined" if d["p"] is None else f"{d['p']:.3g}"
-        lines.append(f"{proto} protocol: CoPES - ES = {100 * d['mean']:+.2f} points at the budget "
-                     f"(paired over seeds, p = {p}: {'significant' if d['significant'] else 'not significant'}).")
-    edge = {proto: compare[proto]["copes_minus_es"]["mean"] for proto in ("paper", "tuned")}
-    if edge["paper"] > edge["tuned"]:
-        lines.append("CoPES's edge is larger under the paper's protocol: the expectation that sharing ES's "
-                     "sigma / alpha handicaps CoPES did NOT hold in this run.")
-    elif edge["paper"] < edge["tuned"]:
-        lines.append("CoPES's edge is larger under its own tuned sigma / alpha, as expected.")
-    else:
-        lines.append("CoPES's edge is the same under both protocols.")
-    lines.append(f"The headline keys use the {headline} protocol.")
+        role = "HEADLINE" if proto == headline else "control"
+        lines.append(f"{PROTOCOL_NAMES.get(proto, proto)} [{role}, {int(d['n'])} paired seed(s)]: CoPES - ES = "
+                     f"{100 * d['mean']:+.2f} points at the budget (paired t over seeds, p = {p}; the claims "
+                     "table tests the headline with seeds x problems noise).")
+    if headline in compare:
+        for proto in compare:
+            if proto == headline:
+                continue
+            delta = compare[proto]["copes_minus_es"]["mean"] - compare[headline]["copes_minus_es"]["mean"]
+            lines.append(f"CoPES's edge under the {proto} control is {100 * delta:+.2f} points vs the headline "
+                         f"(seed means; the control ran {compare[proto]['copes']['n']} seed(s)).")
+    lines.append(f"The headline keys use the {headline} protocol, declared before the run.")
     return lines
 
 
+# =========================================================================== per-problem scores
+def budget_scores(params: Any, agent: AgentSetup, frb: FixedBudgetRuns, *, lora: GRPORun | None = None,
+                  headline: str | None = None) -> tuple[dict[str, np.ndarray], dict[str, list[int]],
+                                                        dict[str, float]]:
+    """Per-seed per-validation-problem greedy scores of every arm's weights at the budget step (the
+    claims' ``val_accuracy_at_budget`` / ``val_f1_at_budget``), via ``test_decoding.greedy_scores``
+    (cached by weights).
+
+    Arms: ``es``; ``copes`` (the headline protocol; ``headline`` None: the only CoPES arm) and
+    ``copes_<protocol>_protocol`` for each CoPES arm; ``lora_grpo`` (``lora``'s weights at the budget),
+    ``full_grpo`` (its best checkpoint, s*) and ``base`` (one row each). Rows are labelled by seed: ES and
+    CoPES seed i by ``ES_SEED + i`` (paired), the GRPO arms by the GRPO seed, the base by SEED.
+
+    Returns (arms, seeds, gaps): ``gaps[arm]`` is the largest |mean of the scores - the run's logged
+    validation value| over its rows; the notebook asserts it is within 2 / n problems.
+    """
+    tasks = agent.objective.val_tasks
+    arms: dict[str, np.ndarray] = {}
+    seeds: dict[str, list[int]] = {}
+    gaps: dict[str, float] = {}
+
+    def add(arm: str, models: list[tuple[Any, float, int]]) -> None:
+        rows = [test_decoding.greedy_scores(params, agent, model, tasks, label=f"{arm} seed {seed}")
+                for model, _, seed in models]
+        arms[arm] = np.stack(rows)
+        seeds[arm] = [seed for _, _, seed in models]
+        gaps[arm] = float(max(abs(row.mean() - logged) for row, (_, logged, _) in zip(rows, models)))
+
+    def es_rows(runs_: Sequence[ESRun]) -> list[tuple[Any, float, int]]:
+        return [(es_model(agent, r, "final"), val_at(r.history, frb.budget, frb.metric),
+                 params.ES_SEED + r.seed_index) for r in runs_]
+
+    add("es", es_rows(frb.es_runs))
+    if headline is None and len(frb.copes_runs) == 1:
+        headline = next(iter(frb.copes_runs))
+    for name, arm_runs in frb.copes_runs.items():
+        if name == headline:
+            add("copes", es_rows(arm_runs))
+        if len(frb.copes_runs) > 1:
+            add(f"copes_{name}_protocol", es_rows(arm_runs))
+    if lora is not None:
+        add("lora_grpo", [(grpo_policy(lora, "final"), lora.val_by_step[frb.budget], frb.grpo_config.seed)])
+    add("full_grpo", [(grpo_policy(frb.full, "best"), frb.grpo_best, frb.grpo_config.seed)])
+    add("base", [(agent.model, frb.base, params.SEED)])
+    return arms, seeds, gaps
+
+
+def save_budget_scores(out_dir: Any, metric: str, arms: dict[str, np.ndarray], seeds: dict[str, list[int]],
+                       a: str = "copes", b: str = "es", *, scale: float = 100, unit: str = " points") -> str:
+    """Save the arms (``stats.save_scores``) and return the power note of ``a`` vs ``b`` (the MDE now, and
+    for a planned study with twice the seeds)."""
+    stats.save_scores(out_dir, metric, arms, seeds)
+    n = min(len(arms[a]), len(arms[b]))
+    if n < 2:
+        return stats.power_note(arms[a], arms[b], scale=scale, unit=unit)
+    return stats.power_note(arms[a][:n], arms[b][:n], n_seeds=2 * n, scale=scale, unit=unit)
+
+
+def mean_interval(scores: np.ndarray, *, level: float = 0.95, n_boot: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """Mean of a (seeds, problems) array and its ``level`` interval from the seeds x problems bootstrap
+    (``stats.hierarchical_bootstrap`` against a zero arm); with one seed only problems are resampled."""
+    scores = np.atleast_2d(np.asarray(scores, dtype=float))
+    zero = np.zeros((1, scores.shape[1]))
+    reps = stats.hierarchical_bootstrap(scores, zero, n_boot=n_boot, seed=seed, paired_seeds=False)
+    tail = (1 - level) / 2
+    return float(scores.mean()), float(np.quantile(reps, tail)), float(np.quantile(reps, 1 - tail))
+
+
+# =========================================================================== figures with uncertainty
+def plot_seed_band(ax: Any, histories: Sequence[Sequence[dict[str, Any]]], *, color: str, label: str,
+                   metric: str = ACCURACY, marker: str = "o") -> None:
+    """Each seed's validation curve faint, the mean over seeds bold with its Student-t 95% band (at the
+    steps every seed validated; one seed: no band)."""
+    for h in histories:
+        ax.plot(*val_points(h, metric), "-", color=color, alpha=0.2, lw=0.8)
+    steps, _ = mean_curve(histories, metric)
+    by_step = [[dict(zip(*val_points(h, metric)))[s] for h in histories] for s in steps]
+    cis = [stats.mean_ci(v) if len(v) > 1 else (v[0], math.nan, math.nan) for v in by_step]
+    mean = np.array([c[0] for c in cis])
+    ax.plot(steps, mean, f"-{marker}", color=color, ms=3, label=f"{label} (mean of {len(histories)})")
+    if len(histories) > 1:
+        ax.fill_between(steps, [c[1] for c in cis], [c[2] for c in cis], color=color, alpha=0.2, lw=0)
+
+
+def pass_at_k_intervals(results: dict[str, dict[str, Any]], *, level: float = 0.95, n_boot: int = 1000,
+                        seed: int = 0):
+    """pass@k for k = 1..n of each method with a ``level`` interval from a seeded bootstrap over test
+    problems (the evaluation-set noise; one checkpoint per method, so seed noise is not in it). Long table
+    (method, k, pass_at_k, low, high)."""
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    for method, result in results.items():
+        counts = np.asarray(result["correct_counts"])
+        n = result["samples"]
+        per_problem = np.stack([[stats.pass_at_k(n, int(c), k) for k in range(1, n + 1)] for c in counts])
+        idx = rng.integers(0, len(counts), size=(n_boot, len(counts)))
+        reps = per_problem[idx].mean(axis=1)  # (n_boot, n)
+        tail = (1 - level) / 2
+        for k in range(1, n + 1):
+            rows.append({"method": method, "k": k, "pass_at_k": float(per_problem[:, k - 1].mean()),
+                         "low": float(np.quantile(reps[:, k - 1], tail)),
+                         "high": float(np.quantile(reps[:, k - 1], 1 - tail))})
+    return pd.DataFrame(rows)
+
+
+# =========================================================================== notebook 05's summary
+def math_summary(params: Any, frb: FixedBudgetRuns, settings: dict[str, Any], *, lora: GRPORun,
+                 es_best: tuple[int, float], pass1: dict[str, float], step_hours: tuple[float, float],
+                 n_val: int, n_test: int, budget_note: str) -> dict[str, Any]:
+    """Notebook 05's summary.json keys (the claims read ``gain_recovery_*``, ``base_val_accuracy``,
+    ``full_grpo_best_val_accuracy``, ``es_steps_to_match_copes``, ``budget_steps``, ``es_long_steps``,
+    ``val_every``, ``es_long_n_seeds``). Headline keys have no suffix; every protocol's also carry
+    ``_<protocol>_protocol``. Gain recovery is left out, with ``gain_recovery_note``, when full GRPO did not
+    beat the base. ``pass1``: test pass@1 by key (base, full_grpo, es_best, lora_grpo, es, copes);
+    ``step_hours``: (ES-class, GRPO-class) device-hours per step."""
+    head = frb.compare[params.HEADLINE]
+    lora_val = lora.val_by_step[frb.budget]
+    peak = peak_report(frb.full)
+
+    def protocol_keys(proto: str, suffix: str) -> dict[str, Any]:
+        c, d = frb.compare[proto], frb.compare[proto]["copes_minus_es"]
+        return {f"gain_recovery_copes{suffix}": c["gain_recovery_copes"],
+                f"gain_recovery_es{suffix}": c["gain_recovery_es"],
+                f"val_accuracy_copes_at_budget{suffix}": c["copes"]["mean"],
+                f"val_accuracy_copes_at_budget_ci_low{suffix}": c["copes"]["low"],
+                f"val_accuracy_copes_at_budget_ci_high{suffix}": c["copes"]["high"],
+                f"copes_minus_es_val_accuracy{suffix}": d["mean"], f"copes_minus_es_p{suffix}": d["p"],
+                f"copes_minus_es_ci_low{suffix}": d["low"], f"copes_minus_es_ci_high{suffix}": d["high"],
+                f"copes_minus_es_significant{suffix}": d["significant"],
+                f"es_steps_to_match_copes{suffix}": frb.match[proto], f"n_seeds{suffix}": c["copes"]["n"]}
+
+    summary = {
+        "gain_recovery_copes": head["gain_recovery_copes"],
+        "gain_recovery_es": head["gain_recovery_es"],
+        "gain_recovery_lora_grpo": gain_recovery_or_none(lora_val, frb.base, frb.grpo_best),
+        "es_steps_to_match_copes": frb.match[params.HEADLINE],
+        "budget_steps": frb.budget,
+        "headline_protocol": params.HEADLINE,
+        "protocol_reading": " ".join(protocol_reading(frb.compare, params.HEADLINE)),
+        "grpo_best_step": frb.s_star,
+        "grpo_peak_step": peak["peak_step"],
+        "grpo_last_step": peak["last_step"],
+        "grpo_stopped_early": peak["stopped_early"],
+        "grpo_peak_censored": peak["peak_censored"],
+        "grpo_step_cap": frb.grpo_config.total_steps,
+        "grpo_patience": frb.grpo_config.early_stop_patience,
+        "base_val_accuracy": frb.base,
+        "full_grpo_best_val_accuracy": frb.grpo_best,
+        "val_accuracy_es_at_budget": head["es"]["mean"],
+        "val_accuracy_es_at_budget_ci_low": head["es"]["low"],
+        "val_accuracy_es_at_budget_ci_high": head["es"]["high"],
+        "val_accuracy_lora_grpo_at_budget": lora_val,
+        "es_best_step": es_best[0],
+        "es_best_val_accuracy": es_best[1],
+        "es_long_steps": params.ES_LONG_STEPS,
+        "es_long_n_seeds": len(frb.long_runs),
+        "val_every": params.VAL_EVERY,
+        **protocol_keys(params.HEADLINE, ""),
+        **{k: v for proto in frb.compare for k, v in protocol_keys(proto, f"_{proto}_protocol").items()},
+        **{f"test_pass1_{key}": value for key, value in pass1.items()},
+        "es_sigma": settings["es_sigma"], "es_alpha": settings["es_alpha"], "es_setting_source": settings["es_source"],
+        "copes_sigma": settings["copes_sigma"], "copes_alpha": settings["copes_alpha"],
+        "copes_setting_source": settings["copes_source"],
+        "full_grpo_lr": settings["full_lr"], "lora_grpo_lr": settings["lora_lr"], "grpo_lr_source": settings["grpo_source"],
+        "es_class_device_hours_per_step": float(step_hours[0]), "grpo_class_device_hours_per_step": float(step_hours[1]),
+        "val_problems": n_val, "test_problems": n_test, "test_samples": params.TEST_SAMPLES,
+        "n_seeds": params.SEEDS, "control_seeds": params.CONTROL_SEEDS, "budget_note": budget_note,
+    }
+    undefined = [k for k in ("gain_recovery_copes", "gain_recovery_es", "gain_recovery_lora_grpo") if summary[k] is None]
+    for key in undefined:
+        del summary[key]
+    if undefined:
+        summary["gain_recovery_note"] = (f"undefined: full GRPO's best validation accuracy {frb.grpo_best:.4f} does "
+                                         f"not exceed the base {frb.base:.4f}")
+    return summary

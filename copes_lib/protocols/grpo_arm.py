@@ -43,9 +43,12 @@ def grpo_params(profile: str) -> GRPONotebookParams:
     return build(GRPONotebookParams, {**profile_params(profile, GRPONotebookParams), "PROFILE": profile})
 
 
-def grpo_config(profile: str, use_lora: bool, lr: float | None = None, steps: int | None = None) -> GRPOConfig:
-    """The GRPOConfig every notebook of ``profile`` trains with (``lr`` None: 04's FULL_LR / LORA_LR)."""
-    return grpo_params(profile).grpo_config(use_lora, lr=lr, steps=steps)
+def grpo_config(profile: str, use_lora: bool, lr: float | None = None, steps: int | None = None,
+                patience: int | None = None) -> GRPOConfig:
+    """The GRPOConfig every notebook of ``profile`` trains with (``lr`` None: 04's FULL_LR / LORA_LR;
+    ``patience`` None: 04's PATIENCE, so a reference run stops at its peak; 0 for a run that must reach
+    ``steps``, e.g. LoRA-GRPO at a fixed budget)."""
+    return grpo_params(profile).grpo_config(use_lora, lr=lr, steps=steps, patience=patience)
 
 
 def run_folder(profile: str, agent: Any, config: GRPOConfig) -> Path:
@@ -85,6 +88,14 @@ def grpo_run(profile: str, agent: Any, config: GRPOConfig, *, label: str, force:
                              on_step=on_step, stop_after=stop_after)
     return GRPORun(label, result.history, dict(result.val_by_step), result.best_step, result.best_val, folder,
                    result)
+
+
+def peak_report(run: GRPORun | grpo.GRPOResult) -> dict[str, Any]:
+    """Where a run (or a ``grpo.GRPOResult``) peaked, where it stopped, and whether the peak is censored
+    (best = last trained step of a run that did not stop on its own)."""
+    result = getattr(run, "result", run)
+    return {"peak_step": result.best_step, "last_step": result.last_step,
+            "stopped_early": bool(result.stopped_early), "peak_censored": bool(result.peak_censored)}
 
 
 def grpo_policy(run: GRPORun, which: str = "final"):

@@ -36,9 +36,9 @@ def best_validated(history: Sequence[dict[str, Any]], trained_only: bool = True,
     return max(points, key=lambda sv: (sv[1], -sv[0]))
 
 
-def mean_curve(histories: Sequence[Sequence[dict[str, Any]]]) -> tuple[list[int], list[float]]:
-    """Mean validation accuracy over runs at the steps every run validated."""
-    curves = [dict(zip(*val_points(h))) for h in histories]
+def mean_curve(histories: Sequence[Sequence[dict[str, Any]]], metric: str = ACCURACY) -> tuple[list[int], list[float]]:
+    """Mean validation ``metric`` over runs at the steps every run validated."""
+    curves = [dict(zip(*val_points(h, metric))) for h in histories]
     common = sorted(set.intersection(*(set(c) for c in curves)))
     return common, [float(np.mean([c[s] for c in curves])) for s in common]
 

@@ -202,7 +202,10 @@ class GRPONotebookParams(NotebookParams):
 
     NOTEBOOK = "04_grpo"
 
-    STEPS: int = param(16, "GRPO training steps per run (paper: 16 for the fixed budget)", ge=1)
+    STEPS: int = param(40, "cap on GRPO training steps per run; PATIENCE stops it earlier at its peak "
+                       "(paper: full GRPO's best at 16, LoRA-GRPO's at 64)", ge=1)
+    PATIENCE: int = param(2, "stop a run after this many validations in a row without a new best (its peak "
+                          "is then behind it, not censored by STEPS); 0 runs all STEPS", ge=0)
     VAL_EVERY: int = param(4, "validate every this many steps (paper: 8)", ge=1)
     PROMPT_BATCH: int = param(16, "prompts per step (paper: 64)", ge=1)
     GROUP_SIZE: int = param(8, "G, trajectories per prompt (paper: 8)", ge=2)
@@ -242,12 +245,16 @@ class GRPONotebookParams(NotebookParams):
         text = self.SWEEP_LRS_FULL if which == "full" else self.SWEEP_LRS_LORA
         return [float(s) for s in text.split(",") if s.strip()]
 
-    def grpo_config(self, use_lora: bool, lr: float | None = None, steps: int | None = None) -> GRPOConfig:
+    def grpo_config(self, use_lora: bool, lr: float | None = None, steps: int | None = None,
+                    patience: int | None = None) -> GRPOConfig:
+        """The engine config; ``patience`` None: PATIENCE (0 for a run that must reach ``steps``, e.g. a
+        method trained to a fixed budget)."""
         return GRPOConfig(
             group_size=self.GROUP_SIZE, prompt_batch_size=self.PROMPT_BATCH, mini_batch_size=self.MINI_BATCH,
             micro_batch_size=self.MICRO_BATCH, lr=lr if lr is not None else (self.LORA_LR if use_lora else self.FULL_LR),
             kl_coef=self.KL_COEF, temperature=self.TEMPERATURE, use_lora=use_lora, lora_r=self.LORA_R, lora_alpha=self.LORA_ALPHA,
-            total_steps=steps or self.STEPS, val_every=self.VAL_EVERY, seed=self.GRPO_SEED, amp_dtype=self.AMP)
+            total_steps=steps or self.STEPS, val_every=self.VAL_EVERY, seed=self.GRPO_SEED, amp_dtype=self.AMP,
+            early_stop_patience=self.PATIENCE if patience is None else patience)
 
 
 # =========================================================================== 05, 06, 07: experiments
@@ -318,8 +325,17 @@ class FixedBudgetParams(_GRPOParams):
 
     COPES_SIGMA: float = param(5e-3, "CoPES's own sigma when notebook 03 has not tuned one", gt=0.0)
     COPES_ALPHA: float = param(2.5e-3, "CoPES's own alpha when notebook 03 has not tuned one", gt=0.0)
-    HEADLINE: str = param("tuned", "protocol of the headline keys: tuned (each method at its own sigma / "
-                          "alpha) or paper (CoPES at ES's sigma / alpha)", choices=("tuned", "paper"))
+    SEEDS: int = param(5, "seeds of ES and the headline CoPES arm, paired (paper: 1 run each)", ge=1)
+    CONTROL_SEEDS: int = param(2, "seeds of each CoPES control arm (the other protocols; at most SEEDS, the first "
+                               "seeds of the same pairing)", ge=1)
+    HEADLINE: str = param("paper", "protocol of the headline keys: paper (CoPES at ES's sigma / alpha, as "
+                          "published), tuned (CoPES at its own sweep's best) or step_matched (CoPES at ES's sigma "
+                          "and alpha / sqrt(K))", choices=("paper", "tuned", "step_matched"))
+
+    def check(self) -> None:
+        super().check()
+        if self.CONTROL_SEEDS > self.SEEDS:
+            raise ConfigError(f"CONTROL_SEEDS = {self.CONTROL_SEEDS} must be <= SEEDS = {self.SEEDS}")
 
 
 @dataclass(frozen=True)
@@ -344,10 +360,10 @@ class MultihopQAParams(_GRPOParams):
 
     NOTEBOOK = "07_multihop_qa"
 
-    SEEDS: int = param(1, "seeds of ES and CoPES (paper: 1 run each)", ge=1)
+    SEEDS: int = param(5, "seeds of ES and CoPES, paired (paper: 1 run each)", ge=1)
     BUDGET_STEPS: int = param(8, "the step budget (paper: 48); 0 means full GRPO's best step s*", ge=0)
-    GRPO_STEPS: int = param(8, "full GRPO steps on QA (paper: 48); the rest of the GRPO configuration is "
-                            "notebook 04's", ge=1)
+    GRPO_STEPS: int = param(24, "cap on full GRPO steps on QA (notebook 04's PATIENCE stops it at its peak; "
+                            "paper: 48); the rest of the GRPO configuration is notebook 04's", ge=1)
     ES_LONG_STEPS: int = param(16, "steps standard ES is continued to, to reach CoPES's F1 (paper: 64)", ge=1)
     TEST_PROBLEMS: int = param(256, "QA test problems (0 means the whole test split)", ge=0)
     TEST_SAMPLES: int = param(2, "samples per test problem (paper: 32)", ge=1)
