@@ -172,6 +172,11 @@ def seed_problem_model(a: Any, b: Any, *, paired_seeds: bool | None = None, nest
     estimate = float(a.mean() - b.mean())
     if paired_seeds:
         ms_seed, ms_prob, ms_res = _mean_squares(a - b)
+        # E[MS_seed] = P sigma_seed^2 + sigma_res^2 >= sigma_res^2: with few seeds MS_seed can come out
+        # near 0 by chance (two seeds with equal means), which would claim a certainty the residual
+        # noise alone denies; MS_res is its floor.
+        if sa > 1 and p > 1:
+            ms_seed = max(ms_seed, ms_res)
         seed_var = ms_seed / (sa * p) if sa > 1 else 0.0
         prob_var = 0.0
         if p > 1:  # with one seed the problem term is var(column means) / P, the residual inseparable
@@ -184,6 +189,8 @@ def seed_problem_model(a: Any, b: Any, *, paired_seeds: bool | None = None, nest
         components = {"seed": seed_var, "problem": prob_var}
     else:
         parts = {name: _mean_squares(x) for name, x in (("a", a), ("b", b))}
+        parts = {name: (max(ms[0], ms[2]) if x.shape[0] > 1 and p > 1 else ms[0], ms[1], ms[2])
+                 for (name, ms), x in zip(parts.items(), (a, b))}  # the same floor as above, per arm
         seed_var = sum(ms[0] / (x.shape[0] * p) for ms, x in ((parts["a"], a), (parts["b"], b)) if x.shape[0] > 1)
         cols = a.mean(axis=0) - b.mean(axis=0)
         resid = sum(ms[2] / (x.shape[0] * p) for ms, x in ((parts["a"], a), (parts["b"], b))
@@ -299,8 +306,11 @@ def _decide(c: Comparison) -> Comparison:
     if not c.seed_noise_counted:
         verdict, reason = INCONCLUSIVE, "one training seed in an arm: seed noise is not measured"
     elif c.se == 0:
-        verdict = INCONCLUSIVE if c.estimate == 0 else (EFFECT if c.estimate * c.expected_sign > 0 else OPPOSITE)
-        reason = "no variance at all (identical computations?)" if c.estimate == 0 else "no variance"
+        # a difference with no variance at all (every seed and problem differ alike) says nothing about
+        # the noise a rerun would meet: decide nothing rather than claim certainty
+        verdict = INCONCLUSIVE
+        reason = ("no variance at all (identical computations?)" if c.estimate == 0 else
+                  "no variance in the scores: the noise cannot be estimated")
         if c.estimate == 0 and c.margin is not None and c.margin > 0:
             verdict, reason = EQUIVALENT, "identical scores: zero difference, zero variance"
     elif c.p_holm < alpha:
@@ -355,10 +365,10 @@ def compare(a: Any, b: Any, *, name: str = "a - b", expected_sign: int = 1, marg
             p = float(2 * dist.sf(abs(est) / se))
             tost_p = None if margin is None else float(max(dist.sf((est + margin) / se),
                                                            dist.sf((margin - est) / se)))
-        else:
+        else:  # no variation at all in the scores: the test cannot estimate its noise, so it decides nothing
             low = high = est
-            p = 1.0 if est == 0 else 0.0
-            tost_p = None if margin is None else (0.0 if abs(est) < margin else 1.0)
+            p = 1.0
+            tost_p = None if margin is None else 1.0
     c = Comparison(name=name, estimate=est, low=low, high=high, se=se, df=df, p=p, p_holm=p, mde=math.nan,
                    verdict="", reason="", expected_sign=expected_sign, margin=margin, paper_effect=paper_effect,
                    tost_p=tost_p, n_seeds=model.n_seeds, n_problems=model.n_problems,

@@ -172,3 +172,17 @@ def test_scores_round_trip_and_refuse_overwrite(tmp_path):
     with pytest.raises(ValueError, match="same problems"):
         stats.compare(arms["es"], rng.random((3, 9)))
     assert stats.load_scores(tmp_path / "nowhere") is None
+
+
+def test_two_seeds_with_equal_means_do_not_claim_certainty():
+    """Two seeds whose means happen to coincide gave MS_seed = 0 and, with no problem term, se = 0 and
+    p = 0: an "effect" from 2 seeds x 4 problems. The residual noise floors the seed term."""
+    a = np.array([[1.0, 0.0, 1.0, 0.0], [0.0, 1.0, 0.0, 1.0]])
+    b = np.zeros_like(a)
+    c = stats.compare(a, b, name="degenerate")
+    assert c.se > 0 and c.p > 0.05 and c.verdict != stats.EFFECT
+
+
+def test_scores_without_any_variation_decide_nothing():
+    c = stats.compare(np.ones((3, 4)), np.zeros((3, 4)), name="constant", margin=0.5)
+    assert c.verdict == stats.INCONCLUSIVE
