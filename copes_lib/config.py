@@ -5,9 +5,28 @@ after it calls :func:`load_params`, which turns them into a frozen dataclass and
 the parameter's name and the valid names or range, on an unknown name, a wrong type or an
 out-of-range value (papermill alone only warns about unknown names).
 
-Precedence of values: the dataclass default (the ``cpu`` profile's value) < the value in
-``profiles/<PROFILE>.yaml`` for that notebook < a value set explicitly in the notebook or with
-``papermill -p`` that differs from the default.
+Precedence of values, always, for every parameter and type (data paths included): the dataclass
+default (the ``cpu`` profile's value) < the value in ``profiles/<PROFILE>.yaml`` for that notebook <
+a value given explicitly, which is
+
+- every name papermill injected (``papermill -p NAME VALUE``, ``-y``, ``-r``, and the runner's own
+  injection of the profile's values, which equal the YAML and so change nothing): papermill writes
+  them into a cell starting with ``# Parameters``; :func:`load_params` finds that cell in IPython's
+  input history (``In``) and reads its assignments with :mod:`ast`, so ``-p STEPS 128`` wins under
+  the gpu profile even though 128 is also the cpu default; an injected name that is not a
+  parameter, in any case (``-p steps 16`` too), is an error that lists the valid names;
+- in JupyterLab, a value in the parameters cell that differs from the committed default (the
+  dataclass default, which the committed parameters cell repeats). Setting a value by hand to
+  exactly its cpu default under another profile is the one case that cannot be told apart from
+  the untouched cell; the profile's value then wins (use papermill ``-p`` for that case).
+
+The explicit values also hold for the rest of the kernel: :func:`profile_params` returns the
+profile's section with them on top, so the library (``substrate_params``, the gpu data paths read
+by :mod:`copes_lib.tasks`) sees the same values as the notebook, in the kernel and in worker
+processes it starts (they inherit them through the ``COPES_EXPLICIT_PARAMS`` environment variable).
+
+Profiles are read strictly: a notebook section or a key written twice is an error naming the file
+and both lines, and a YAML syntax error names the file and line.
 
 The notebooks' parameter classes live in :mod:`copes_lib.protocols.params` (and
 ``protocols.molora_params``); :mod:`copes_lib.protocols.notebooks` maps each notebook to its class.
@@ -17,8 +36,11 @@ section of the profile files.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import json
 import math
+import os
 import types
 import typing
 from pathlib import Path
@@ -131,13 +153,46 @@ class NotebookParams(Config):
     FORCE: bool = param(False, "recompute even when a cached result with the same key exists")
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key written twice in one mapping (plain YAML keeps the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise ConfigError(f"{key_node.start_mark.name}: {key!r} is defined twice (lines {seen[key]} "
+                                  f"and {line}); keep one")
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_yaml_strict(path: Path) -> Any:
+    """The YAML document at ``path``; a duplicated key or a syntax error names the file and the line(s)."""
+    text = path.read_text()
+    loader = _StrictLoader(text)
+    loader.name = str(path)
+    try:
+        return loader.get_single_data()
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark or error.context_mark
+        where = f"{path}, line {mark.line + 1}, column {mark.column + 1}" if mark else str(path)
+        raise ConfigError(f"{where}: not valid YAML: {error.problem or error}") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML: {error}") from None
+    finally:
+        loader.dispose()
+
+
 def load_profile(profile: str, notebooks: typing.Collection[str] | None = None) -> dict[str, dict[str, Any]]:
     """``profiles/<profile>.yaml`` as {notebook: {PARAM: value}}; a section not in ``notebooks`` (when
-    given: the suite's notebooks) fails loudly."""
+    given: the suite's notebooks), a duplicated section or key and a YAML syntax error fail loudly,
+    naming the file and the line."""
     if profile not in PROFILES:
         raise ConfigError(f"PROFILE = {profile!r} is not valid; valid values: {list(PROFILES)}")
     path = PROFILE_DIR / f"{profile}.yaml"
-    data = yaml.safe_load(path.read_text()) if path.exists() else None
+    data = read_yaml_strict(path) if path.exists() else None
     data = data or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must map notebook names to parameter mappings")
@@ -149,8 +204,8 @@ def load_profile(profile: str, notebooks: typing.Collection[str] | None = None) 
     return {nb: dict(values or {}) for nb, values in data.items()}
 
 
-def profile_params(profile: str, cls: type[NotebookParams]) -> dict[str, Any]:
-    """The profile's values for the notebook of ``cls`` (its ``NOTEBOOK`` section), checked against
+def yaml_params(profile: str, cls: type[NotebookParams]) -> dict[str, Any]:
+    """The profile file's values for the notebook of ``cls`` (its ``NOTEBOOK`` section), checked against
     the class's fields."""
     notebook = cls.NOTEBOOK
     values = load_profile(profile).get(notebook, {})
@@ -162,6 +217,28 @@ def profile_params(profile: str, cls: type[NotebookParams]) -> dict[str, Any]:
             f"valid names: {sorted(valid)}"
         )
     return values
+
+
+#: Environment variable carrying this kernel's explicit values to the processes it starts.
+EXPLICIT_ENV = "COPES_EXPLICIT_PARAMS"
+
+
+def explicit_params(profile: str, notebook: str) -> dict[str, Any]:
+    """The values given explicitly for ``notebook`` under ``profile`` in this process (recorded by
+    :func:`load_params`, or inherited through ``COPES_EXPLICIT_PARAMS``); {} when none."""
+    try:
+        record = json.loads(os.environ.get(EXPLICIT_ENV) or "{}")
+    except json.JSONDecodeError:
+        return {}
+    if record.get("profile") != profile or record.get("notebook") != notebook:
+        return {}
+    return dict(record.get("values") or {})
+
+
+def profile_params(profile: str, cls: type[NotebookParams]) -> dict[str, Any]:
+    """The profile's values for the notebook of ``cls``, with the values given explicitly to that
+    notebook in this kernel on top (see the module docstring)."""
+    return {**yaml_params(profile, cls), **explicit_params(profile, cls.NOTEBOOK)}
 
 
 _NOT_PARAMS = {"In", "Out", "exit", "quit", "get_ipython", "open"}
@@ -180,21 +257,47 @@ def _notebook_values(namespace: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def injected_names(namespace: dict[str, Any]) -> list[str]:
+    """Names papermill injected into this kernel: the assignments of every executed cell that starts
+    with papermill's ``# Parameters`` comment, read from IPython's input history ``In``."""
+    names: list[str] = []
+    for source in namespace.get("In") or []:
+        if not isinstance(source, str) or not source.lstrip().startswith("# Parameters"):
+            continue
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            continue
+        for node in tree.body:
+            targets = node.targets if isinstance(node, ast.Assign) else \
+                [node.target] if isinstance(node, ast.AnnAssign) else []
+            names += [t.id for t in targets if isinstance(t, ast.Name) and t.id not in names]
+    return names
+
+
 def load_params(cls: type[NotebookParams], namespace: dict[str, Any]) -> NotebookParams:
     """Validate a notebook's parameters into ``cls`` (notebooks call
     ``copes_lib.protocols.notebooks.load_params("02_standard_es", globals())``, which finds the class).
 
     Every UPPER_CASE plain-scalar global defined so far counts as a parameter, so a misspelt
     ``papermill -p`` name stops the notebook with the list of valid names instead of being silently
-    ignored.
+    ignored; so does any injected name that is not a parameter (lower-case ones too). Precedence:
+    see the module docstring. The explicit values are recorded for :func:`profile_params`.
     """
-    given = _notebook_values(namespace)
     defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+    injected = injected_names(namespace)
+    unknown = sorted(n for n in injected if n not in defaults)
+    if unknown:
+        hints = [n.upper() for n in unknown if n.upper() in defaults]
+        raise ConfigError(f"unknown parameters {unknown} for {cls.__name__}; valid names: {list(defaults)} "
+                          f"(names are case-sensitive{'; did you mean ' + ', '.join(hints) + '?' if hints else ''})")
+    given = {**_notebook_values(namespace), **{n: namespace[n] for n in injected if n in namespace}}
     profile = given.get("PROFILE", defaults["PROFILE"])
     if profile not in PROFILES:
         raise ConfigError(f"PROFILE = {profile!r} is not valid; valid values: {list(PROFILES)}")
-    values = {**profile_params(profile, cls)}
-    for name, value in given.items():
-        if name not in defaults or value != defaults[name] or name not in values:
-            values[name] = value
-    return build(cls, values)
+    explicit = {name: value for name, value in given.items()
+                if name in injected or name not in defaults or value != defaults[name]}
+    params = build(cls, {**yaml_params(profile, cls), **explicit, "PROFILE": profile})
+    recorded = {k: getattr(params, k) for k in explicit if k != "PROFILE"}
+    os.environ[EXPLICIT_ENV] = json.dumps({"profile": profile, "notebook": cls.NOTEBOOK, "values": recorded})
+    return params

@@ -188,17 +188,48 @@ class StepResult:
 
 # =========================================================================== the engine
 class ES:
-    """Seed-replayed ES/CoPES over all parameters of ``model`` (tied parameters counted once)."""
+    """Seed-replayed ES/CoPES over all parameters of ``model`` (tied parameters counted once).
 
-    def __init__(self, model: nn.Module, config: ESConfig):
+    Master and compute weights: the update is accumulated in an fp32 master copy of theta and the
+    model's own (compute) weights are refreshed from it, so a bf16 model does not lose updates smaller
+    than its spacing (RMSNorm weights near 1.0: bf16 spacing 7.8e-3 vs an update of ~1e-4). For fp32
+    parameters the master IS the parameter (no copy; the arithmetic is the one of the paper). A member
+    is made in place on the parameters' device, from seeds: compute = (master + sigma_k eps) rounded
+    once to the compute dtype; it is undone by copying the kept copy back (the master for bf16/fp16,
+    a CPU backup for fp32 with ``restore="backup"``), never by subtracting, except with the explicit
+    ``restore="subtract"`` (Qiu's; fp32 only). ``master``: an fp32 copy of theta to start from (a
+    replica that loads bf16 compute weights gets the exact fp32 values this way).
+    """
+
+    def __init__(self, model: nn.Module, config: ESConfig, master: Sequence[torch.Tensor] | None = None,
+                 master_device: str | torch.device | None = None):
         self.model, self.config = model, config
         self.params = [p.data for p in model.parameters()]
         for p in self.params:
             if not p.is_contiguous():
                 raise ConfigError("ES needs contiguous parameters (flat views per tensor)")
+        if master is not None and len(master) != len(self.params):
+            raise ConfigError(f"ES: master has {len(master)} tensors, the model {len(self.params)} parameters")
+        self.master = []
+        for j, p in enumerate(self.params):
+            source = p if master is None else master[j]
+            if p.dtype == torch.float32 and master is None:
+                self.master.append(p)  # the same tensor: fp32 models keep their exact, copy-free path
+            elif p.dtype == torch.float32:
+                p.copy_(source)
+                self.master.append(p)
+            else:
+                # master_device="cpu" keeps 4 bytes/parameter off a small GPU (a 4B model: 16 GB);
+                # members then copy their chunks over (cheap next to a member's rollouts)
+                self.master.append(source.detach().to(master_device or p.device, torch.float32, copy=True))
+        self.mixed = any(m is not p for m, p in zip(self.master, self.params))
+        if self.mixed and config.restore == "subtract":
+            raise ConfigError("ESConfig.restore = 'subtract' needs fp32 parameters (it is not exact in "
+                              f"{sorted({str(p.dtype) for p in self.params})}); use restore='backup'")
         self.chunks = make_chunks(self.params, config.chunk_size)
         self.noise_s = 0.0  # time spent generating noise (benchmarks read it)
         self.fitness_s = 0.0  # time spent inside the objective (the rollouts alone)
+        self.perturb_s = 0.0  # time spent making and undoing members (benchmarks read it)
         self._generator: dict[torch.device, torch.Generator] = {}
 
     # ------------------------------------------------------------------ seeds and noise
@@ -212,7 +243,9 @@ class ES:
         return StepPlan(step, [list(s) for s in partition], seeds, c.sigma_k)
 
     def noise(self, seed: int, chunk: Chunk) -> torch.Tensor:
-        """eps of one member on one chunk, regenerated from the member's seed (never stored)."""
+        """eps of one member on one chunk (float32 on the parameter's device), regenerated from the
+        member's seed (never stored). Streams are device-specific: the same seed gives other noise on
+        a CUDA device than on the CPU (replicas must keep their parameters on one device type)."""
         t0 = time.perf_counter()
         target = self.params[chunk.tensor]
         # paper_correlated drops the tensor index: same-shaped tensors get identical noise (Qiu's flaw)
@@ -221,39 +254,57 @@ class ES:
         if device not in self._generator:
             self._generator[device] = torch.Generator(device=device)
         gen = self._generator[device].manual_seed(mix_seed(seed, tensor_key, chunk.start))
-        eps = torch.randn(chunk.size, generator=gen, device=device, dtype=torch.float32).to(target.dtype)
+        eps = torch.randn(chunk.size, generator=gen, device=device, dtype=torch.float32)
         self.noise_s += time.perf_counter() - t0
         return eps
 
+    def _flat(self, tensors: list[torch.Tensor], chunk: Chunk) -> torch.Tensor:
+        return tensors[chunk.tensor].view(-1)[chunk.start:chunk.stop]
+
     # ------------------------------------------------------------------ perturb / restore
-    def backup(self) -> list[torch.Tensor]:
-        """theta copied to the CPU (the paper's restore source)."""
-        return [p.detach().to("cpu", copy=True) for p in self.params]
+    def backup(self) -> list[torch.Tensor] | None:
+        """The kept copy a member is restored from: theta copied to the CPU (the paper's) for fp32
+        parameters; None when every parameter has a separate fp32 master (the master is the copy)."""
+        if not self.mixed:
+            return [p.detach().to("cpu", copy=True) for p in self.params]
+        return [p.detach().to("cpu", copy=True) if m is p else None for m, p in zip(self.master, self.params)]
 
     def perturb(self, plan: StepPlan, k: int, i: int) -> None:
+        t0 = time.perf_counter()
         for c in plan.partition[k]:
             chunk = self.chunks[c]
-            self.params[chunk.tensor].view(-1)[chunk.start:chunk.stop].add_(
-                self.noise(plan.seeds[k][i], chunk), alpha=plan.sigma_k)
+            compute = self._flat(self.params, chunk)
+            eps = self.noise(plan.seeds[k][i], chunk)
+            if self.master[chunk.tensor] is self.params[chunk.tensor]:
+                compute.add_(eps.to(compute.dtype), alpha=plan.sigma_k)
+            else:  # theta + sigma eps in fp32, rounded once to the compute dtype
+                compute.copy_(self._flat(self.master, chunk).to(eps.device).add(eps, alpha=plan.sigma_k))
+        self.perturb_s += time.perf_counter() - t0
 
-    def restore(self, plan: StepPlan, k: int, i: int, backup: list[torch.Tensor] | None) -> None:
+    def restore(self, plan: StepPlan, k: int, i: int, backup: list[torch.Tensor | None] | None) -> None:
+        t0 = time.perf_counter()
         for c in plan.partition[k]:
             chunk = self.chunks[c]
-            flat = self.params[chunk.tensor].view(-1)[chunk.start:chunk.stop]
-            if backup is not None:
+            flat = self._flat(self.params, chunk)
+            if self.master[chunk.tensor] is not self.params[chunk.tensor]:
+                flat.copy_(self._flat(self.master, chunk))  # exact: compute = round(master)
+            elif backup is not None:
                 flat.copy_(backup[chunk.tensor].view(-1)[chunk.start:chunk.stop])
             else:
                 flat.sub_(self.noise(plan.seeds[k][i], chunk), alpha=plan.sigma_k)
+        self.perturb_s += time.perf_counter() - t0
 
     def member_weights(self, plan: StepPlan, members: Sequence[tuple[int, int]]) -> dict[int, torch.Tensor]:
         """Stacked full parameter copies, one per member, keyed by id of the model's Parameter
         (what the patched modules of the population-batched backend look up)."""
-        stacked = [p.detach().unsqueeze(0).repeat(len(members), *([1] * p.dim())) for p in self.params]
+        stacked = [m.detach().to(p.device).unsqueeze(0).repeat(len(members), *([1] * m.dim()))
+                   for m, p in zip(self.master, self.params)]
         for g, (k, i) in enumerate(members):
             for c in plan.partition[k]:
                 chunk = self.chunks[c]
                 stacked[chunk.tensor][g].view(-1)[chunk.start:chunk.stop].add_(
                     self.noise(plan.seeds[k][i], chunk), alpha=plan.sigma_k)
+        stacked = [s.to(p.dtype) for s, p in zip(stacked, self.params)]
         return {id(param_obj): s for param_obj, s in zip(self.model.parameters(), stacked)}
 
     # ------------------------------------------------------------------ z-score and update
@@ -271,7 +322,8 @@ class ES:
         return out[0] if self.config.zscore == "joint" else np.stack(out)
 
     def update(self, plan: StepPlan, rhat: np.ndarray) -> list[float]:
-        """theta += alpha * sum_k P_k g_k, chunk by chunk; returns ||alpha P_k g_k|| per subspace."""
+        """theta += alpha * sum_k P_k g_k on the fp32 master, chunk by chunk, then the compute
+        weights are refreshed from it; returns ||alpha P_k g_k|| per subspace."""
         alpha, norms = self.config.alpha, []
         for k, chunk_ids in enumerate(plan.partition):
             n_k = len(plan.seeds[k])
@@ -281,16 +333,22 @@ class ES:
                 continue
             for c in chunk_ids:
                 chunk = self.chunks[c]
-                target = self.params[chunk.tensor]
-                g = torch.zeros(chunk.size, device=target.device, dtype=torch.float32)
+                master = self.master[chunk.tensor]
+                g = torch.zeros(chunk.size, device=self.params[chunk.tensor].device, dtype=torch.float32)
                 for i in range(n_k):
                     if rhat[k][i] != 0.0:
-                        g.add_(self.noise(plan.seeds[k][i], chunk).float(), alpha=float(rhat[k][i]))
+                        g.add_(self.noise(plan.seeds[k][i], chunk), alpha=float(rhat[k][i]))
                 step = g.mul_(alpha / n_k)
                 sq += float(step.pow(2).sum())
-                target.view(-1)[chunk.start:chunk.stop].add_(step.to(target.dtype))
+                self._flat(self.master, chunk).add_(step.to(master.device))
+                if master is not self.params[chunk.tensor]:
+                    self._flat(self.params, chunk).copy_(self._flat(self.master, chunk))
             norms.append(math.sqrt(sq))
         return norms
+
+    def master_state(self) -> list[torch.Tensor]:
+        """The fp32 master weights, on the CPU (checkpoints and new replicas start from them)."""
+        return [m.detach().to("cpu", torch.float32, copy=True) for m in self.master]
 
 
 def check_rewards(rewards: np.ndarray) -> None:
@@ -399,13 +457,22 @@ class BatchedBackend:
 
 
 class _RayWorker:
-    """A replica: builds (model, objective) from a factory, gets theta ONCE, then only seeds."""
+    """A replica (one per GPU when the cluster has GPUs): builds (model, objective) from a factory,
+    moves the model to its device (bf16 compute weights on a GPU, fp32 master), gets theta ONCE, then
+    only seeds, partitions and rewards."""
 
-    def __init__(self, factory: Callable[[], tuple[nn.Module, Objective]], state: dict, config: ESConfig):
+    def __init__(self, factory: Callable[[], tuple[nn.Module, Objective]], state: dict,
+                 master: list[torch.Tensor], config: ESConfig, compute_dtype: str | None):
         torch.set_num_threads(1)
         self.model, self.objective = factory()
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+        dtype = getattr(torch, compute_dtype) if compute_dtype else None
+        self.model.to(device=device, dtype=dtype)
         self.model.load_state_dict(state)
-        self.es = ES(self.model, config)
+        self.es = ES(self.model, config, master=master)
+
+    def device(self) -> str:
+        return str(next(self.model.parameters()).device.type)
 
     def evaluate(self, step: int, partition: list[list[int]], members: list[tuple[int, int]]) -> list[float]:
         plan = self.es.plan(step, partition)
@@ -423,47 +490,111 @@ class _RayWorker:
         self.es.update(self.es.plan(step, partition), np.asarray(rhat))
         return checksum(self.model)
 
+    def master_state(self) -> list[torch.Tensor]:
+        return self.es.master_state()
+
 
 def checksum(model: nn.Module) -> float:
     """A cheap fingerprint of the weights (replicas compare it after every update)."""
     return float(sum(p.detach().double().sum() * (j + 1) for j, p in enumerate(model.parameters())))
 
 
+def ensure_ray(workers: int) -> None:
+    """Connect to the cluster in ``RAY_ADDRESS`` (any number of nodes: ``ray start --head`` on one,
+    ``ray start --address=...`` on the others), or start a local one with ``workers`` CPUs."""
+    import os
+
+    import ray
+
+    if ray.is_initialized():
+        return
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
+    else:
+        ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+
+
 class RayBackend:
     """Workers hold replicas; per step they receive (step, partition, member ids), return scalars,
-    and replay the update from the seeds. Only the initial weights travel, once, at start."""
+    and replay the update from the seeds. Only the initial weights travel, once, at start.
 
-    def __init__(self, es: ES, worker_factory: Callable[[], tuple[nn.Module, Objective]]):
+    One worker per GPU when the cluster has GPUs (``num_gpus=1`` each, bf16 compute weights with an
+    fp32 master), else one per CPU; the workers are reserved together in a placement group
+    (``strategy``: PACK fills a node first, SPREAD puts one worker per node). Members are dealt to the
+    workers round-robin; every worker replays every update, in lockstep. A worker that dies fails the
+    step with its error before the update: nothing is written to the model, and ``train_es`` resumes
+    from the last checkpoint. Noise streams are device-specific: when the workers run on GPUs and the
+    driver's model does not, the driver copies the fp32 master of worker 0 after each update (the
+    checksums of all workers are compared first).
+    """
+
+    def __init__(self, es: ES, worker_factory: Callable[[], tuple[nn.Module, Objective]],
+                 gpus_per_worker: float | None = None, strategy: str = "PACK"):
         import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         if not ray.is_initialized():
-            raise ConfigError("backend='ray' needs ray.init(...) first (e.g. ray.init(num_cpus=2))")
+            raise ConfigError("backend='ray' needs ray.init(...) first (e.g. es.ensure_ray(workers), which "
+                              "honours RAY_ADDRESS)")
+        if strategy not in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"):
+            raise ConfigError(f"RayBackend: strategy = {strategy!r}; valid: PACK, SPREAD, STRICT_PACK, STRICT_SPREAD")
+        n = es.config.ray_workers
+        if gpus_per_worker is None:
+            gpus_per_worker = 1.0 if ray.cluster_resources().get("GPU", 0) >= n else 0.0
+        bundle = {"CPU": 1, **({"GPU": gpus_per_worker} if gpus_per_worker else {})}
+        self.group = placement_group([bundle] * n, strategy=strategy)
+        ray.get(self.group.ready(), timeout=600)
         state = {k: v.detach().cpu() for k, v in es.model.state_dict().items()}
-        state_ref = ray.put(state)
-        actor = ray.remote(num_cpus=1)(_RayWorker)
-        self.workers = [actor.remote(worker_factory, state_ref, es.config) for _ in range(es.config.ray_workers)]
+        state_ref, master_ref = ray.put(state), ray.put(es.master_state())
+        actor = ray.remote(num_cpus=1, num_gpus=gpus_per_worker, max_restarts=0)(_RayWorker)
+        compute = "bfloat16" if gpus_per_worker else None
+        self.workers = [actor.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
+            placement_group=self.group, placement_group_bundle_index=w)).remote(
+            worker_factory, state_ref, master_ref, es.config, compute) for w in range(n)]
         self.ray = ray
+        devices = self._get([w.device.remote() for w in self.workers], "start")
+        self.same_device = all(d == next(es.model.parameters()).device.type for d in devices)
+
+    def _get(self, futures: list, what: str) -> list:
+        try:
+            return self.ray.get(futures)
+        except self.ray.exceptions.RayError as err:
+            raise RuntimeError(f"Ray worker failed during {what}; the model was not updated: {err}") from err
 
     def evaluate(self, es: ES, plan: StepPlan, objective: Objective) -> np.ndarray:
         members = plan.members()
         shares = [members[w::len(self.workers)] for w in range(len(self.workers))]
         futures = [w.evaluate.remote(plan.step, plan.partition, share) for w, share in zip(self.workers, shares)]
         rewards = np.zeros((len(plan.seeds), len(plan.seeds[0])))
-        for share, values in zip(shares, self.ray.get(futures)):
+        for share, values in zip(shares, self._get(futures, f"step {plan.step} (member evaluation)")):
             for (k, i), value in zip(share, values):
                 rewards[k, i] = value
         return rewards
 
     def after_update(self, es: ES, plan: StepPlan, rhat: np.ndarray) -> None:
-        sums = self.ray.get([w.update.remote(plan.step, plan.partition, rhat.tolist()) for w in self.workers])
+        sums = self._get([w.update.remote(plan.step, plan.partition, rhat.tolist()) for w in self.workers],
+                         f"step {plan.step} (update)")
+        if any(abs(s - sums[0]) > 1e-9 * max(1.0, abs(sums[0])) for s in sums):
+            raise RuntimeError(f"Ray replicas diverged from each other: {sums}")
+        if not self.same_device:  # the driver's noise differs from the workers': take worker 0's result
+            master = self._get([self.workers[0].master_state.remote()], "copying the master")[0]
+            for m, p, new in zip(es.master, es.params, master):
+                m.copy_(new)
+                if m is not p:
+                    p.copy_(m)
+            return
         mine = checksum(es.model)
-        if any(abs(s - mine) > 1e-9 * max(1.0, abs(mine)) for s in sums):
+        if abs(sums[0] - mine) > 1e-9 * max(1.0, abs(mine)):
             raise RuntimeError(f"Ray replicas diverged from the driver: {sums} vs {mine}")
 
     def close(self) -> None:
+        from ray.util.placement_group import remove_placement_group
+
         for w in self.workers:
             self.ray.kill(w)
         self.workers = []
+        remove_placement_group(self.group)
 
 
 def make_backend(es: ES, worker_factory: Callable[[], tuple[nn.Module, Objective]] | None = None):
@@ -535,6 +666,7 @@ def train_es(model: nn.Module, objective: Objective, config: ESConfig, *, steps:
                               "another run_dir")
         model.load_state_dict(saved["model"])
         state = TrainState(saved["step"], saved["history"], saved["best_step"], saved["best_val"])
+    master = saved.get("master") if saved is not None else None
 
     def validate(step: int, known: dict[str, float] | None = None) -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -547,10 +679,14 @@ def train_es(model: nn.Module, objective: Objective, config: ESConfig, *, steps:
             runs.save_checkpoint(best_path, {"model": model.state_dict(), "step": step})
         return row
 
+    es = ES(model, config, master=master)
+
     def checkpoint() -> None:
+        # bf16/fp16 models: the fp32 master is saved too, so a resumed run continues from exact values
         runs.save_checkpoint(state_path, {"model": model.state_dict(), "step": state.step,
                                           "history": state.history, "best_step": state.best_step,
-                                          "best_val": state.best_val, "config": config.to_dict()})
+                                          "best_val": state.best_val, "config": config.to_dict(),
+                                          **({"master": es.master_state()} if es.mixed else {})})
 
     if not state.history:
         row = {"step": 0, "time/device_hours": 0.0, **validate(0, base_validation)}
@@ -559,7 +695,6 @@ def train_es(model: nn.Module, objective: Objective, config: ESConfig, *, steps:
             run.log(0, {k: v for k, v in row.items() if k != "step"})
         checkpoint()
 
-    es = ES(model, config)
     backend = make_backend(es, worker_factory)
     try:
         while state.step < steps:
@@ -606,6 +741,14 @@ class AgentObjective:
         self.train_tasks, self.val_tasks = list(train_tasks), list(val_tasks)
         self.batch_size, self.batch_seed = batch_size, batch_seed
         self.tokens = 0  # tokens through the model in training rollouts (prompt + completion; benchmarks)
+        self.engine, self.engine_options = "loop", {}  # copes_lib.engines: who generates the rollouts
+
+    def _generate(self, model: nn.Module, tasks: list, step: int, row_hook=None):
+        from copes_lib.engines import make_engine
+
+        engine = make_engine(self.engine, model, self.tokenizer, **self.engine_options)
+        with torch.no_grad():
+            return engine.generate(tasks, self.env, self.rollout_config, seed=step, row_hook=row_hook)
 
     def _count(self, out) -> None:
         self.tokens += sum(len(p) + len(c) for p, c in zip(out.prompt_ids, out.completion_ids))
@@ -624,21 +767,14 @@ class AgentObjective:
         return self.batch_size
 
     def fitness(self, model: nn.Module, step: int) -> float:
-        from copes_lib.rollout import rollout
-
-        with torch.no_grad():
-            out = rollout(model, self.tokenizer, self.batch(step), self.env, self.rollout_config, seed=step)
+        out = self._generate(model, self.batch(step), step)
         self._count(out)
         return float(np.mean(out.rewards))
 
     def population_fitness(self, model: nn.Module, step: int, n_members: int,
                            row_hook: Callable[[list[int]], None]) -> list[float]:
-        from copes_lib.rollout import rollout
-
         tasks = self.batch(step) * n_members  # member-major: rows [m * B, (m + 1) * B) are member m
-        with torch.no_grad():
-            out = rollout(model, self.tokenizer, tasks, self.env, self.rollout_config, seed=step,
-                          row_hook=row_hook)
+        out = self._generate(model, tasks, step, row_hook)
         self._count(out)
         return np.asarray(out.rewards, dtype=np.float64).reshape(n_members, self.batch_size).mean(1).tolist()
 

@@ -9,7 +9,12 @@ rows are dropped), so late turns cost only what is still running. ``model_mask``
 the model wrote (1) against tool observations (0): GRPO trains only on the former.
 
 Positions: every row keeps its own position counter and padding holes are masked, so a row's tokens
-see exactly what they would see alone (tested against single-row rollouts).
+see exactly what they would see alone (tested against single-row rollouts). Hybrid models (Qwen3.5:
+Gated-DeltaNet linear-attention layers with conv and recurrent states next to full attention) get
+two more things (``_RowExactLinearAttention``): a padding step would advance a row's recurrent state
+and shift its conv window, so every linear-attention layer runs each group of rows on their real
+tokens only, on a copy of their states that is written back; and turn boundaries select rows of
+every cache layer type (``select_rows``).
 
 Departures from the paper (PAPERS.md A4): an invalid call (no opening tag, empty body, over its
 limit) gets an error observation instead of a retry; the tool budget is per trajectory; the
@@ -18,6 +23,7 @@ reward is computed on the model-written text only (observations removed).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import time
@@ -25,10 +31,10 @@ from collections.abc import Callable
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin, LinearAttentionLayer
 
 from copes_lib.config import Config, ConfigError, param
-from copes_lib.tasks import SEARCH_K, TOOL_LIMITS, Task, format_prompt, load_passages
+from copes_lib.tasks import TOOL_LIMITS, Task, format_prompt
 from copes_lib.tasks.protocol import (
     ANSWER_CLOSE,
     PYTHON_CLOSE,
@@ -49,7 +55,8 @@ class RolloutConfig(Config):
     3 search, QA 5 + 5; PAPERS.md A4)."""
 
     max_new_tokens: int = param(96, "model-written tokens per trajectory, over all turns", ge=1)
-    max_turns: int = param(6, "model turns per trajectory (each tool call ends a turn)", ge=1)
+    max_turns: int = param(6, "model turns per trajectory (each tool call ends a turn); 0 = every allowed tool "
+                           "call plus the answer (the tool limits' sum + 1: the paper's 9 for math, 11 for QA)", ge=0)
     max_context: int = param(512, "prompt + completion tokens; a trajectory that reaches it ends", ge=8)
     max_python_calls: int | None = param(None, "Python calls per trajectory; None = the task kind's limit", ge=0)
     max_search_calls: int | None = param(None, "search calls per trajectory; None = the task kind's limit", ge=0)
@@ -58,6 +65,16 @@ class RolloutConfig(Config):
     batch_size: int = param(256, "trajectories per rollout call inside evaluate()", ge=1)
     prompt_style: str = param("auto", "prompt format: plain (miniature), chat (chat template), "
                               "auto = chat when the tokenizer has a chat template", choices=("auto", "plain", "chat"))
+    enable_thinking: bool | None = param(None, "chat prompts: the chat template's enable_thinking (Qwen3 / "
+                                         "Qwen3.5 thinking mode); None = the template's own default")
+
+    def to_dict(self) -> dict:
+        """Config.to_dict without ``enable_thinking`` when it is None, so cache keys made before the
+        field existed (every smoke / cpu run) stay valid."""
+        out = super().to_dict()
+        if out["enable_thinking"] is None:
+            del out["enable_thinking"]
+        return out
 
 
 @dataclasses.dataclass
@@ -90,11 +107,13 @@ class AgentEnv:
     writes here cannot read clocks or randomness usefully, so the cache changes no result."""
 
     def __init__(self, kind: str, retriever=None, search_k: int = 2, limits: dict | None = None,
-                 sandbox_config=None, cache_tool_results: bool = True):
+                 sandbox_config=None, cache_tool_results: bool = True, show_titles: bool = False):
         if kind not in TOOL_LIMITS:
             raise ConfigError(f"kind = {kind!r} is not valid; valid values: {list(TOOL_LIMITS)}")
         self.kind, self.retriever, self.search_k = kind, retriever, search_k
         self.limits = dict(limits or TOOL_LIMITS[kind])
+        # real corpora: Search-R1's "Doc 1 (Title: ...) text" lines; the miniature: the text alone
+        self.show_titles = show_titles
         self.sandbox_config = sandbox_config
         self.cache_tool_results = cache_tool_results
         self._sandbox = None
@@ -128,12 +147,14 @@ class AgentEnv:
 
     def run_search(self, queries: list[str]) -> list[str]:
         """Observations (``<result>...</result>``) of a batch of queries."""
+        from copes_lib.tools.search import format_passages
         if self.retriever is None:
             return [error_observation("search", "no search tool in this environment")] * len(queries)
         todo = list(dict.fromkeys(q for q in queries if q not in self._search_cache))
         if todo:
             for query, passages in zip(todo, self.retriever.search(todo, self.search_k)):
-                self._search_cache[query] = search_observation([p.text for p in passages])
+                texts = [format_passages(passages)] if self.show_titles else [p.text for p in passages]
+                self._search_cache[query] = search_observation(texts)
         return [self._search_cache[q] for q in queries]
 
     # rewards ----------------------------------------------------------------
@@ -163,12 +184,14 @@ class AgentEnv:
 
 
 def make_env(kind: str, profile: str, sandbox_config=None, cache_tool_results: bool = True) -> AgentEnv:
-    """The environment of ``kind`` ("math" | "qa") in ``profile``: its corpus, retriever and limits."""
-    from copes_lib.tools import BM25Retriever, Passage
+    """The environment of ``kind`` ("math" | "qa") in ``profile``: its retriever (built once per
+    corpus, :func:`copes_lib.tasks.retrieval.shared_retriever`), tool limits and passages per search."""
+    from copes_lib.tasks import tool_settings
+    from copes_lib.tasks.retrieval import shared_retriever
 
-    passages = [Passage(i, t, x) for i, t, x in load_passages(profile, kind)]
-    return AgentEnv(kind, BM25Retriever(passages), SEARCH_K[kind], TOOL_LIMITS[kind], sandbox_config,
-                    cache_tool_results)
+    limits, top_k = tool_settings(profile, kind)
+    return AgentEnv(kind, shared_retriever(profile, kind), top_k, limits, sandbox_config, cache_tool_results,
+                    show_titles=profile == "gpu")
 
 
 # --------------------------------------------------------------------------- stop detection
@@ -266,6 +289,156 @@ class GrowingLayer(DynamicLayer):
         raise NotImplementedError("the rollout never crops its cache")
 
 
+def select_rows(cache, index: torch.Tensor) -> None:
+    """Keep (and reorder) the rows ``index`` of every layer of ``cache``: attention keys/values and
+    linear-attention conv/recurrent states (transformers' ``Cache.batch_select_indices`` fails on
+    ``LinearAttentionLayer``, which has no such method)."""
+    for layer in cache.layers:
+        if isinstance(layer, LinearAttentionCacheLayerMixin):
+            LinearAttentionCacheLayerMixin.reorder_cache(layer, index)
+        if hasattr(layer, "batch_select_indices"):
+            layer.batch_select_indices(index)
+
+
+def linear_attention_layers(cache) -> list[int]:
+    """Indices of the cache layers that hold linear-attention (conv / recurrent) states."""
+    return [i for i, layer in enumerate(cache.layers) if isinstance(layer, LinearAttentionCacheLayerMixin)]
+
+
+def check_hybrid_cache(model, cache) -> None:
+    """A hybrid model whose cache does not hold transformers' ``LinearAttentionLayer`` (older
+    transformers kept Qwen3.5's states in a model-specific cache) would be rolled out without the
+    row-exact path: refuse rather than return rows that differ from their single-row runs."""
+    layer_types = getattr(getattr(model, "config", None), "layer_types", None) or []
+    if "linear_attention" in layer_types and not linear_attention_layers(cache):
+        import transformers
+
+        raise ConfigError(f"rollout: this hybrid model's cache (transformers {transformers.__version__}) has no "
+                          "LinearAttentionLayer; the row-exact rollout needs transformers 5.24 "
+                          "(requirements.txt / requirements-gpu.txt)")
+
+
+class _RowStates:
+    """The conv/recurrent states of some rows of one linear-attention cache layer, copied out, so a
+    module can run on those rows alone; ``write_back`` stores them into the full layer. It offers the
+    Cache methods a linear-attention module calls (``get_/update_conv_state``, ``get_/update_recurrent_state``,
+    ``is_recording_past``) for its one layer."""
+
+    def __init__(self, layer, index: torch.Tensor, fresh: bool):
+        self.layer, self.index = layer, index
+        self.part = LinearAttentionLayer(number_of_states=layer.number_of_states)
+        for s in range(layer.number_of_states):
+            if fresh or not layer.has_previous_state[s]:
+                continue
+            if layer.is_conv_states_initialized[s]:
+                self.part.conv_states[s] = layer.conv_states[s][index]
+                self.part.is_conv_states_initialized[s] = True
+                self.part.conv_kernel_size[s] = layer.conv_kernel_size[s]
+            if layer.is_recurrent_states_initialized[s]:
+                self.part.recurrent_states[s] = layer.recurrent_states[s][index]
+                self.part.is_recurrent_states_initialized[s] = True
+            self.part.has_previous_state[s] = True
+            self.part.device, self.part.dtype = layer.device, layer.dtype
+
+    def get_conv_state(self, layer_idx: int, state_idx: int = 0):
+        return self.part.conv_states[state_idx] if self.part.has_previous_state[state_idx] else None
+
+    def get_recurrent_state(self, layer_idx: int, state_idx: int = 0):
+        return self.part.recurrent_states[state_idx] if self.part.has_previous_state[state_idx] else None
+
+    def update_conv_state(self, conv_states, layer_idx: int, state_idx: int = 0, **kwargs):
+        return self.part.update_conv_state(conv_states, state_idx, **kwargs)
+
+    def update_recurrent_state(self, recurrent_states, layer_idx: int, state_idx: int = 0, **kwargs):
+        return self.part.update_recurrent_state(recurrent_states, state_idx, **kwargs)
+
+    def is_recording_past(self, layer_idx: int) -> bool:
+        return False
+
+    def write_back(self, batch: int) -> None:
+        layer, part = self.layer, self.part
+        for s in range(layer.number_of_states):
+            for kind in ("conv", "recurrent"):
+                if not getattr(part, f"is_{kind}_states_initialized")[s]:
+                    continue
+                states, new = getattr(layer, f"{kind}_states"), getattr(part, f"{kind}_states")[s]
+                if not getattr(layer, f"is_{kind}_states_initialized")[s]:
+                    states[s] = new.new_zeros(batch, *new.shape[1:])
+                    getattr(layer, f"is_{kind}_states_initialized")[s] = True
+                states[s][self.index] = new
+            if part.is_conv_states_initialized[s]:
+                layer.conv_kernel_size[s] = part.conv_kernel_size[s]
+            if part.has_previous_state[s]:
+                layer.has_previous_state[s] = True
+            layer.device, layer.dtype = part.device, part.dtype
+
+
+class _RowExactLinearAttention:
+    """Makes the linear-attention modules of a hybrid model (Qwen3.5's Gated-DeltaNet) see only the
+    real tokens of each row. The rollout left-pads rows to a common width and feeds a pad to rows that
+    wait for the others; attention layers mask those, but a linear-attention layer would decay its
+    recurrent state and shift its conv window on every pad. Here each group of rows with the same
+    number of real tokens runs alone on a copy of its states (written back after), rows with none
+    are skipped, and pad outputs are zero (the residual stream carries them; they are masked)."""
+
+    def __init__(self, model, cache, rows_hook: Callable[[list[int]], None] | None):
+        self.cache, self.rows_hook = cache, rows_hook
+        ids = set(linear_attention_layers(cache))
+        self.modules = [m for m in model.modules() if getattr(m, "layer_idx", None) in ids
+                        and hasattr(m, "conv1d")]
+        missing = ids - {m.layer_idx for m in self.modules}
+        if missing:
+            raise ConfigError(f"rollout: cache layers {sorted(missing)} hold linear-attention states but no "
+                              "module with a conv1d and that layer_idx was found; this model family is not "
+                              "supported by the row-exact rollout")
+        self.rows: list[int] = []
+        self.full = True  # every row feeds `width` real tokens and none is fresh
+        self.groups: list[tuple[int, bool, list[int], torch.Tensor]] = []  # (real tokens, fresh, batch rows)
+
+    def prepare(self, lengths: list[int], rows: list[int], device, fresh: list[bool] | None = None) -> None:
+        """Before every forward: each batch row's number of real (right-aligned) tokens, the original
+        row ids, and which rows have no state yet (rows joining a running batch; slots engine). The
+        groups are made here once, not in every layer (no device sync per layer)."""
+        fresh = fresh or [False] * len(lengths)
+        width = max(lengths)
+        self.rows = list(rows)
+        self.full = all(n == width for n in lengths) and not any(fresh)
+        keys = sorted({(n, f) for n, f in zip(lengths, fresh) if n > 0})
+        members = {key: [i for i, k in enumerate(zip(lengths, fresh)) if k == key] for key in keys}
+        self.groups = [(n, f, members[(n, f)], torch.tensor(members[(n, f)], dtype=torch.long, device=device))
+                       for n, f in keys]
+
+    def __enter__(self):
+        for module in self.modules:
+            module.forward = self._forward(module, module.forward)
+        return self
+
+    def __exit__(self, *exc):
+        for module in self.modules:
+            del module.forward
+
+    def _forward(self, module, original):
+        def forward(hidden_states, cache=None, attention_mask=None, **kwargs):
+            if cache is None or self.full:
+                return original(hidden_states, cache=cache, attention_mask=None, **kwargs)
+            layer = cache.layers[module.layer_idx]
+            layer_fresh = not any(layer.has_previous_state.values())
+            width = hidden_states.shape[1]
+            out = hidden_states.new_zeros(hidden_states.shape)
+            for n_real, fresh, batch_rows, index in self.groups:
+                states = _RowStates(layer, index, fresh or layer_fresh)
+                if self.rows_hook is not None:
+                    self.rows_hook([self.rows[i] for i in batch_rows])
+                out[index, width - n_real:] = original(hidden_states[index, width - n_real:], cache=states,
+                                                       attention_mask=None, **kwargs).to(out.dtype)
+                states.write_back(hidden_states.shape[0])
+            if self.rows_hook is not None:
+                self.rows_hook(list(self.rows))
+            return out
+
+        return forward
+
+
 def _pick(logits: torch.Tensor, config: RolloutConfig, generator: torch.Generator) -> torch.Tensor:
     if config.temperature == 0.0:
         return logits.argmax(-1)
@@ -281,9 +454,12 @@ def _pick(logits: torch.Tensor, config: RolloutConfig, generator: torch.Generato
 # --------------------------------------------------------------------------- rollout
 @torch.no_grad()
 def rollout(model, tokenizer, tasks: list[Task], env: AgentEnv, config: RolloutConfig = RolloutConfig(),
-            seed: int = 0, row_hook: Callable[[list[int]], None] | None = None) -> RolloutBatch:
+            seed: int = 0, row_hook: Callable[[list[int]], None] | None = None,
+            logits_hook: Callable[[list[int], list[bool], torch.Tensor], None] | None = None) -> RolloutBatch:
     """Run ``tasks`` as one batch of agent trajectories. ``row_hook(rows)`` is called before every
-    forward pass with the original batch-row indices of the rows in that pass."""
+    forward pass with the original batch-row indices of the rows in that pass. ``logits_hook(rows,
+    generating, logits)`` sees each pass's next-token logits (float32, one row per batch row) before a
+    token is picked; it may change them in place (tests force tool calls this way)."""
     start_time = time.perf_counter()
     device = next(model.parameters()).device
     was_training = model.training
@@ -292,9 +468,10 @@ def rollout(model, tokenizer, tasks: list[Task], env: AgentEnv, config: RolloutC
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else _as_list(tokenizer.eos_token_id)[0]
     limits = {"python": env.limits["python"] if config.max_python_calls is None else config.max_python_calls,
               "search": env.limits["search"] if config.max_search_calls is None else config.max_search_calls}
+    max_turns = config.max_turns or limits["python"] + limits["search"] + 1
     style = prompt_style(tokenizer, config)
-    prompt_ids = [encode(tokenizer, format_prompt(t, style, tokenizer, limits["python"], limits["search"]))
-                  for t in tasks]
+    prompt_ids = [encode(tokenizer, format_prompt(t, style, tokenizer, limits["python"], limits["search"],
+                                                  config.enable_thinking)) for t in tasks]
     n = len(tasks)
     completion = [[] for _ in range(n)]
     mask = [[] for _ in range(n)]
@@ -318,91 +495,98 @@ def rollout(model, tokenizer, tasks: list[Task], env: AgentEnv, config: RolloutC
     cache_arg = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
     forwards = 0
 
-    while rows:
-        width = max(len(p) for p in pending)
-        # left-pad, so the last column is every feeding row's newest token
-        chunk = torch.tensor([[pad_id] * (width - len(p)) + p for p in pending], dtype=torch.long, device=device)
-        chunk_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in pending], dtype=torch.long,
-                                  device=device)
-        positions = (seen[:, None] + chunk_mask.cumsum(1) - 1).clamp_min(0)
-        attention = torch.cat([attention, chunk_mask], dim=1)
-        seen = seen + chunk_mask.sum(1)
-        if row_hook is not None:
-            row_hook(list(rows))
-        out = model(input_ids=chunk, attention_mask=attention, position_ids=positions, use_cache=True,
-                    logits_to_keep=1, **{cache_arg: cache})
-        forwards += 1
-        logits = out.logits[:, -1, :].float()
-        if pad_id not in stops.eos_ids:  # padding is never a real next token
-            logits[:, pad_id] = float("-inf")
-        new_tokens = _pick(logits, config, generator).tolist()
+    exact = _RowExactLinearAttention(model, cache, row_hook) if linear_attention_layers(cache) else None
+    check_hybrid_cache(model, cache)
+    with exact if exact is not None else contextlib.nullcontext():
+        while rows:
+            width = max(len(p) for p in pending)
+            # left-pad, so the last column is every feeding row's newest token
+            chunk = torch.tensor([[pad_id] * (width - len(p)) + p for p in pending], dtype=torch.long, device=device)
+            chunk_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in pending], dtype=torch.long,
+                                      device=device)
+            positions = (seen[:, None] + chunk_mask.cumsum(1) - 1).clamp_min(0)
+            attention = torch.cat([attention, chunk_mask], dim=1)
+            seen = seen + chunk_mask.sum(1)
+            if row_hook is not None:
+                row_hook(list(rows))
+            if exact is not None:
+                exact.prepare([len(p) for p in pending], rows, device)
+            out = model(input_ids=chunk, attention_mask=attention, position_ids=positions, use_cache=True,
+                        logits_to_keep=1, **{cache_arg: cache})
+            forwards += 1
+            logits = out.logits[:, -1, :].float()
+            if pad_id not in stops.eos_ids:  # padding is never a real next token
+                logits[:, pad_id] = float("-inf")
+            if logits_hook is not None:
+                logits_hook(list(rows), list(generating), logits)
+            new_tokens = _pick(logits, config, generator).tolist()
 
-        pending = [[] for _ in rows]
-        for i, r in enumerate(rows):
-            if not generating[i]:
+            pending = [[] for _ in rows]
+            for i, r in enumerate(rows):
+                if not generating[i]:
+                    continue
+                token = new_tokens[i]
+                completion[r].append(token)
+                mask[r].append(1)
+                segment[r].append(token)
+                pending[i] = [token]
+                n_model[r] += 1
+                stop = stops.check(segment[r])
+                if stop is None:
+                    if n_model[r] >= config.max_new_tokens:
+                        stop = "tokens"
+                    elif len(prompt_ids[r]) + len(completion[r]) >= config.max_context:
+                        stop = "context"
+                if stop is not None:
+                    generating[i] = False
+                    finish[r] = stop
+            if any(generating):
                 continue
-            token = new_tokens[i]
-            completion[r].append(token)
-            mask[r].append(1)
-            segment[r].append(token)
-            pending[i] = [token]
-            n_model[r] += 1
-            stop = stops.check(segment[r])
-            if stop is None:
-                if n_model[r] >= config.max_new_tokens:
-                    stop = "tokens"
-                elif len(prompt_ids[r]) + len(completion[r]) >= config.max_context:
-                    stop = "context"
-            if stop is not None:
-                generating[i] = False
-                finish[r] = stop
-        if any(generating):
-            continue
 
-        # every row has stopped: run the batch's tool calls, then resume or retire each row
-        tool_rows = {"python": [], "search": []}
-        for i, r in enumerate(rows):
-            text = decode(tokenizer, segment[r])
-            model_parts[r].append(text)
-            segment[r] = []
-            turns[r] += 1
-            if finish[r] in ("python", "search"):
-                tool_rows[finish[r]].append((i, r, text))
-        observations: dict[int, str] = {}
-        for tool, runner in (("python", env.run_python), ("search", env.run_search)):
-            valid = []
-            for _i, r, text in tool_rows[tool]:
-                body = last_call(text, tool)
-                if calls[r][tool] >= limits[tool]:
-                    observations[r] = error_observation(tool, f"{tool} call limit ({limits[tool]}) reached")
-                elif body is None or not body.strip():
-                    observations[r] = error_observation(tool, f"invalid call: write <{tool}>...</{tool}>")
-                else:
-                    calls[r][tool] += 1
-                    valid.append((r, body.strip() if tool == "search" else body))
-            for (r, _), obs in zip(valid, runner([b for _, b in valid]) if valid else []):
-                observations[r] = obs
-        keep = []
-        for i, r in enumerate(rows):
-            if r in observations:
-                obs_ids = encode(tokenizer, observations[r])
-                if turns[r] >= config.max_turns:
-                    finish[r] = "turns"
-                elif len(prompt_ids[r]) + len(completion[r]) + len(obs_ids) + 1 > config.max_context:
-                    finish[r] = "context"
-                else:
-                    completion[r].extend(obs_ids)
-                    mask[r].extend([0] * len(obs_ids))
-                    pending[i] = pending[i] + obs_ids
-                    keep.append(i)
-        if not keep:
-            break
-        index = torch.tensor(keep, device=device)
-        cache.batch_select_indices(index)
-        attention, seen = attention[index], seen[index]
-        rows = [rows[i] for i in keep]
-        pending = [pending[i] for i in keep]
-        generating = [True] * len(rows)
+            # every row has stopped: run the batch's tool calls, then resume or retire each row
+            tool_rows = {"python": [], "search": []}
+            for i, r in enumerate(rows):
+                text = decode(tokenizer, segment[r])
+                model_parts[r].append(text)
+                segment[r] = []
+                turns[r] += 1
+                if finish[r] in ("python", "search"):
+                    tool_rows[finish[r]].append((i, r, text))
+            observations: dict[int, str] = {}
+            for tool, runner in (("python", env.run_python), ("search", env.run_search)):
+                valid = []
+                for _i, r, text in tool_rows[tool]:
+                    body = last_call(text, tool)
+                    if calls[r][tool] >= limits[tool]:
+                        observations[r] = error_observation(tool, f"{tool} call limit ({limits[tool]}) reached")
+                    elif body is None or not body.strip():
+                        observations[r] = error_observation(tool, f"invalid call: write <{tool}>...</{tool}>")
+                    else:
+                        calls[r][tool] += 1
+                        valid.append((r, body.strip() if tool == "search" else body))
+                for (r, _), obs in zip(valid, runner([b for _, b in valid]) if valid else []):
+                    observations[r] = obs
+            keep = []
+            for i, r in enumerate(rows):
+                if r in observations:
+                    obs_ids = encode(tokenizer, observations[r])
+                    if turns[r] >= max_turns:
+                        finish[r] = "turns"
+                    elif len(prompt_ids[r]) + len(completion[r]) + len(obs_ids) + 1 > config.max_context:
+                        finish[r] = "context"
+                    else:
+                        completion[r].extend(obs_ids)
+                        mask[r].extend([0] * len(obs_ids))
+                        pending[i] = pending[i] + obs_ids
+                        keep.append(i)
+            if not keep:
+                break
+            index = torch.tensor(keep, device=device)
+            select_rows(cache, index)
+            attention, seen = attention[index], seen[index]
+            rows = [rows[i] for i in keep]
+            pending = [pending[i] for i in keep]
+            generating = [True] * len(rows)
 
     if was_training:
         model.train()

@@ -5,7 +5,7 @@ Layout (docs/suite_design.md#d4-results-contract)::
     results/<profile>/<NN_topic>/summary.json    flat JSON, numbers as numbers
                                  metrics.jsonl   one object per step, fixed namespaces
                                  config.json     the resolved parameters
-                                 manifest.json   git sha + dirty flag, versions, device, seeds, times
+                                 manifest.json   git sha + dirty flag, versions, device, threads, seeds, times
     figures/<profile>/<NN>_<what>.png (+ .svg)
     cache/<profile>/<name>-<key>/                reusable work (checkpoints, trained substrates)
 
@@ -42,7 +42,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from copes_lib import __version__
+from copes_lib import __version__, threads
 from copes_lib.config import REPO_ROOT, Config
 
 RESULTS_ROOT = REPO_ROOT / "results"
@@ -375,6 +375,7 @@ class Run:
         self.profile, self.notebook = profile, notebook
         self.config = config.to_dict() if isinstance(config, Config) else dict(config)
         self.seeds = list(seeds)
+        threads.fix_threads()  # the same arithmetic on any core count (copes_lib/threads.py)
         self.dir = Path(root or RESULTS_ROOT) / profile / notebook
         self.partial = self.dir / ".partial"
         shutil.rmtree(self.partial, ignore_errors=True)
@@ -417,6 +418,7 @@ class Run:
             **git_state(),
             "packages": package_versions(),
             "device": device_info(),
+            "threads": threads.thread_info(),
             "started": self.started.isoformat(),
             "ended": ended.isoformat(),
             "wall_time_s": time.perf_counter() - self._t0,

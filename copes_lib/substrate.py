@@ -7,10 +7,16 @@
 - Models: ``Qwen3ForCausalLM`` from a ``Qwen3Config`` (tied embeddings, fp32), sized per profile
   (:data:`MODEL_SIZES`).
 - Warm start: supervised training on the gold tool-use traces (loss on model-written tokens only,
-  not on tool observations) for a FIXED number of steps per profile, so the base model follows the
-  protocol but is far from perfect. The accuracy curve is steep (FINDINGS.md), so the step counts
-  were chosen by evaluating often during development and are then fixed; they are not tuned per
-  seed. Cached under ``cache/<profile>/`` (key: config + data ids + library version).
+  not on tool observations), so the base model follows the protocol but is far from perfect. The
+  accuracy curve is steep (docs/prior_measurements.md), so a fixed step count would stop where
+  floating-point noise and the seed decide the base accuracy. The declared stopping rule instead:
+  evaluate on ``WARM_EVAL_PROBLEMS`` validation problems every ``WARM_EVAL_EVERY`` steps and stop at
+  the first point whose score reaches the profile's target (``WARM_MATH_TARGET`` /
+  ``WARM_QA_TARGET``), or at the step cap (``WARM_MATH_STEPS`` / ``WARM_QA_STEPS``). The base model
+  then starts from about the same accuracy on every machine and seed (within one evaluation
+  interval's rise and the 128-problem evaluation noise); notebook 01 measures that spread over
+  ``WARM_SPREAD_SEEDS`` extra math seeds. Training and evaluation run with ``threads.N_FIXED``
+  threads. Cached under ``cache/<profile>/`` (key: config + data ids + library version).
 
 Departure from the paper: the paper post-trains Qwen3.5-4B, a model that already knows tool use;
 the smoke and cpu profiles must first *teach* a 0.1-10M-parameter model the protocol. The gpu
@@ -27,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from copes_lib import runs
+from copes_lib import runs, threads
 from copes_lib.config import Config, ConfigError, param
 
 PAD, EOS = "<pad>", "<eos>"
@@ -39,6 +45,7 @@ MODEL_SIZES = {
                   num_key_value_heads=2, head_dim=16),
     "cpu": dict(hidden_size=160, intermediate_size=448, num_hidden_layers=4, num_attention_heads=5,
                 num_key_value_heads=5, head_dim=32),
+    "tiny": dict(hidden_size=32, intermediate_size=96, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16),  # noqa: E501 (09's scale axis)
     "cpu-large": dict(hidden_size=320, intermediate_size=768, num_hidden_layers=4, num_attention_heads=5,
                       num_key_value_heads=5, head_dim=64),
 }
@@ -52,18 +59,25 @@ class WarmStartConfig(Config):
     model_size: str = param("cpu", "Qwen3 shape of the miniature", choices=tuple(MODEL_SIZES))
     vocab_size: int = param(640, "BPE vocabulary size of the miniature's tokenizer", ge=300, le=8192)
     max_context: int = param(384, "longest prompt + trajectory in tokens (model positions)", ge=64)
-    math_steps: int = param(450, "warm-start optimizer steps on math traces", ge=0)
-    qa_steps: int = param(200, "warm-start optimizer steps on QA traces", ge=0)
+    math_steps: int = param(600, "most warm-start optimizer steps on math traces (cap of the stopping rule)", ge=0)
+    qa_steps: int = param(300, "most warm-start optimizer steps on QA traces (cap of the stopping rule)", ge=0)
+    math_target: float = param(0.40, "stop the math warm start at the first curve point with validation "
+                               "accuracy >= this (0 = always train the cap)", ge=0.0, le=1.0)
+    qa_target: float = param(0.35, "stop the QA warm start at the first curve point with validation "
+                             "F1 >= this (0 = always train the cap)", ge=0.0, le=1.0)
     batch: int = param(32, "warm-start traces per step", ge=1)
     lr: float = param(3e-3, "warm-start AdamW learning rate (after a linear warmup)", gt=0.0)
     warmup: int = param(20, "linear learning-rate warmup steps", ge=0)
-    eval_every: int = param(50, "evaluate the warm start every this many steps (curve)", ge=1)
+    eval_every: int = param(25, "evaluate the warm start every this many steps (curve, stopping rule)", ge=1)
     eval_problems: int = param(128, "validation problems per curve point", ge=1)
     eval_batch: int = param(256, "trajectories per rollout batch when evaluating", ge=1)
     max_new_tokens: int = param(64, "model-written tokens per trajectory", ge=8)
     prompt_style: str = param("plain", "prompt format of rollouts (auto: the checkpoint's chat template)",
                               choices=("plain", "auto"))
     model_path: str = param("", "a local HF checkpoint folder to load instead of training (gpu profile)")
+    max_turns: int = param(6, "model turns per trajectory (each tool call ends one); 0 = every allowed call "
+                           "plus the answer", ge=0)
+    enable_thinking: bool | None = param(None, "chat prompts: the template's enable_thinking (None: not passed)")
 
 
 # --------------------------------------------------------------------------- tokenizer
@@ -168,6 +182,14 @@ def load_pretrained(path: str, device: str | torch.device | None = None, dtype: 
     if not path or not Path(path).exists():
         raise ConfigError(f"MODEL_PATH = {path!r} does not exist: the gpu profile needs a local HF checkpoint "
                           "folder; set MODEL_PATH in profiles/gpu.yaml (01_substrate_and_agent)")
+    folder = Path(path)
+    weights = [p.name for pattern in ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin")
+               for p in folder.glob(pattern)] if folder.is_dir() else []
+    if not folder.is_dir() or not (folder / "config.json").exists() or not weights:
+        found = sorted(p.name for p in folder.iterdir())[:10] if folder.is_dir() else "a file"
+        raise ConfigError(f"MODEL_PATH = {path!r} is not a Hugging Face checkpoint folder: expected config.json, "
+                          "weights (*.safetensors or pytorch_model*.bin) and tokenizer files "
+                          f"(tokenizer.json / tokenizer_config.json); found {found}")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = dtype or (torch.bfloat16 if str(device).startswith("cuda") else torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left", local_files_only=True)
@@ -196,11 +218,12 @@ def encode_trace(tokenizer, task, max_len: int) -> tuple[list[int], list[int]]:
 
 
 def _warm_config(config: WarmStartConfig, kind: str, seed: int) -> dict:
-    # the cache identity of a warm start (its keys predate WarmStartConfig: cached models stay valid)
+    # the cache identity of a warm start
     steps = config.math_steps if kind == "math" else config.qa_steps
+    target = config.math_target if kind == "math" else config.qa_target
     return {"kind": kind, "seed": seed, "size": config.model_size, "vocab_size": config.vocab_size,
-            "max_context": config.max_context, "steps": steps, "batch": config.batch, "lr": config.lr,
-            "warmup": config.warmup, "eval_every": config.eval_every,
+            "max_context": config.max_context, "steps": steps, "target": target, "threads": threads.N_FIXED,
+            "batch": config.batch, "lr": config.lr, "warmup": config.warmup, "eval_every": config.eval_every,
             "eval_problems": config.eval_problems, "max_new_tokens": config.max_new_tokens}
 
 
@@ -209,13 +232,18 @@ def warm_rollout_config(config: WarmStartConfig):
     from copes_lib.rollout import RolloutConfig
 
     return RolloutConfig(max_new_tokens=config.max_new_tokens, max_context=config.max_context,
-                         batch_size=config.eval_batch, prompt_style=config.prompt_style)
+                         batch_size=config.eval_batch, prompt_style=config.prompt_style,
+                         max_turns=config.max_turns, enable_thinking=config.enable_thinking)
 
 
 def train_warm_start(model, tokenizer, train_tasks, val_tasks, env, steps: int, batch: int, lr: float,
                      warmup: int, seed: int, eval_every: int, max_context: int, rollout_config,
-                     log=print, on_point=None) -> list[dict]:
-    """Supervised training on gold traces; returns the curve [{step, loss, val_score, time_s}]."""
+                     log=print, on_point=None, target: float = 0.0) -> list[dict]:
+    """Supervised training on gold traces; returns the curve [{step, loss, val_score, time_s}].
+
+    The stopping rule: evaluate every ``eval_every`` steps and stop at the first point whose
+    validation score is >= ``target`` (``target`` 0: never), else after ``steps`` steps (the cap).
+    """
     from copes_lib.rollout import evaluate
 
     examples = [encode_trace(tokenizer, t, max_context) for t in train_tasks]
@@ -258,6 +286,10 @@ def train_warm_start(model, tokenizer, train_tasks, val_tasks, env, steps: int, 
         losses.append(loss.item())
         if step % eval_every == 0 or step == steps:
             point(step)
+            if target > 0 and curve[-1]["val_score"] >= target:
+                log(f"[warm_start {env.kind}] stopping rule: validation score {curve[-1]['val_score']:.3f} "
+                    f">= target {target} at step {step}")
+                break
             model.train()
     model.eval()
     return curve
@@ -276,14 +308,13 @@ def warm_start(profile: str, kind: str = "math", seed: int = 0, force: bool = Fa
                config: WarmStartConfig, log=print):
     """(model, tokenizer, info) of the profile's base model for ``kind``. Trained once, cached.
 
-    ``seed`` selects the base model itself (initialisation and data order). The step counts were
-    fixed with seed 0 (cpu: math 450 steps -> 40.6% validation accuracy, QA 200 steps -> 39.5% F1);
-    the curve is steep, so another seed may land outside the 25-65% band, and it trains a new model
-    (cpu: tens of minutes). Experiments that compare methods should share seed 0's base model and
-    vary their own seeds. In the gpu profile (or with ``config.model_path`` set) it loads the local
-    checkpoint ``config.model_path`` instead.
-    ``info``: steps, params, curve (list of {step, loss, val_score, time_s}), train_time_s, cache_dir,
-    cached (whether it came from the cache).
+    ``seed`` selects the base model itself (initialisation and data order); training stops by the
+    rule of :func:`train_warm_start` (target validation score or step cap), so another seed starts
+    from about the same accuracy (notebook 01 measures the spread). Experiments that compare methods
+    share seed 0's base model and vary their own seeds. In the gpu profile (or with
+    ``config.model_path`` set) it loads the local checkpoint ``config.model_path`` instead. ``info``: steps (trained), max_steps, target, stopped ("target" or
+    "cap"), params, curve (list of {step, loss, val_score, time_s}), train_time_s, threads,
+    cache_dir, cached (whether it came from the cache).
     """
     from copes_lib.rollout import make_env
     from copes_lib.tasks import TASK_KINDS, load_tasks
@@ -308,16 +339,20 @@ def warm_start(profile: str, kind: str = "math", seed: int = 0, force: bool = Fa
         if loaded is not None:
             return loaded
 
-    torch.set_num_threads(max(1, torch.get_num_threads()))
-    model = build_agent_model(config.model_size, len(tokenizer), seed, config.max_context, tokenizer)
     val = load_tasks(profile, kind, "val")[: config.eval_problems]
     t0 = time.perf_counter()
-    with make_env(kind, profile) as env:
+    with threads.fixed_threads(), make_env(kind, profile) as env:
+        model = build_agent_model(config.model_size, len(tokenizer), seed, config.max_context, tokenizer)
         curve = train_warm_start(model, tokenizer, load_tasks(profile, kind, "train"), val, env,
                                  identity["steps"], config.batch, config.lr, config.warmup, seed,
-                                 config.eval_every, config.max_context, warm_rollout_config(config), log)
-    info = {"kind": kind, "steps": identity["steps"], "params": count_model_params(model), "curve": curve,
-            "train_time_s": time.perf_counter() - t0, "cache_dir": str(folder), "config": identity}
+                                 config.eval_every, config.max_context, warm_rollout_config(config), log,
+                                 target=identity["target"])
+    trained = curve[-1]["step"]
+    reached = identity["target"] > 0 and curve[-1]["val_score"] >= identity["target"]
+    info = {"kind": kind, "steps": trained, "max_steps": identity["steps"], "target": identity["target"],
+            "stopped": "target" if reached else "cap", "params": count_model_params(model), "curve": curve,
+            "train_time_s": time.perf_counter() - t0, "threads": threads.N_FIXED, "cache_dir": str(folder),
+            "config": identity}
     _save_atomically(folder, "model", model.save_pretrained)
     runs.atomic_write_json(folder / "info.json", info)
     return model, tokenizer, {**info, "cached": False}

@@ -245,3 +245,26 @@ def test_load_summaries_attaches_scores(tmp_path):
 def test_every_claim_has_a_family_or_a_deterministic_rule(claim):
     c = next(x for x in claims.CLAIMS if x.claim_id == claim)
     assert c.notebook in claims.FAMILIES or c.notebook in ("08_memory_and_gpu_hours", "11_molora_router")
+
+
+# --------------------------------------------------------------------------- the scale study (ours, notebook 09)
+def _scale_summary(verdict: str, slope_gap: float, slope_es: float, sizes: int = 3) -> dict:
+    return {"09_scale_study": {
+        "largest_size_tag": "cpu", "n_sizes": sizes, "n_params_cpu": 1_370_000,
+        "copes_paper_minus_es_cpu": 0.012, "copes_paper_minus_es_low_cpu": 0.002,
+        "copes_paper_minus_es_high_cpu": 0.022, "copes_paper_minus_es_verdict_cpu": verdict,
+        "copes_paper_minus_es_slope_per_decade": slope_gap, "gain_recovery_es_slope_per_decade": slope_es}}
+
+
+@pytest.mark.parametrize(("verdict", "expected"), [(stats.EFFECT, claims.AGREES), (stats.OPPOSITE, claims.DISAGREES),
+                                                   (stats.INCONCLUSIVE, claims.INCONCLUSIVE)])
+def test_scale_claim_s1_follows_the_tested_verdict(verdict, expected):
+    rows = {r["claim"]: r for r in claims.judge_claims(_scale_summary(verdict, 0.01, 0.02))}
+    assert rows["S1"]["verdict"] == expected and "+1.2 points" in rows["S1"]["ours"]
+
+
+def test_scale_trend_claims_can_fail_and_need_three_sizes():
+    rows = {r["claim"]: r for r in claims.judge_claims(_scale_summary(stats.EFFECT, 0.01, -0.05))}
+    assert rows["S2"]["verdict"] == claims.PARTLY and rows["S3"]["verdict"] == claims.DISAGREES
+    rows = {r["claim"]: r for r in claims.judge_claims(_scale_summary(stats.EFFECT, 0.01, 0.05, sizes=2))}
+    assert rows["S2"]["verdict"] == rows["S3"]["verdict"] == claims.INCONCLUSIVE

@@ -1,6 +1,7 @@
 """Parameter validation: unknown, ill-typed and out-of-range values fail with a message that says why."""
 
 import dataclasses
+import json
 import subprocess
 import sys
 
@@ -10,6 +11,7 @@ from copes_lib import config
 from copes_lib.config import REPO_ROOT, ConfigError, NotebookParams, build, param
 from copes_lib.protocols import notebooks
 from copes_lib.protocols.notebooks import load_params
+from copes_lib.protocols.params import SummaryParams
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,3 +166,123 @@ def test_papermill_bad_parameter_fails_clearly(tmp_path, name, value, expected):
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0, output[-2000:]
     assert "ConfigError" in output and expected in output, output[-3000:]
+
+
+# --------------------------------------------------------------------------- precedence (issue 15)
+@pytest.fixture(autouse=True)
+def _no_explicit_values_leak(monkeypatch):
+    """load_params records explicit values in the environment; each test starts without them."""
+    monkeypatch.delenv(config.EXPLICIT_ENV, raising=False)
+
+
+def _papermill_namespace(profile: str, injected: dict, cls) -> dict:
+    """A kernel's globals after the committed parameters cell and papermill's injected cell ran."""
+    defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+    cell = "# Parameters\n" + "".join(f"{k} = {v!r}\n" for k, v in {"PROFILE": profile, **injected}.items())
+    return {**defaults, "PROFILE": profile, **injected, "In": ["", "PROFILE: str = 'cpu'\n", cell]}
+
+
+@pytest.mark.parametrize(("name", "value"), [("STEPS", 16), ("BACKEND", "batched"), ("SIGMA", 0.01),
+                                             ("MAIN_FROM_SWEEP", True)])
+def test_injected_value_wins_even_when_it_equals_the_cpu_default(name, value):
+    """`-p STEPS 16` under gpu gave the profile's 128 because 16 is also the cpu default."""
+    from copes_lib.protocols.params import StandardESNotebookParams
+
+    assert getattr(StandardESNotebookParams(), name) == value  # the case of the bug: value == cpu default
+    assert notebooks.profile_params("gpu", "02_standard_es")[name] != value
+    namespace = _papermill_namespace("gpu", {name: value}, StandardESNotebookParams)
+    params = load_params("02_standard_es", namespace)
+    assert getattr(params, name) == value
+    others = notebooks.profile_params("gpu", "02_standard_es")
+    assert params.POPULATION == others["POPULATION"]  # the rest still comes from the profile
+
+
+def test_without_injection_the_profile_beats_the_untouched_defaults():
+    from copes_lib.protocols.params import StandardESNotebookParams
+
+    namespace = _papermill_namespace("gpu", {}, StandardESNotebookParams)
+    assert load_params("02_standard_es", namespace).STEPS == 128
+    # JupyterLab: a hand-edited value (differs from the committed default) wins without injection
+    edited = {**namespace, "STEPS": 20, "In": ["", "PROFILE = 'gpu'\nSTEPS = 20\n"]}
+    assert load_params("02_standard_es", edited).STEPS == 20
+
+
+@pytest.mark.parametrize("name", ["steps", "Steps", "not_a_param"])
+def test_injected_unknown_name_in_any_case_is_an_error(name):
+    from copes_lib.protocols.params import StandardESNotebookParams
+
+    namespace = _papermill_namespace("gpu", {name: 16}, StandardESNotebookParams)
+    with pytest.raises(ConfigError, match=rf"unknown parameters \['{name}'\] for StandardESNotebookParams; "
+                                          r"valid names: \[") as err:
+        load_params("02_standard_es", namespace)
+    assert ("did you mean STEPS" in str(err.value)) == (name.upper() == "STEPS")
+
+
+def test_injected_data_path_reaches_the_task_loader(tmp_path):
+    """A data path given with -p is the one the gpu task loaders read, not the (empty) YAML one."""
+    from copes_lib import tasks
+    from copes_lib.protocols.params import SubstrateNotebookParams
+    from copes_lib.protocols.substrate_setup import substrate_params
+
+    train = tmp_path / "math_train.jsonl"
+    rows = [{"problem": f"What is {i}+1?", "level": "Level 1", "type": "Algebra" if i % 2 else "Geometry",
+             "solution": f"It is $\\boxed{{{i + 1}}}$."} for i in range(12)]
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert notebooks.profile_params("gpu", "01_substrate_and_agent")["MATH_TRAIN_JSONL"] == ""
+    namespace = _papermill_namespace("gpu", {"MATH_TRAIN_JSONL": str(train), "VAL_HOLDOUT": 4},
+                                     SubstrateNotebookParams)
+    params = load_params("01_substrate_and_agent", namespace)
+    assert params.MATH_TRAIN_JSONL == str(train)
+    assert substrate_params("gpu").MATH_TRAIN_JSONL == str(train)  # the library sees the same value
+    assert len(tasks.load_tasks("gpu", "math", "train")) == 8
+    assert len(tasks.load_tasks("gpu", "math", "val")) == 4
+
+
+def test_explicit_values_reach_child_processes():
+    namespace = _papermill_namespace("smoke", {"SEED": 9}, SummaryParams)
+    load_params("99_summary", namespace)
+    code = ("from copes_lib.protocols import notebooks; "
+            "print(notebooks.profile_params('smoke', '99_summary')['SEED'])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, check=True)
+    assert out.stdout.strip() == "9"
+
+
+def test_papermill_injected_value_equal_to_the_cpu_default_wins(tmp_path):
+    """End to end through papermill: -p STEPS 16 -p BACKEND batched -p SIGMA 0.01 under gpu."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "language": "python",
+                                                        "display_name": "Python 3"}})
+    params_cell = nbformat.v4.new_code_cell('PROFILE: str = "cpu"\nSTEPS: int = 16\n')
+    params_cell.metadata["tags"] = ["parameters"]
+    check = ('from copes_lib.protocols.notebooks import load_params\nP = load_params("02_standard_es", globals())\n'
+             'print("VALUES", P.STEPS, P.BACKEND, P.SIGMA, P.POPULATION)\n')
+    nb.cells = [params_cell, nbformat.v4.new_code_cell(check)]
+    source = tmp_path / "probe.ipynb"
+    nbformat.write(nb, source)
+    proc = subprocess.run(
+        [sys.executable, "-m", "papermill", str(source), str(tmp_path / "out.ipynb"), "-k", "python3",
+         "--log-output", "-p", "PROFILE", "gpu", "-p", "STEPS", "16", "-p", "BACKEND", "batched",
+         "-p", "SIGMA", "0.01"], capture_output=True, text=True, timeout=300)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-3000:]
+    assert "VALUES 16 batched 0.01 40" in output, output[-3000:]
+
+
+# --------------------------------------------------------------------------- strict profiles (issue 15)
+def test_duplicated_profile_section_names_file_and_both_lines(tmp_profiles):
+    tmp_profiles("gpu", "02_standard_es:\n  STEPS: 128\n  SIGMA: 0.001\n\n02_standard_es:\n  STEPS: 3\n")
+    with pytest.raises(ConfigError, match=r"gpu\.yaml: '02_standard_es' is defined twice \(lines 1 and 5\)"):
+        config.load_profile("gpu")
+
+
+def test_duplicated_profile_key_names_file_and_both_lines(tmp_profiles):
+    tmp_profiles("smoke", "02_standard_es:\n  STEPS: 3\n  SIGMA: 0.1\n  STEPS: 4\n")
+    with pytest.raises(ConfigError, match=r"smoke\.yaml: 'STEPS' is defined twice \(lines 2 and 4\)"):
+        notebooks.validate_profile("smoke")
+
+
+def test_profile_syntax_error_names_file_and_line(tmp_profiles):
+    tmp_profiles("gpu", "02_standard_es:\n  STEPS: 3\n  SIGMA: [0.1\n03_copes: {}\n")
+    with pytest.raises(ConfigError, match=r"gpu\.yaml, line \d+, column \d+: not valid YAML"):
+        config.load_profile("gpu")

@@ -110,6 +110,9 @@ def _finite(value):
     return False
 
 
+ES_NOTEBOOKS = ("02_standard_es", "03_copes", "05_fixed_budget_math", "06_copes_ablations", "07_multihop_qa")
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_every_notebook_runs_under_smoke():
@@ -143,3 +146,9 @@ def test_every_notebook_runs_under_smoke():
     index = reports / "index.html"
     assert index.exists() and index.stat().st_mtime >= started - 1
     assert all(p.stem in index.read_text() for p in NOTEBOOKS)
+    # The smoke substrate must move: every ES-family notebook makes non-zero updates at most steps.
+    for stem in ES_NOTEBOOKS:
+        rows = [json.loads(line) for line in (REPO_ROOT / "results" / "smoke" / stem / "metrics.jsonl").read_text()
+                .splitlines() if line.strip()]
+        norms = [row["es/update_norm"] for row in rows if "es/update_norm" in row]
+        assert norms and sum(n > 0 for n in norms) > len(norms) / 2, f"{stem}: ES update norms under smoke {norms}"

@@ -7,7 +7,7 @@ import subprocess
 import nbformat
 import pytest
 
-from copes_lib import cli, config, runs
+from copes_lib import cli, config, runs, threads
 from copes_lib.protocols import notebooks as registry
 
 
@@ -160,7 +160,7 @@ def test_parallel_runs_respect_needs_and_run_the_summary_last(tmp_path, capsys):
     order = [name for _, name, _ in sorted(rows, key=lambda r: float(r[0]))]
     assert order.index("01_a") < order.index("02_b") and order.index("10_c") < order.index("11_d")
     assert order[-1] == "99_sum"
-    expected_threads = str(max(1, (os.cpu_count() or 1) // 2))
+    expected_threads = str(threads.N_FIXED)  # whatever JOBS and the core count
     assert {threads for _, name, threads in rows if name != "99_sum"} == {expected_threads}
     status = runs.read_json(tmp_path / "reports" / "status.json")["notebooks"]
     assert all(v["status"] == "ok" for v in status.values()) and len(status) == 5

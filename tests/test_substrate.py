@@ -81,3 +81,28 @@ def test_params_validate():
         warm_start("smoke", "chess", config=substrate_config("smoke"))
     with pytest.raises(ConfigError, match="MODEL_PATH"):
         warm_start("gpu", "math", config=substrate_config("gpu"))
+
+
+def test_warm_start_stops_at_the_first_point_reaching_its_target(tokenizer, monkeypatch):
+    """The declared stopping rule: evaluate every eval_every steps, stop once the score >= target."""
+    import copes_lib.rollout as rollout_module
+    from copes_lib.substrate import train_warm_start, warm_rollout_config
+
+    scores = iter([0.0, 0.1, 0.45, 0.2, 0.9])  # step 0, 2, 4, 6, 8
+    monkeypatch.setattr(rollout_module, "evaluate", lambda *a, **k: {"score": next(scores)})
+    params = substrate_params("smoke")
+    tasks = load_tasks("smoke", "math", "train")[:16]
+
+    class Env:
+        kind = "math"
+
+    def curve(target):
+        model = build_agent_model("smoke", len(tokenizer), seed=0)
+        return train_warm_start(model, tokenizer, tasks, tasks[:2], Env(), steps=8, batch=2, lr=1e-3, warmup=0,
+                                seed=0, eval_every=2, max_context=params.MAX_CONTEXT,
+                                rollout_config=warm_rollout_config(params.warm_start_config()), log=lambda s: None, target=target)
+
+    assert [p["step"] for p in curve(0.4)] == [0, 2, 4]  # 0.45 >= 0.4 at step 4: stop
+    scores = iter([0.0, 0.1, 0.45, 0.2, 0.9])
+    assert [p["step"] for p in curve(0.0)] == [0, 2, 4, 6, 8]  # no target: the cap
+

@@ -21,8 +21,8 @@ import numpy as np
 from torch import nn
 
 from copes_lib import runs
-from copes_lib.config import NotebookParams
-from copes_lib.es import AgentObjective, ESConfig, cached_es_run, checksum, run_key
+from copes_lib.config import ConfigError, NotebookParams
+from copes_lib.es import AgentObjective, ESConfig, cached_es_run, checksum, ensure_ray, run_key
 from copes_lib.protocols.params import StandardESNotebookParams, sweep_values
 from copes_lib.protocols.substrate_setup import substrate_config
 
@@ -40,7 +40,7 @@ class AgentSetup:
 
 
 def load_agent(profile: str | NotebookParams, kind: str = "math", *, seed: int = 0, batch_size: int = 64,
-               batch_seed: int = 1088, val_problems: int = 0) -> AgentSetup:
+               batch_seed: int = 1088, val_problems: int = 0, engine: str = "loop") -> AgentSetup:
     """The profile's warm-started substrate (cached by ``copes_lib.substrate``), its tools, the
     training tasks and the first ``val_problems`` validation tasks (0: all), with the substrate's
     rollout settings. ``profile`` may be a notebook's parameters instead: then PROFILE, TASK_KIND,
@@ -54,6 +54,7 @@ def load_agent(profile: str | NotebookParams, kind: str = "math", *, seed: int =
         profile, kind, seed = p.PROFILE, getattr(p, "TASK_KIND", kind), p.SEED
         batch_size, batch_seed = getattr(p, "BATCH_SIZE", batch_size), getattr(p, "BATCH_SEED", batch_seed)
         val_problems = getattr(p, "VAL_PROBLEMS", val_problems)
+        engine = getattr(p, "ENGINE", engine)
     substrate = substrate_config(profile)
     model, tokenizer, _ = warm_start(profile, kind, seed=seed, config=substrate)
     env = make_env(kind, profile)
@@ -62,10 +63,11 @@ def load_agent(profile: str | NotebookParams, kind: str = "math", *, seed: int =
     rollout_config = warm_rollout_config(substrate)
     objective = AgentObjective(tokenizer, env, load_tasks(profile, kind, "train"), val, rollout_config,
                                batch_size, batch_seed)
+    objective.engine = engine  # greedy trajectories are the same on every engine: not part of the cache key
     key = {"profile": profile, "kind": kind, "substrate_checksum": checksum(model), "batch_size": batch_size,
            "batch_seed": batch_seed, "rollout": rollout_config.to_dict()}
     worker_args = dict(profile=profile, kind=kind, seed=seed, batch_size=batch_size, batch_seed=batch_seed,
-                       val_problems=val_problems)
+                       val_problems=val_problems, engine=engine)
     return AgentSetup(model, objective, key, worker_args)
 
 
@@ -84,15 +86,7 @@ def run_arm(agent: AgentSetup, config: ESConfig, *, steps: int, val_every: int, 
     objective = agent.objective if val_problems is None else agent.objective.with_val(val_problems)
     val_ids = [t.id for t in objective.val_tasks]
     key = {**agent.key, "val_ids": val_ids}
-    factory = None
-    if config.backend == "ray":
-        import functools
-
-        import ray
-
-        if not ray.is_initialized():
-            ray.init(num_cpus=config.ray_workers, include_dashboard=False, log_to_driver=False)
-        factory = functools.partial(agent_worker, agent.worker_args)
+    factory = ray_worker_factory(config, agent)
     # FORCE recomputes each distinct run once per session, even if several arms share it
     this = run_key(config, steps, val_every, key)
     force = force and this not in agent.forced
@@ -111,6 +105,20 @@ def agent_worker(worker_args: dict[str, Any]) -> tuple[nn.Module, AgentObjective
     come once from the driver)."""
     agent = load_agent(**worker_args)
     return agent.model, agent.objective
+
+
+def ray_worker_factory(config: ESConfig, agent: AgentSetup):
+    """None, or for ``backend="ray"``: connect to Ray (``RAY_ADDRESS`` or a local cluster) and return
+    the picklable factory with which each worker rebuilds the agent (weights come once from the driver)."""
+    if config.backend != "ray":
+        return None
+    import functools
+
+    if not agent.worker_args:
+        raise ConfigError("backend='ray' needs the agent's worker_args (load_agent's arguments) to rebuild it "
+                          "in the workers")
+    ensure_ray(config.ray_workers)
+    return functools.partial(agent_worker, agent.worker_args)
 
 
 def run_sweep(params: StandardESNotebookParams, agent: AgentSetup, subspaces: int) -> list[dict[str, Any]]:
@@ -151,7 +159,7 @@ def es_config_from(params: NotebookParams, *, seed_index: int = 0, **overrides: 
     values = dict(population=params.POPULATION, subspaces=getattr(params, "SUBSPACES", 1),
                   sigma=params.SIGMA, alpha=params.ALPHA, chunk_size=params.CHUNK_SIZE,
                   noise=params.NOISE, zscore=getattr(params, "ZSCORE", "joint"), backend=params.BACKEND,
-                  seed=params.ES_SEED + seed_index)
+                  ray_workers=params.RAY_WORKERS, seed=params.ES_SEED + seed_index)
     values.update(overrides)
     return ESConfig(**values)
 
@@ -161,7 +169,8 @@ def seeded_agent(agent: AgentSetup, batch_seed: int) -> AgentSetup:
     """The same substrate and tasks with another prompt-batch seed (a new cache identity)."""
     objective = copy.copy(agent.objective)
     objective.batch_seed = batch_seed
-    return AgentSetup(agent.model, objective, {**agent.key, "batch_seed": batch_seed})
+    return AgentSetup(agent.model, objective, {**agent.key, "batch_seed": batch_seed},
+                      {**agent.worker_args, "batch_seed": batch_seed} if agent.worker_args else {})
 
 
 @dataclass
@@ -210,7 +219,8 @@ def es_run(params: NotebookParams, agent, config, *, steps: int, val_every: int,
         force = False
     history, folder = cached_es_run(params.PROFILE, "es_runs", copy.deepcopy(agent.model), agent.objective,
                                     config, steps=steps, val_every=val_every, key_extra=_run_identity(agent),
-                                    force=force, log_prefix=label)
+                                    force=force, log_prefix=label,
+                                    worker_factory=ray_worker_factory(config, agent))
     return ESRun(label, config, history, folder, config.seed - getattr(params, "ES_SEED", config.seed))
 
 

@@ -31,8 +31,8 @@ How it departs from the paper (and why):
   paired with ES's; every method is validated on the same problems.
 - Step costs are this machine's measured wall time per training step (validation excluded, as in
   A5), counting the machine as one device; "est. device-hours" = mean step cost x steps.
-- The Ray backend of ``copes_lib.es`` is not offered here (``BACKEND`` is sequential or batched): its
-  workers rebuild the objective from notebook parameters and would not see the per-seed batch seed.
+- ``BACKEND = "ray"`` spreads the members over Ray workers (one per GPU on a GPU cluster; ``RAY_ADDRESS``):
+  the workers rebuild the agent with the run's own batch seed (``AgentSetup.worker_args``).
 - Test decoding of ES and CoPES uses seed 0's checkpoint only (cost); seeds enter the validation
   comparison.
 """

@@ -10,13 +10,14 @@ from typing import Any
 
 from copes_lib import config
 from copes_lib.config import ConfigError, NotebookParams, build
-from copes_lib.protocols import molora_params, params
+from copes_lib.protocols import molora_params, params, scale_study
 from copes_lib.protocols.substrate_setup import use_profile_data
 
 _CLASSES: tuple[type[NotebookParams], ...] = (
     params.OverviewParams, params.SubstrateNotebookParams, params.StandardESNotebookParams,
     params.CoPESNotebookParams, params.GRPONotebookParams, params.FixedBudgetParams, params.AblationParams,
-    params.MultihopQAParams, params.BudgetNotebookParams, molora_params.MoloraSubstrateParams,
+    params.MultihopQAParams, params.BudgetNotebookParams, scale_study.ScaleStudyParams,
+    molora_params.MoloraSubstrateParams,
     molora_params.MoloraRouterParams, molora_params.MoloraFactorialParams, molora_params.SandboxNotebookParams,
     params.SummaryParams,
 )
@@ -49,7 +50,8 @@ def load_profile(profile: str) -> dict[str, dict[str, Any]]:
 
 
 def profile_params(profile: str, notebook: str) -> dict[str, Any]:
-    """The profile's values for one notebook, checked against the notebook's parameter class."""
+    """The profile's values for one notebook, checked against the notebook's parameter class, with the
+    values given explicitly to that notebook in this kernel on top (``config.profile_params``)."""
     load_profile(profile)
     return config.profile_params(profile, params_class(notebook))
 
@@ -57,7 +59,7 @@ def profile_params(profile: str, notebook: str) -> dict[str, Any]:
 def validate_profile(profile: str) -> None:
     """Build every notebook's parameters under ``profile``: any bad key or value raises."""
     for notebook in load_profile(profile):
-        build(params_class(notebook), {**profile_params(profile, notebook), "PROFILE": profile},
+        build(params_class(notebook), {**config.yaml_params(profile, params_class(notebook)), "PROFILE": profile},
               source=f"parameters in profiles/{profile}.yaml")
 
 
@@ -68,7 +70,7 @@ def profile_problems(profile: str, notebooks: list[str] | None = None) -> dict[s
     problems = {}
     for notebook in notebooks if notebooks is not None else list(NOTEBOOKS):
         try:
-            values = profile_params(profile, notebook) if notebook in sections else {}
+            values = config.yaml_params(profile, params_class(notebook)) if notebook in sections else {}
             build(params_class(notebook), {**values, "PROFILE": profile},
                   source=f"parameters in profiles/{profile}.yaml")
         except ConfigError as exc:

@@ -16,7 +16,7 @@ from copes_lib.budget import SubstrateSizes
 from copes_lib.config import ConfigError, NotebookParams, param
 from copes_lib.grpo import GRPOConfig
 from copes_lib.substrate import MODEL_SIZES, WarmStartConfig
-from copes_lib.tasks import GPUDataPaths
+from copes_lib.tasks import AgentToolSettings, GPUDataPaths
 
 
 @dataclass(frozen=True)
@@ -47,12 +47,18 @@ class SubstrateNotebookParams(NotebookParams):
     MODEL_SIZE: str = param("cpu", "Qwen3 shape of the miniature", choices=tuple(MODEL_SIZES))
     VOCAB_SIZE: int = param(640, "BPE vocabulary size of the miniature's tokenizer", ge=300, le=8192)
     MAX_CONTEXT: int = param(384, "longest prompt + trajectory in tokens (model positions)", ge=64)
-    WARM_MATH_STEPS: int = param(450, "warm-start optimizer steps on math traces (fixed per profile)", ge=0)
-    WARM_QA_STEPS: int = param(200, "warm-start optimizer steps on QA traces (fixed per profile)", ge=0)
+    WARM_MATH_STEPS: int = param(600, "most warm-start optimizer steps on math traces (cap of the stopping rule)", ge=0)
+    WARM_QA_STEPS: int = param(300, "most warm-start optimizer steps on QA traces (cap of the stopping rule)", ge=0)
+    WARM_MATH_TARGET: float = param(0.40, "stop the math warm start at the first curve point with validation "
+                                    "accuracy >= this (0 = always train the cap)", ge=0.0, le=1.0)
+    WARM_QA_TARGET: float = param(0.35, "stop the QA warm start at the first curve point with validation "
+                                  "F1 >= this (0 = always train the cap)", ge=0.0, le=1.0)
+    WARM_SPREAD_SEEDS: int = param(2, "extra math warm-start seeds (SEED+1, ...) notebook 01 trains only to "
+                                   "measure the base accuracy's spread over seeds", ge=0)
     WARM_BATCH: int = param(32, "warm-start traces per step", ge=1)
     WARM_LR: float = param(3e-3, "warm-start AdamW learning rate (after a linear warmup)", gt=0.0)
     WARM_WARMUP: int = param(20, "linear learning-rate warmup steps", ge=0)
-    WARM_EVAL_EVERY: int = param(50, "evaluate the warm start every this many steps (curve)", ge=1)
+    WARM_EVAL_EVERY: int = param(25, "evaluate the warm start every this many steps (curve, stopping rule)", ge=1)
     WARM_EVAL_PROBLEMS: int = param(128, "validation problems per curve point", ge=1)
     EVAL_BATCH: int = param(256, "trajectories per rollout batch when evaluating", ge=1)
     MAX_NEW_TOKENS: int = param(64, "model-written tokens per trajectory", ge=8)
@@ -60,30 +66,64 @@ class SubstrateNotebookParams(NotebookParams):
     BENCH_BATCH: int = param(64, "batch of the rollout-throughput measurement", ge=1)
     MODEL_PATH: str = param("", "gpu profile: local HF checkpoint folder (e.g. Qwen3.5-4B)")
     MATH_TRAIN_JSONL: str = param("", "gpu profile: MATH train JSONL (problem, solution, type)")
-    MATH_TEST_JSONL: str = param("", "gpu profile: MATH test JSONL (MATH-500 / MATH-Test format)")
+    MATH_TEST_FILES: str = param("", "gpu profile: Table 1's math test sets, name=path,... with names aime24, "
+                                 "aime25, gsm8k, math500, math_test (tasks.loaders.BENCHMARKS)")
     QA_TRAIN_JSONL: str = param("", "gpu profile: HotpotQA train JSONL")
-    QA_TEST_JSONL: str = param("", "gpu profile: QA test JSONL (HotpotQA / 2Wiki / MuSiQue format)")
+    QA_TEST_FILES: str = param("", "gpu profile: Table 4's QA test sets, name=path,... with names hotpotqa, "
+                               "2wiki, musique")
     SEARCH_CORPUS_JSONL: str = param("", "gpu profile: search corpus JSONL (id, title, text | contents)")
     VAL_HOLDOUT: int = param(750, "gpu profile: training problems held out for validation (paper: 750)", ge=1)
+    MAX_TURNS: int = param(6, "model turns per trajectory (each tool call ends one); 0 = every allowed call "
+                           "plus the answer (the paper's limits: math 9, QA 11)", ge=0)
+    MATH_PYTHON_CALLS: int = param(5, "Python calls per math trajectory (paper: 5)", ge=0)
+    MATH_SEARCH_CALLS: int = param(3, "search calls per math trajectory (paper: 3)", ge=0)
+    QA_PYTHON_CALLS: int = param(5, "Python calls per QA trajectory (paper: 5)", ge=0)
+    QA_SEARCH_CALLS: int = param(5, "search calls per QA trajectory (paper: 5)", ge=0)
+    SEARCH_TOP_K: int = param(1, "passages returned per search call (Search-R1 / the paper: 3)", ge=1)
+    RETRIEVER: str = param("bm25", "gpu search tool: bm25, or dense (EMBEDDING_MODEL_PATH + FAISS, the paper's "
+                           "E5 setup); built once under cache/ and memory-mapped", choices=("bm25", "dense"))
+    EMBEDDING_MODEL_PATH: str = param("", "gpu, RETRIEVER dense: local encoder folder (e.g. e5-base-v2)")
+    EMBEDDING_QUERY_PREFIX: str = param("", "dense retriever: text put before each query (E5: 'query: ')")
+    EMBEDDING_PASSAGE_PREFIX: str = param("", "dense retriever: text put before each passage (E5: 'passage: ')")
+    THINKING: bool = param(True, "chat prompts (gpu): the template's enable_thinking, Qwen3.5's thinking mode "
+                           "(the paper does not say; on is the checkpoint's default)")
 
     def check(self) -> None:
         if self.PROFILE != "gpu" and self.MODEL_SIZE not in MODEL_SIZES:
             raise ConfigError(f"MODEL_SIZE = {self.MODEL_SIZE!r}; valid values: {list(MODEL_SIZES)}")
+        from copes_lib.tasks.loaders import parse_test_files
+
+        for kind, name in (("math", "MATH_TEST_FILES"), ("qa", "QA_TEST_FILES")):
+            try:
+                parse_test_files(getattr(self, name), kind, f"{type(self).__name__}.{name}")
+            except ValueError as error:
+                raise ConfigError(str(error)) from None
 
     def warm_start_config(self) -> WarmStartConfig:
         """The substrate these parameters describe (the gpu profile loads MODEL_PATH instead of training)."""
+        gpu = self.PROFILE == "gpu"
         return WarmStartConfig(
             model_size=self.MODEL_SIZE, vocab_size=self.VOCAB_SIZE, max_context=self.MAX_CONTEXT,
-            math_steps=self.WARM_MATH_STEPS, qa_steps=self.WARM_QA_STEPS, batch=self.WARM_BATCH,
+            math_steps=self.WARM_MATH_STEPS, qa_steps=self.WARM_QA_STEPS, math_target=self.WARM_MATH_TARGET,
+            qa_target=self.WARM_QA_TARGET, batch=self.WARM_BATCH,
             lr=self.WARM_LR, warmup=self.WARM_WARMUP, eval_every=self.WARM_EVAL_EVERY,
             eval_problems=self.WARM_EVAL_PROBLEMS, eval_batch=self.EVAL_BATCH, max_new_tokens=self.MAX_NEW_TOKENS,
-            prompt_style="auto" if self.PROFILE == "gpu" else "plain",
-            model_path=self.MODEL_PATH if self.PROFILE == "gpu" else "")
+            prompt_style="auto" if gpu else "plain", model_path=self.MODEL_PATH if gpu else "",
+            max_turns=self.MAX_TURNS, enable_thinking=self.THINKING if gpu else None)
 
     def gpu_data_paths(self) -> GPUDataPaths:
-        return GPUDataPaths(math_train_jsonl=self.MATH_TRAIN_JSONL, math_test_jsonl=self.MATH_TEST_JSONL,
-                            qa_train_jsonl=self.QA_TRAIN_JSONL, qa_test_jsonl=self.QA_TEST_JSONL,
-                            search_corpus_jsonl=self.SEARCH_CORPUS_JSONL, val_holdout=self.VAL_HOLDOUT)
+        return GPUDataPaths(
+            math_train_jsonl=self.MATH_TRAIN_JSONL, math_test_files=self.MATH_TEST_FILES,
+            qa_train_jsonl=self.QA_TRAIN_JSONL, qa_test_files=self.QA_TEST_FILES,
+            search_corpus_jsonl=self.SEARCH_CORPUS_JSONL, val_holdout=self.VAL_HOLDOUT, retriever=self.RETRIEVER,
+            embedding_model_path=self.EMBEDDING_MODEL_PATH, embedding_query_prefix=self.EMBEDDING_QUERY_PREFIX,
+            embedding_passage_prefix=self.EMBEDDING_PASSAGE_PREFIX)
+
+    def tool_settings(self) -> AgentToolSettings:
+        return AgentToolSettings(
+            math_python_calls=self.MATH_PYTHON_CALLS, math_search_calls=self.MATH_SEARCH_CALLS,
+            qa_python_calls=self.QA_PYTHON_CALLS, qa_search_calls=self.QA_SEARCH_CALLS,
+            search_top_k=self.SEARCH_TOP_K)
 
 
 # =========================================================================== 02, 03: ES and CoPES
@@ -106,6 +146,9 @@ class StandardESNotebookParams(NotebookParams):
     CHUNK_SIZE: int = param(4096, "elements per chunk (paper: unstated)", ge=1)
     BACKEND: str = param("batched", "member evaluation backend (batched: members x prompts in one rollout)",
                          choices=("sequential", "batched", "ray"))
+    RAY_WORKERS: int = param(2, "BACKEND ray: workers (one per GPU on a GPU cluster; RAY_ADDRESS joins one)", ge=1)
+    ENGINE: str = param("loop", "rollout engine: loop, or slots (continuous batching; for GPUs)",
+                        choices=("loop", "slots"))
     NOISE: str = param("iid", "noise seeding (iid or paper_correlated)", choices=("iid", "paper_correlated"))
     ES_SEED: int = param(33, "seed of noise and partitions (paper: 33)", ge=0)
     BATCH_SEED: int = param(1088, "seed of the per-step prompt batches, shared by every method", ge=0)
@@ -223,8 +266,11 @@ class _ExperimentParams(NotebookParams):
     ALPHA: float = param(5e-3, "standard ES alpha when notebook 02 has not chosen one (paper: 5e-4)", gt=0.0)
     SUBSPACES: int = param(4, "K of CoPES (paper: 4)", ge=1)
     CHUNK_SIZE: int = param(4096, "elements per parameter chunk (paper: unstated)", ge=1)
-    BACKEND: str = param("batched", "ES member evaluation: sequential or batched (same updates)",
-                         choices=("sequential", "batched"))
+    BACKEND: str = param("batched", "ES member evaluation: sequential, batched or ray (same updates)",
+                         choices=("sequential", "batched", "ray"))
+    RAY_WORKERS: int = param(2, "BACKEND ray: workers (one per GPU on a GPU cluster; RAY_ADDRESS joins one)", ge=1)
+    ENGINE: str = param("loop", "rollout engine: loop, or slots (continuous batching; for GPUs)",
+                        choices=("loop", "slots"))
     NOISE: str = param("iid", "noise seeding (iid or paper_correlated)", choices=("iid", "paper_correlated"))
     ES_SEED: int = param(33, "noise seed of seed 0; seed i uses ES_SEED + i (paper: 33)", ge=0)
     BATCH_SEED: int = param(1088, "prompt-batch seed of seed 0; seed i uses BATCH_SEED + i", ge=0)
@@ -251,6 +297,8 @@ class _GRPOParams(_ExperimentParams):
     TEST_PROBLEMS: int = param(128, "test problems for the test decoding (0 means the whole test split)", ge=0)
     TEST_SAMPLES: int = param(8, "samples per test problem, n of pass@k (paper: 32)", ge=1)
     TEST_TEMPERATURE: float = param(0.3, "test decoding temperature (paper: 0.3)", gt=0.0)
+    TEST_TOP_P: float = param(1.0, "test decoding top-p (paper: 1.0)", gt=0.0, le=1.0)
+    TEST_SAMPLES_AIME: int = param(256, "samples per AIME problem (paper: 256; gpu benchmarks only)", ge=1)
 
     def check(self) -> None:
         super().check()

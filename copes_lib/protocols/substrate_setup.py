@@ -25,7 +25,9 @@ def substrate_config(profile: str) -> WarmStartConfig:
 
 
 def use_profile_data(profile: str) -> None:
-    """Point ``copes_lib.tasks`` at the gpu profile's local files (a no-op for smoke and cpu, whose
-    tasks are generated)."""
+    """Give ``copes_lib.tasks`` the profile's agent tool limits and, on the gpu profile, its local data
+    files (smoke and cpu tasks are generated)."""
+    params = substrate_params(profile)
+    tasks.use_tool_settings(profile, params.tool_settings())
     if profile == "gpu":
-        tasks.use_gpu_data(substrate_params(profile).gpu_data_paths())
+        tasks.use_gpu_data(params.gpu_data_paths())

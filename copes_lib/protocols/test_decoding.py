@@ -16,14 +16,15 @@ from copes_lib.rollout import evaluate
 
 
 def sample_test(params: NotebookParams, agent, model, tasks: Sequence[Any], *, samples: int,
-                temperature: float, label: str, seed: int = 0) -> dict[str, Any]:
-    """``samples`` trajectories per task at ``temperature`` (top-p 1), cached by the weights' checksum.
+                temperature: float, label: str, seed: int = 0, top_p: float = 1.0) -> dict[str, Any]:
+    """``samples`` trajectories per task at ``temperature`` and ``top_p`` (the paper: 0.3, 1.0), cached
+    by the weights' checksum.
 
     Returns per-task scores (``scores[j]``: the samples' scores of task j; correctness for math, F1 for
     QA), the mean Acc / EM / F1 (QA) or accuracy (math), and ``correct_counts`` for pass@k.
     """
     objective = agent.objective
-    config = dataclasses.replace(objective.rollout_config, temperature=temperature, top_p=1.0)
+    config = dataclasses.replace(objective.rollout_config, temperature=temperature, top_p=top_p)
     key = runs.cache_key({"weights": checksum(model), "samples": samples, "temperature": temperature,
                           "rollout": config.to_dict(), "kind": agent.key["kind"], "seed": seed},
                          [t.id for t in tasks])

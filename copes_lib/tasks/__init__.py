@@ -42,7 +42,7 @@ from copes_lib.tasks.rewards import (
     qa_scores,
 )
 
-__all__ = ["GPUDataPaths", "use_gpu_data", "Task", "load_tasks", "load_passages", "task_ids", "data_fingerprint", "describe_split_file", "SPLITS", "TASK_KINDS", "TAGS", "SEARCH_K",
+__all__ = ["GPUDataPaths", "use_gpu_data", "AgentToolSettings", "use_tool_settings", "Task", "load_tasks", "load_benchmarks", "load_passages", "task_ids", "data_fingerprint", "describe_split_file", "tool_settings", "SPLITS", "TASK_KINDS", "TAGS", "SEARCH_K",
            "TOOL_LIMITS", "format_prompt", "split_trace", "extract_answer", "math_reward", "qa_reward",
            "format_reward", "math_correctness", "qa_scores", "qa_metrics", "math_equal", "GENERATED_SIZES"]
 
@@ -94,11 +94,10 @@ def _generated_world(profile: str, kind: str) -> tuple[list[tuple[str, str, str]
     return passages, tasks, plans
 
 
-@functools.lru_cache(maxsize=4)
 def _retriever(profile: str, kind: str):
-    from copes_lib.tools import BM25Retriever, Passage
+    from copes_lib.tasks.retrieval import shared_retriever
 
-    return BM25Retriever([Passage(i, t, x) for i, t, x in load_passages(profile, kind)])
+    return shared_retriever(profile, kind)  # the search tool's own index: one build per process
 
 
 def _reference(plan: list, answer: str, passages: list[list]) -> str:
@@ -164,14 +163,40 @@ def _check_split_file(profile: str, kind: str, tasks: dict[str, list[Task]]) -> 
 # --------------------------------------------------------------------------- gpu: local files
 @dataclasses.dataclass(frozen=True)
 class GPUDataPaths(Config):
-    """Where the gpu profile's real data lie (local JSONL files; nothing is downloaded)."""
+    """Where the gpu profile's real data lie (local files; nothing is downloaded) and how its search
+    corpus is indexed."""
 
     math_train_jsonl: str = param("", "MATH train JSONL (problem, solution, type)")
-    math_test_jsonl: str = param("", "MATH test JSONL (MATH-500 / MATH-Test format)")
+    math_test_files: str = param("", "Table 1's math test sets, name=path,... (tasks.loaders.BENCHMARKS)")
     qa_train_jsonl: str = param("", "HotpotQA train JSONL")
-    qa_test_jsonl: str = param("", "QA test JSONL (HotpotQA / 2Wiki / MuSiQue format)")
+    qa_test_files: str = param("", "Table 4's QA test sets, name=path,... (hotpotqa, 2wiki, musique)")
     search_corpus_jsonl: str = param("", "search corpus JSONL (id, title, text | contents)")
     val_holdout: int = param(750, "training problems held out for validation (paper: 750)", ge=1)
+    retriever: str = param("bm25", "search index: bm25, or dense (embedding_model_path + FAISS)",
+                           choices=("bm25", "dense"))
+    embedding_model_path: str = param("", "dense retriever: local encoder folder (e.g. e5-base-v2)")
+    embedding_query_prefix: str = param("", "dense retriever: text put before each query (E5: 'query: ')")
+    embedding_passage_prefix: str = param("", "dense retriever: text put before each passage (E5: 'passage: ')")
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentToolSettings(Config):
+    """The agent's tool budget per trajectory and the passages a search returns (the paper's limits:
+    math 5 Python + 3 search calls, QA 5 + 5; Search-R1 returns 3 passages)."""
+
+    math_python_calls: int = param(5, "Python calls per math trajectory (paper: 5)", ge=0)
+    math_search_calls: int = param(3, "search calls per math trajectory (paper: 3)", ge=0)
+    qa_python_calls: int = param(5, "Python calls per QA trajectory (paper: 5)", ge=0)
+    qa_search_calls: int = param(5, "search calls per QA trajectory (paper: 5)", ge=0)
+    search_top_k: int = param(1, "passages returned per search call (Search-R1 / the paper: 3)", ge=1)
+
+
+_tool_settings: dict[str, AgentToolSettings] = {}  # profile -> settings, set by the notebooks' parameter loading
+
+
+def use_tool_settings(profile: str, settings: AgentToolSettings) -> None:
+    """Give agents of ``profile`` in this process these tool limits and search depth from now on."""
+    _tool_settings[profile] = settings
 
 
 _gpu_data: list[GPUDataPaths] = []  # set by use_gpu_data; the notebooks' parameter loading calls it
@@ -193,37 +218,64 @@ def _gpu_paths() -> GPUDataPaths:
 
 def _require(value: str, name: str) -> str:
     if not value:
-        name = name.upper()  # the notebook parameter a user sets
-        raise ConfigError(f"{name} is empty: the gpu profile reads real data from local files; set "
-                          f"{name} in profiles/gpu.yaml (01_substrate_and_agent) to a local JSONL path")
+        raise ConfigError(f"{name} is empty: the gpu profile reads real data from local files; set {name} in "
+                          "profiles/gpu.yaml (01_substrate_and_agent) or pass it to notebook 01 with "
+                          f"papermill -p {name} ...")
     return value
 
 
-@functools.lru_cache(maxsize=4)
-def _gpu_tasks(kind: str, p: GPUDataPaths) -> dict[str, list[Task]]:
-    from copes_lib.tasks.loaders import load_jsonl_tasks, read_jsonl, stratified_holdout
+_TRAIN_FILE = {"math": "MATH_TRAIN_JSONL", "qa": "QA_TRAIN_JSONL"}
+_TEST_FILES = {"math": "MATH_TEST_FILES", "qa": "QA_TEST_FILES"}
 
-    if kind == "math":
-        path = _require(p.math_train_jsonl, "math_train_jsonl")
-        rows = read_jsonl(path)
-        tasks = load_jsonl_tasks(path, "math")
-        subjects = {r.get("unique_id"): r.get("type", r.get("subject", "")) for r in rows}
-        strata = [str(subjects.get(t.id, "")) for t in tasks]
-        train, val = stratified_holdout(tasks, p.val_holdout, strata, DATA_SEED)
-        test = load_jsonl_tasks(_require(p.math_test_jsonl, "math_test_jsonl"), "math")
-    else:
-        tasks = load_jsonl_tasks(_require(p.qa_train_jsonl, "qa_train_jsonl"), "qa")
-        train, val = stratified_holdout(tasks, p.val_holdout, [""] * len(tasks), DATA_SEED)
-        test = load_jsonl_tasks(_require(p.qa_test_jsonl, "qa_test_jsonl"), "qa")
-    return {"train": train, "val": val, "test": test}
+
+@functools.lru_cache(maxsize=4)
+def _gpu_train_val(kind: str, path: str, holdout: int) -> dict[str, list[Task]]:
+    """Training file minus a validation hold-out, stratified by MATH subject (``type`` / ``subject``)."""
+    from copes_lib.tasks.loaders import read_tasks, stratified_holdout
+
+    tasks, subjects = read_tasks(path, "math" if kind == "math" else "qa")
+    strata = subjects if kind == "math" else [""] * len(tasks)
+    train, val = stratified_holdout(tasks, holdout, strata, DATA_SEED)
+    return {"train": train, "val": val}
+
+
+@functools.lru_cache(maxsize=4)
+def _gpu_benchmarks(kind: str, spec: str) -> dict[str, list[Task]]:
+    from copes_lib.tasks.loaders import BENCHMARKS, parse_test_files, read_tasks
+
+    files = parse_test_files(spec, kind, _TEST_FILES[kind])
+    return {bench: read_tasks(path, BENCHMARKS[bench][1], prefix=bench)[0] for bench, path in files.items()}
+
+
+def _gpu_tasks(kind: str, split: str) -> list[Task]:
+    p = _gpu_paths()
+    if split == "test":
+        spec = _require(getattr(p, _TEST_FILES[kind].lower()), _TEST_FILES[kind])
+        return [t for tasks in _gpu_benchmarks(kind, spec).values() for t in tasks]
+    path = _require(getattr(p, _TRAIN_FILE[kind].lower()), _TRAIN_FILE[kind])
+    return _gpu_train_val(kind, path, p.val_holdout)[split]
+
+
+def load_benchmarks(profile: str, kind: str) -> dict[str, list[Task]]:
+    """The named test sets of ``kind``: on the gpu profile those of ``MATH_TEST_FILES`` /
+    ``QA_TEST_FILES`` (Tables 1 and 4: aime24, aime25, gsm8k, math500, math_test; hotpotqa, 2wiki,
+    musique), task ids prefixed with the benchmark's name; on smoke / cpu the one generated test split,
+    named ``test``. The test split of :func:`load_tasks` is their concatenation."""
+    _check(profile, kind)
+    if profile == "gpu":
+        p = _gpu_paths()
+        return {b: list(t) for b, t in _gpu_benchmarks(kind, _require(getattr(p, _TEST_FILES[kind].lower()),
+                                                                       _TEST_FILES[kind])).items()}
+    return {"test": load_tasks(profile, kind, "test")}
 
 
 # --------------------------------------------------------------------------- public
 def load_tasks(profile: str, kind: str, split: str) -> list[Task]:
     """The tasks of one split, in a fixed order (a fresh list; Task objects are immutable)."""
     _check(profile, kind, split)
-    tasks = _gpu_tasks(kind, _gpu_paths()) if profile == "gpu" else _generated_tasks(profile, kind)
-    return list(tasks[split])
+    if profile == "gpu":
+        return list(_gpu_tasks(kind, split))
+    return list(_generated_tasks(profile, kind)[split])
 
 
 def task_ids(profile: str, kind: str, split: str) -> list[str]:
@@ -240,6 +292,17 @@ def load_passages(profile: str, kind: str) -> list[tuple[str, str, str]]:
     return list(_generated_world(profile, kind)[0])
 
 
+def tool_settings(profile: str, kind: str) -> tuple[dict[str, int], int]:
+    """(tool limits {"python", "search"}, passages per search call) of ``kind`` under ``profile``: the
+    :class:`AgentToolSettings` set by :func:`use_tool_settings` (notebook 01's ``MATH_PYTHON_CALLS`` ...
+    ``QA_SEARCH_CALLS`` and ``SEARCH_TOP_K``) (defaults: the
+    paper's limits, math 5 Python + 3 search, QA 5 + 5; one passage on smoke / cpu, Search-R1's 3 on gpu)."""
+    _check(profile, kind)
+    p = _tool_settings.get(profile, AgentToolSettings())
+    return ({"python": getattr(p, f"{kind}_python_calls"), "search": getattr(p, f"{kind}_search_calls")},
+            p.search_top_k)
+
+
 def describe_split_file(profile: str, kind: str) -> dict:
     """The saved split record (ids per split and content fingerprints); generated on first use.
     Reading it is cheap, so cache keys use it instead of generating the tasks."""
@@ -254,5 +317,6 @@ def describe_split_file(profile: str, kind: str) -> dict:
 
 def data_fingerprint(profile: str, kind: str) -> dict:
     """What a cache key needs to know about the generated data: split fingerprints, sizes, search k."""
+    limits, top_k = tool_settings(profile, kind)
     return {"splits": describe_split_file(profile, kind)["fingerprint"], "sizes": GENERATED_SIZES[profile][kind],
-            "search_k": SEARCH_K[kind], "limits": TOOL_LIMITS[kind], "seed": DATA_SEED}
+            "search_k": top_k, "limits": limits, "seed": DATA_SEED}

@@ -56,8 +56,9 @@ class Task:
 
 
 def format_prompt(task: Task, style: str = "plain", tokenizer=None, python_limit: int = 5,
-                  search_limit: int = 3) -> str:
-    """The prompt text the model sees.
+                  search_limit: int = 3, enable_thinking: bool | None = None) -> str:
+    """The prompt text the model sees. ``enable_thinking`` goes to the chat template (Qwen3 / Qwen3.5
+    thinking mode; templates without the switch ignore it); None leaves the template's default.
 
     >>> format_prompt(Task("m1", "math", "What is 2+3?", ("5",), 1))
     'Question: What is 2+3?\\n'
@@ -69,7 +70,8 @@ def format_prompt(task: Task, style: str = "plain", tokenizer=None, python_limit
             raise ValueError("style='chat' needs a tokenizer with a chat_template")
         system = SYSTEM_PROMPT.format(python=python_limit, search=search_limit)
         messages = [{"role": "system", "content": system}, {"role": "user", "content": task.question}]
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        switch = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **switch)
     raise ValueError(f"style = {style!r} is not valid; valid values: ['plain', 'chat']")
 
 

@@ -1,9 +1,15 @@
-"""Passage search for the agent's ``<search>`` tool: BM25 through ``bm25s``, behind a small Protocol.
+"""Passage search for the agent's ``<search>`` tool: BM25 through ``bm25s`` or a dense retriever
+(:mod:`copes_lib.tools.dense`, a local embedding model + FAISS), behind one small Protocol.
 
 Departure from the paper: the paper searches a Wikipedia dump with an E5 dense retriever and FAISS
-(the Search-R1 setup). Here the corpus is the suite's generated knowledge base, and the retriever is
-BM25 (lower-cased word tokens, English stop words removed, no stemmer). A dense retriever can be
-dropped in later by implementing :class:`Retriever`.
+(the Search-R1 setup, top 3 passages). The smoke / cpu miniature searches its generated knowledge
+base with BM25 (lower-cased word tokens, English stop words removed, no stemmer), one passage per
+call. The gpu profile reads a local corpus file (Search-R1's ``{id, contents}`` JSONL) and uses BM25 by
+default or, with ``RETRIEVER: dense`` and ``EMBEDDING_MODEL_PATH`` (e.g. a local E5 checkpoint), the
+dense retriever; either index is built once, saved under ``cache/<profile>/`` keyed on the corpus
+fingerprint, and memory-mapped on load, so notebooks and Ray workers share one build and the
+operating system's page cache (:mod:`copes_lib.tasks.retrieval`, which owns the corpus files and the
+per-process index of each task kind).
 
 Ranking is deterministic: by score, ties broken by the passage's position in the corpus.
 """
@@ -11,6 +17,8 @@ Ranking is deterministic: by score, ties broken by the passage's position in the
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -51,22 +59,37 @@ class BM25Retriever:
     ['a']
     """
 
-    def __init__(self, passages: list[Passage], k1: float = 1.5, b: float = 0.75):
+    def __init__(self, passages: Sequence[Passage], k1: float = 1.5, b: float = 0.75, index=None):
         import bm25s
 
-        passages = list(passages)
-        if not passages:
+        if isinstance(passages, (list, tuple)) or not hasattr(passages, "__getitem__"):
+            passages = list(passages)
+            ids = [p.id for p in passages]
+            if len(set(ids)) != len(ids):
+                duplicates = sorted({i for i in ids if ids.count(i) > 1})[:5]
+                raise ValueError(f"passages must have unique ids; duplicated: {duplicates}")
+        if not len(passages):
             raise ValueError("passages must be a non-empty list of Passage")
-        ids = [p.id for p in passages]
-        if len(set(ids)) != len(ids):
-            duplicates = sorted({i for i in ids if ids.count(i) > 1})[:5]
-            raise ValueError(f"passages must have unique ids; duplicated: {duplicates}")
         self.passages = passages
         self._bm25s = bm25s
-        tokens = bm25s.tokenize([f"{p.title} {p.text}" for p in passages], stopwords="en",
-                                show_progress=False)
-        self._index = bm25s.BM25(k1=k1, b=b)
-        self._index.index(tokens, show_progress=False)
+        if index is None:
+            tokens = bm25s.tokenize([f"{p.title} {p.text}" for p in passages], stopwords="en",
+                                    show_progress=False)
+            index = bm25s.BM25(k1=k1, b=b)
+            index.index(tokens, show_progress=False)
+        self._index = index
+
+    def save(self, folder: str | Path) -> None:
+        """The index (not the passages) as bm25s files in ``folder``."""
+        self._index.save(str(folder), show_progress=False)
+
+    @classmethod
+    def load(cls, folder: str | Path, passages: Sequence[Passage], mmap: bool = True) -> BM25Retriever:
+        """The index saved by :meth:`save`, memory-mapped (``mmap``), over the same ``passages``."""
+        import bm25s
+
+        index = bm25s.BM25.load(str(folder), mmap=mmap, show_progress=False)
+        return cls(passages, index=index)
 
     def __len__(self) -> int:
         return len(self.passages)

@@ -1,0 +1,88 @@
+"""One CPU thread count for everything that trains or evaluates, whatever the machine.
+
+Floating-point sums depend on how a reduction is split over threads, so a run's numbers could depend
+on the core count, on ``JOBS`` (the runner divides the cores among concurrent notebooks) or on the
+user's ``OMP_NUM_THREADS``. The suite therefore fixes torch's intra-op thread count to
+:data:`N_FIXED` for
+
+- every notebook kernel the runner starts (:func:`kernel_environment`, set by ``copes_lib.cli``),
+- every :class:`copes_lib.runs.Run` (a notebook run from JupyterLab too), and
+- the warm start (:func:`fixed_threads` around its training and evaluation),
+
+and records what was in effect in every ``manifest.json`` (:func:`thread_info`).
+
+``N_FIXED = 1``: it is the committed cpu run's setting (two notebooks at once on 2 cores). On the
+development machine (AMD EPYC, AVX512, MKL 2024.2, torch 2.13) 1 and 2 threads gave bitwise equal
+warm-start training in the short runs we could afford (tests/test_determinism.py checks the smoke
+substrate), which is too little to trust 2 everywhere. The price: ``JOBS=1`` leaves the other cores
+idle; use ``JOBS`` to fill them. What the thread count cannot fix: the instruction set of the CPU
+(AVX512 vs AVX2 vs ARM) changes the kernels torch and MKL pick: forcing AVX2 on the development
+machine changed the smoke warm start's stopping step (300 -> 350) and base accuracy (0.297 -> 0.266);
+see the README ("Reproducibility").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from typing import Any
+
+#: torch's intra-op thread count in every kernel, run and warm start of the suite.
+N_FIXED = 1
+
+#: the variables a kernel's math libraries read at start-up (OpenMP, MKL, OpenBLAS).
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+#: variables that change which kernels (instruction set, reproducibility mode) torch, MKL and oneDNN pick.
+KERNEL_CHOICE_VARIABLES = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA")
+
+
+def kernel_environment(n: int = N_FIXED) -> dict[str, str]:
+    """Environment variables that give a new process ``n`` math-library threads."""
+    return {name: str(n) for name in THREAD_VARIABLES}
+
+
+def fix_threads(n: int = N_FIXED) -> None:
+    """Set torch's intra-op threads to ``n`` (and inter-op threads where torch still allows it)."""
+    import torch
+
+    torch.set_num_threads(n)
+    with contextlib.suppress(RuntimeError):  # inter-op threads can only be set before the first parallel op
+        torch.set_num_interop_threads(n)
+
+
+@contextlib.contextmanager
+def fixed_threads(n: int = N_FIXED) -> Iterator[None]:
+    """Run the block with ``n`` intra-op threads, then restore the previous count."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def thread_info() -> dict[str, Any]:
+    """What decided this process's CPU arithmetic: threads, instruction set, math libraries."""
+    import torch
+
+    build = torch.__config__.show()
+    blas = next((part.split("=", 1)[1] for part in build.replace("\n", ",").split(",")
+                 if part.strip().startswith("BLAS_INFO=")), "unknown")
+    mkl = next((line.strip(" -") for line in build.splitlines() if "Math Kernel Library" in line), None)
+    return {
+        "fixed_threads": N_FIXED,
+        "intra_op_threads": torch.get_num_threads(),
+        "interop_threads": torch.get_num_interop_threads(),
+        "env": {name: os.environ.get(name) for name in THREAD_VARIABLES + KERNEL_CHOICE_VARIABLES},
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "blas": blas,
+        "mkl": mkl,
+        "mkldnn_enabled": bool(torch.backends.mkldnn.enabled and torch.backends.mkldnn.is_available()),
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+    }
+
+
+__all__ = ["N_FIXED", "THREAD_VARIABLES", "KERNEL_CHOICE_VARIABLES", "kernel_environment", "fix_threads", "fixed_threads", "thread_info"]

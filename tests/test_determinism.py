@@ -1,0 +1,88 @@
+"""The same numbers whatever the thread count: fixed threads in kernels, runs and the warm start."""
+
+import dataclasses
+import os
+
+import pytest
+import torch
+
+from copes_lib import cli, runs, threads
+from copes_lib.substrate import substrate_params, warm_start
+
+
+@pytest.fixture
+def restore_threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def tmp_cache(tmp_path, monkeypatch):
+    monkeypatch.setattr(runs, "CACHE_ROOT", tmp_path / "cache")
+    return tmp_path / "cache"
+
+
+def _flat(model) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def test_warm_start_is_the_same_under_1_and_2_threads(tmp_cache, restore_threads):
+    """The caller's thread count (1 or 2) does not change the warm start: same curve, same weights."""
+    params = dataclasses.replace(substrate_params("smoke"), WARM_MATH_STEPS=6, WARM_BATCH=8, WARM_EVAL_EVERY=3,
+                                 WARM_EVAL_PROBLEMS=4, MAX_NEW_TOKENS=8, WARM_MATH_TARGET=0.0)
+    outcomes = {}
+    for n in (1, 2):
+        torch.set_num_threads(n)
+        model, _, info = warm_start("smoke", "math", seed=11, force=True, params=params, log=lambda s: None)
+        assert torch.get_num_threads() == n  # the caller's setting is restored
+        assert info["threads"] == threads.N_FIXED and info["steps"] == 6
+        outcomes[n] = (_flat(model), [(p["step"], p["loss"], p["val_score"]) for p in info["curve"][1:]])  # [0]: loss nan
+    assert outcomes[1][1] == outcomes[2][1]
+    assert torch.equal(outcomes[1][0], outcomes[2][0])
+
+
+def test_training_arithmetic_does_not_depend_on_threads_here(restore_threads):
+    """Why N_FIXED = 1 loses nothing on this machine: a forward/backward of the smoke model is bitwise
+    equal under 1 and 2 threads. If this fails on another machine, the fixed count is what keeps runs
+    comparable (README, "Reproducibility")."""
+    from copes_lib.substrate import build_model
+
+    grads = {}
+    for n in (1, 2):
+        torch.set_num_threads(n)
+        model = build_model("smoke", 300, seed=0)
+        ids = torch.randint(300, (8, 48), generator=torch.Generator().manual_seed(0))
+        model(input_ids=ids, labels=ids).loss.backward()
+        grads[n] = torch.cat([p.grad.flatten() for p in model.parameters()])
+    assert torch.equal(grads[1], grads[2])
+
+
+def test_kernels_get_the_fixed_thread_count_whatever_jobs(monkeypatch, capsys):
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    for jobs in (1, 2, 4):
+        with cli._kernel_threads(jobs):
+            assert all(os.environ[name] == str(threads.N_FIXED) for name in threads.THREAD_VARIABLES)
+        assert os.environ["OMP_NUM_THREADS"] == "7" and "MKL_NUM_THREADS" not in os.environ
+        assert cli._threads_per_kernel(jobs) == str(threads.N_FIXED)
+    assert "ignoring" in capsys.readouterr().out  # the user's 7 threads are overridden, and it says so
+
+
+def test_a_run_fixes_its_threads_and_records_them(tmp_path, restore_threads):
+    torch.set_num_threads(2)
+    run = runs.Run("smoke", "00_suite_overview", {"SEED": 0}, seeds=[0], root=tmp_path)
+    assert torch.get_num_threads() == threads.N_FIXED
+    run.finish({"x": 1.0})
+    manifest = runs.read_json(tmp_path / "smoke" / "00_suite_overview" / "manifest.json")
+    recorded = manifest["threads"]
+    assert recorded["intra_op_threads"] == recorded["fixed_threads"] == threads.N_FIXED
+    assert recorded["cpu_capability"] and recorded["blas"] and "deterministic_algorithms" in recorded
+
+
+def test_fixed_threads_restores_the_count(restore_threads):
+    torch.set_num_threads(2)
+    with threads.fixed_threads():
+        assert torch.get_num_threads() == threads.N_FIXED
+    assert torch.get_num_threads() == 2
+    assert threads.kernel_environment(3) == {name: "3" for name in threads.THREAD_VARIABLES}

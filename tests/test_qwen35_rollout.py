@@ -1,0 +1,97 @@
+"""Hybrid (Qwen3.5: Gated-DeltaNet linear attention + full attention) rollouts: every row of a batched
+multi-turn rollout with tool calls equals its single-row run."""
+
+import pytest
+import torch
+
+from copes_lib import rollout as rollout_module
+from copes_lib.engines import build_qwen35
+from copes_lib.protocols.substrate_setup import substrate_config
+from copes_lib.rollout import RolloutConfig, encode, make_env, rollout
+from copes_lib.substrate import get_tokenizer
+from copes_lib.tasks import load_tasks
+
+# per row: the tokens forced at the start of its first turn (a Python call, an answer, a longer call, none)
+SCRIPTS = ["<python>print(1+2)</python>", "<answer>\\boxed{3}</answer>", "<python>x = 5\nprint(x * 7 + 1)</python>", ""]
+
+
+@pytest.fixture(scope="module")
+def setup():
+    tokenizer = get_tokenizer("smoke", substrate_config("smoke").vocab_size)
+    model = build_qwen35("tiny", len(tokenizer), seed=0, tokenizer=tokenizer)
+    # A_log in [-3, 0]: slow decay, so a wrongly advanced recurrent state shows in later logits
+    with torch.no_grad():
+        for layer in model.model.layers:
+            if hasattr(layer, "linear_attn"):
+                layer.linear_attn.A_log.uniform_(-3.0, 0.0, generator=torch.Generator().manual_seed(1))
+    env = make_env("math", "smoke")
+    yield model, tokenizer, env, load_tasks("smoke", "math", "val")[:4]
+    env.close()
+
+
+def _run(model, tokenizer, env, tasks, rows):
+    """Rollout of tasks[rows] with SCRIPTS forced; returns (batch, {(row, t): raw logits of token t})."""
+    scripts = [encode(tokenizer, s) if s else [] for s in SCRIPTS]
+    seen, count = {}, {}
+
+    def force(batch_rows, generating, logits):
+        for i, (r, g) in enumerate(zip(batch_rows, generating)):
+            if not g:
+                continue
+            row = rows[r]
+            t = count[row] = count.get(row, -1) + 1
+            seen[(row, t)] = logits[i].clone()
+            if t < len(scripts[row]):
+                logits[i] = float("-inf")
+                logits[i, scripts[row][t]] = 0.0
+
+    out = rollout(model, tokenizer, [tasks[r] for r in rows], env, RolloutConfig(max_new_tokens=30), seed=0,
+                  logits_hook=force)
+    return out, seen
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    worst = 0.0
+    for key, single in b.items():
+        finite = torch.isfinite(single)
+        assert torch.equal(finite, torch.isfinite(a[key]))
+        worst = max(worst, (a[key][finite] - single[finite]).abs().max().item())
+    return worst
+
+
+def test_hybrid_batch_rows_equal_single_rows_with_tool_calls(setup):
+    model, tokenizer, env, tasks = setup
+    assert sum(type(layer).__name__ == "LinearAttentionLayer"
+               for layer in rollout_module._growing_cache(model).layers) == 3
+    batch, seen = _run(model, tokenizer, env, tasks, [0, 1, 2, 3])
+    assert batch.tool_calls[0]["python"] == 1 and batch.tool_calls[2]["python"] == 1  # the forced calls ran
+    assert batch.finish_reasons[1] == "answer"
+    assert 0 in batch.model_mask[0]  # an observation was fed back
+    for row in range(4):
+        single, single_seen = _run(model, tokenizer, env, tasks, [row])
+        assert single.completion_ids[0] == batch.completion_ids[row]
+        assert _max_diff(seen, single_seen) < 1e-5
+
+
+def test_without_row_exact_linear_attention_rows_drift(setup, monkeypatch):
+    """The check above can fail: padding that advances the linear-attention state changes the logits."""
+    model, tokenizer, env, tasks = setup
+    monkeypatch.setattr(rollout_module, "linear_attention_layers", lambda cache: [])
+    monkeypatch.setattr(rollout_module, "check_hybrid_cache", lambda model, cache: None)
+    _, seen = _run(model, tokenizer, env, tasks, [0, 1, 2, 3])
+    _, single_seen = _run(model, tokenizer, env, tasks, [0])
+    assert _max_diff(seen, single_seen) > 1e-3
+
+
+def test_select_rows_reorders_every_layer_type(setup):
+    model, tokenizer, _, _ = setup
+    cache = rollout_module._growing_cache(model)
+    ids = torch.tensor([[5, 6, 7], [8, 9, 10], [11, 12, 13]])
+    model(input_ids=ids, cache=cache, use_cache=True)
+    before = [(layer.conv_states[0].clone(), layer.recurrent_states[0].clone()) if hasattr(layer, "conv_states")
+              else (layer.keys.clone(),) for layer in cache.layers]
+    rollout_module.select_rows(cache, torch.tensor([2, 0]))
+    for layer, old in zip(cache.layers, before):
+        now = (layer.conv_states[0], layer.recurrent_states[0]) if hasattr(layer, "conv_states") else (layer.keys,)
+        for a, b in zip(now, old):
+            assert torch.equal(a, b[[2, 0]])
