@@ -146,6 +146,19 @@ def check_fits(desc: ModelDescription, config: GRPOConfig, context_tokens: int, 
                       f"trajectory; to fit, try: " + "; ".join(advice))
 
 
+def feasibility(desc: ModelDescription, config: GRPOConfig, context_tokens: int, processes: int,
+                capacity_gib: float, **plan_options: Any) -> dict[str, Any]:
+    """One row of a feasibility table: the predicted GiB per device of ``config`` (options of
+    :func:`check_fits`), whether it fits ``capacity_gib``, and check_fits' advice when it does not."""
+    plan_options = {"sharded": True, "param_dtype": "bfloat16", "activation_checkpointing": True, **plan_options}
+    try:
+        plan = check_fits(desc, config, context_tokens, processes, capacity_gib, **plan_options)
+        return {"gib_per_gpu": plan.total_gib, "fits": True, "advice": ""}
+    except ConfigError as err:
+        plan = predict_grpo_memory(desc, config, context_tokens, processes, **plan_options)
+        return {"gib_per_gpu": plan.total_gib, "fits": False, "advice": str(err).split("try: ", 1)[-1]}
+
+
 def describe_hf_config(config: Any, name: str = "model") -> ModelDescription:
     """A :class:`ModelDescription` of a dense transformers decoder config (Qwen3/Qwen2/Llama-style)."""
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -205,4 +218,5 @@ def measure_update_peak(config: GRPOConfig, sizes: SubstrateSizes, prompt_tokens
             "parts_gib": {k: v / GIB for k, v in plan.parts.items() if k != "rollout_kv_cache"}}
 
 
-__all__ = ["MemoryPlan", "check_fits", "describe_hf_config", "measure_update_peak", "predict_grpo_memory"]
+__all__ = ["MemoryPlan", "check_fits", "describe_hf_config", "feasibility", "measure_update_peak",
+           "predict_grpo_memory"]

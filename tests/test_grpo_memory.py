@@ -74,3 +74,15 @@ def test_launch_refuses_a_configuration_that_cannot_fit_before_starting_processe
                GRPOConfig(group_size=2, prompt_batch_size=1, mini_batch_size=1),
                ShardingConfig(processes=2, backend="gloo"), tmp_path / "job", capacity_gib=1e-6)
     assert not (tmp_path / "job").exists()
+
+
+def test_feasibility_rows_agree_with_check_fits():
+    from copes_lib.grpo_memory import feasibility
+
+    desc = load_model_description("qwen3_4b")
+    shipped = GRPOConfig(micro_batch_size=1, logprob_chunk=1024)
+    fits = feasibility(desc, shipped, 32 * 1024, processes=8, capacity_gib=48.0)
+    assert fits["fits"] and fits["advice"] == ""
+    assert fits["gib_per_gpu"] == pytest.approx(check_fits(desc, shipped, 32 * 1024, 8, 48.0).total_gib)
+    too_long = feasibility(desc, shipped, 128 * 1024, processes=8, capacity_gib=48.0)
+    assert not too_long["fits"] and too_long["gib_per_gpu"] > 48.0 and "LoRA" in too_long["advice"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 
@@ -270,6 +271,12 @@ def test_train_cell_is_seeded_and_logs(sub):
     assert 1 <= first["monopoly_slots"] <= 4
     other = train_cell(sub, dataclasses.replace(cell, seed=1))
     assert other["balanced_log_ppl"] != first["balanced_log_ppl"]
+    # per-window test NLLs: equally many per domain, domain-major, so a plain mean is the balanced log-PPL
+    windows, n = first["window_nll"], first["windows_per_domain"]
+    assert n >= 1 and len(windows) == n * len(sub.domains) == len(other["window_nll"])
+    assert abs(float(np.mean(windows)) - first["balanced_log_ppl"]) < 1e-9
+    for d, domain in enumerate(first["test_nll"]):
+        assert float(np.mean(windows[d * n:(d + 1) * n])) == pytest.approx(first["test_nll"][domain], abs=1e-9)
 
 
 def test_scope_is_inert_without_lifecycle():

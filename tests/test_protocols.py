@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from copes_lib import config, es, runs
+from copes_lib import config, es, runs, stats
 from copes_lib.config import ConfigError
 from copes_lib.protocols import (
     ablations,
@@ -134,21 +134,43 @@ def test_tables_in_the_papers_layout():
 
 
 def test_ablation_arms_and_reading():
-    arms = ablations.ablation_configs(params.AblationParams(), sigma=0.01, alpha=0.005, seed_index=1)
+    every = params.AblationParams(ARMS=",".join(ablations.ABLATION_KEYS))
+    arms = ablations.ablation_configs(every, sigma=0.01, alpha=0.005, seed_index=1)
     assert list(arms) == list(ablations.ABLATION_KEYS)
+    assert list(ablations.ablation_configs(params.AblationParams(), 0.01, 0.005, 0)) == list(ablations.CLAIM_ARMS)
     assert [arms[k].subspaces for k in ("k1", "k2", "k4", "k8")] == [1, 2, 4, 8]
     assert arms["indep_z"].zscore == "independent" and arms["k4"].zscore == "joint"
     assert arms["es_2sigma"].sigma == 0.02 and arms["es_2sigma"].alpha == 0.005
     assert arms["es_sqrtk_alpha"].alpha == pytest.approx(0.01) and arms["es_sqrtk_alpha"].subspaces == 1
     assert arms["copes_matched_step"].alpha == pytest.approx(0.0025)
     assert {c.seed for c in arms.values()} == {params.AblationParams().ES_SEED + 1}
-    per_seed = {k: [0.40, 0.42] for k in ablations.ABLATION_KEYS}
-    per_seed["k4"] = [0.50, 0.53]
-    lines = ablations.ablation_reading(per_seed, {k: 1.0 for k in ablations.ABLATION_KEYS})
-    assert len(lines) == 8 and "k4 is higher than k1" in lines[0] and "excludes 0" in lines[0]
-    per_seed["k1"] = [0.47, 0.50]  # the same difference in every seed: no spread, so no test
-    lines = ablations.ablation_reading(per_seed, {k: 1.0 for k in ablations.ABLATION_KEYS})
-    assert "no spread, no test" in lines[0] and "excludes 0" not in lines[0]
+    for bad in ("k1,k8", "k4,k3"):
+        with pytest.raises(ConfigError, match="ARMS"):
+            params.AblationParams(ARMS=bad)
+
+
+def test_ablation_family_is_the_claims_family():
+    """The notebook's reading tests the claims' contrasts with Holm over those run: a real effect is
+    found, a null one is not, and the Holm p-values equal the claims table's."""
+    rng = np.random.default_rng(0)
+    seeds, problems = 5, 400
+    base = rng.random(problems)
+
+    def arm(shift):  # each seed's correctness on shared problems (problem difficulty + seed noise)
+        return (rng.random((seeds, problems)) < np.clip(base + shift + rng.normal(0, 0.01, (seeds, 1)), 0, 1)
+                ).astype(float)
+
+    scores = {"k4": arm(0.15), "k1": arm(0.0), "k8": arm(0.15)}
+    family = ablations.ablation_family(scores)
+    assert list(family) == ["k1", "k8"] and all(c.family_size == 2 for c in family.values())
+    assert family["k1"].verdict == stats.EFFECT and family["k8"].verdict != stats.EFFECT
+    lines = ablations.ablation_reading(family, {k: 1.0 for k in scores})
+    assert "k4 is higher than k1" in lines[0] and "Holm p" in lines[0] and len(lines) == 3
+    from copes_lib import claims
+
+    ss = stats.ScoreSet("val_accuracy_at_budget", scores, {k: tuple(range(seeds)) for k in scores})
+    ctx = claims.Context("06_copes_ablations", {"06_copes_ablations": {claims.SCORES: {ss.metric: ss}}})
+    assert ctx.family()["k4_vs_k1"].p_holm == pytest.approx(family["k1"].p_holm)
 
 
 # --------------------------------------------------------------------------- cached runs on a toy objective

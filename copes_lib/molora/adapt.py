@@ -6,7 +6,8 @@ mixed LoRA updates -> next-token cross-entropy -> AdamW on the pool and the rout
 learning rates; one Adam step counter per slot, so slots reborn by the lifecycle restart Adam).
 Every ``evolve_every`` steps (when the lifecycle is on) the fitness of each slot is measured on
 validation windows (scope E0 or E1) and one lifecycle event runs.
-At the end the balanced log-PPL on the fixed test windows is the cell's result.
+At the end the balanced log-PPL on the fixed test windows (equally many per domain) and each
+window's NLL are the cell's result.
 
 The data order depends only on ``seed`` (its own generator), so cells with the same seed see the
 same batches: contrasts between cells are paired. Departures: the paper's 25,000 steps per cell is
@@ -22,7 +23,7 @@ import torch
 
 from copes_lib.config import Config, ConfigError, param
 from copes_lib.molora import fitness, lifecycle, metrics
-from copes_lib.molora.lm import Substrate, domain_nll, eval_windows, lm_loss, sample_batch
+from copes_lib.molora.lm import Substrate, eval_windows, lm_loss, sample_batch, window_nll
 from copes_lib.molora.pool import AdapterPool, PoolConfig
 from copes_lib.molora.routers import RouterConfig, make_router, router_rows
 from copes_lib.molora.slot_adam import SlotAdamW
@@ -140,8 +141,15 @@ def train_cell(sub: Substrate, cfg: CellConfig, on_log=None) -> dict:
 
 @torch.no_grad()
 def evaluate_pool(sub: Substrate, pool: AdapterPool, router, step: int, n_windows: int) -> dict:
-    """Test balanced log-PPL, per-domain NLL, gate shares, monopoly count and the domain-by-slot matrix."""
+    """Test balanced log-PPL, per-domain and per-window NLL, gate shares, monopoly count and the
+    domain-by-slot matrix.
+
+    Every domain is scored on the same number of test windows (the smallest domain's count, at most
+    ``n_windows``), so ``window_nll`` (domain-major, fixed order) has a plain mean equal to the balanced
+    log-PPL: the per-window scores notebook 12's claims test on."""
     test = eval_windows(sub.streams, "test", n_windows, sub.config.seq_len)
+    per_domain = min(len(rows) for rows in test.values())
+    test = {domain: rows[:per_domain] for domain, rows in test.items()}
     masses, labels = [], []
 
     device = next(sub.model.parameters()).device
@@ -153,13 +161,15 @@ def evaluate_pool(sub: Substrate, pool: AdapterPool, router, step: int, n_window
         with pool.gated(weights):
             return sub.model(input_ids=ids).logits
 
-    nll = domain_nll(forward, test)
+    windows = window_nll(forward, test)
+    nll = {domain: sum(values) / len(values) for domain, values in windows.items()}
     for d, rows in enumerate(test.values()):
         labels += [d] * len(rows)
     mass = torch.cat(masses).cpu()
     shares = metrics.gate_shares(mass)
     matrix = metrics.domain_slot_matrix(mass, torch.tensor(labels), len(test))
     return {"test_nll": nll, "balanced_log_ppl": metrics.balanced_log_ppl(nll),
+            "window_nll": [v for values in windows.values() for v in values], "windows_per_domain": per_domain,
             "shares": shares.tolist(), "monopoly_slots": metrics.monopoly_count(shares),
             "routing_entropy": metrics.routing_entropy(shares), "token_entropy": metrics.token_entropy(mass),
             "domain_slot": matrix.tolist(), "specialisation_mi": metrics.specialisation(matrix)}
@@ -174,8 +184,9 @@ def run_adapter_cell(profile: str, sub: Substrate, cfg: CellConfig, force: bool 
     from copes_lib import runs
 
     effective = cfg.effective()
-    # "optimizer" names the per-slot Adam restart: cells cached before it are not reused
+    # "optimizer" names the per-slot Adam restart, "evaluation" the per-window test NLLs (equal windows
+    # per domain): cells cached before either are not reused
     key = runs.cache_key({"substrate": sub.config.to_dict(), "cell": effective.to_dict(),
-                          "optimizer": "slot_adamw"})
+                          "optimizer": "slot_adamw", "evaluation": "window_nll"})
     path = runs.cache_dir(profile, "molora_cell", key) / "result.json"
     return runs.cached(path, lambda: train_cell(sub, effective, on_log), force=force)

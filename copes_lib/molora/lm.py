@@ -149,6 +149,18 @@ def domain_nll(forward, windows: dict[str, torch.Tensor], batch_size: int = 16) 
     return out
 
 
+def window_nll(forward, windows: dict[str, torch.Tensor], batch_size: int = 16) -> dict[str, list[float]]:
+    """Mean next-token NLL of every window, per domain in the windows' order; ``forward`` as in
+    :func:`domain_nll` (whose per-domain value is the mean of these)."""
+    out = {}
+    for domain, rows in windows.items():
+        out[domain] = []
+        for start in range(0, len(rows), batch_size):
+            chunk = rows[start: start + batch_size]
+            out[domain] += [float(v) for v in lm_loss(forward(chunk[:, :-1]), chunk[:, 1:]).tolist()]
+    return out
+
+
 def lr_at(step: int, cfg_steps: int, warmup: int, peak: float) -> float:
     """Linear warm-up then cosine decay to 10% of the peak."""
     if step < warmup:

@@ -1,24 +1,32 @@
 """The CoPES ablations of Table 3 (notebook 06): the arms at fixed N and shared sigma / alpha, and
-the paper's orderings read against ours."""
+the paper's orderings read against ours.
+
+Every contrast is k4 minus another arm, tested on per-seed per-problem validation scores with
+``copes_lib.stats`` (seed and problem noise both counted) and Holm over the contrasts that were run:
+the same family (``claims.FAMILIES``) and the same test as the claims table, so the notebook's reading
+and the table agree."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Any
 
-from copes_lib.protocols.es_arm import es_config_from
-from copes_lib.protocols.fixed_budget import paired_comparison
-from copes_lib.protocols.params import AblationParams
+import numpy as np
 
-ABLATION_KEYS = ("k1", "k2", "k4", "k8", "indep_z", "es_2sigma", "es_sqrtk_alpha", "copes_matched_step")
+from copes_lib import claims, stats
+from copes_lib.protocols.es_arm import es_config_from
+from copes_lib.protocols.params import ABLATION_KEYS, CLAIM_ARMS, AblationParams
+
+__all__ = ["ABLATION_KEYS", "CLAIM_ARMS", "ablation_configs", "ablation_family", "ablation_reading"]
+METRIC = "val_accuracy_at_budget"
 
 
 def ablation_configs(params: AblationParams, sigma: float, alpha: float, seed_index: int) -> dict[str, Any]:
-    """The eight arms of Table 3 plus our two step-size controls, at fixed N and shared sigma / alpha."""
+    """The arms of Table 3 plus our two step-size controls (those in ``params.ARMS``), at fixed N and
+    shared sigma / alpha."""
     k = params.SUBSPACES
     cfg = lambda **kw: es_config_from(params, seed_index=seed_index, **kw)  # noqa: E731
-    return {
+    arms = {
         "k1": cfg(subspaces=1, sigma=sigma, alpha=alpha),
         "k2": cfg(subspaces=2, sigma=sigma, alpha=alpha),
         "k4": cfg(subspaces=4, sigma=sigma, alpha=alpha),
@@ -30,33 +38,39 @@ def ablation_configs(params: AblationParams, sigma: float, alpha: float, seed_in
         "es_sqrtk_alpha": cfg(subspaces=1, sigma=sigma, alpha=math.sqrt(k) * alpha),
         "copes_matched_step": cfg(subspaces=k, sigma=sigma, alpha=alpha / math.sqrt(k)),
     }
+    return {key: arms[key] for key in params.arms()}
 
 
-def ablation_reading(per_seed: dict[str, Sequence[float]], norms: dict[str, float]) -> list[str]:
+def ablation_family(scores: dict[str, np.ndarray], seeds: list[int] | None = None) -> dict[str, stats.Comparison]:
+    """k4 vs each other arm that was run (``claims.FAMILIES``'s order), Holm-corrected together.
+
+    ``scores``: arm -> (seeds, problems) correctness at the budget, the same seeds (paired rows) and
+    problems for every arm. The predicted sign is +1 (k4 higher) for every contrast, as in the claims."""
+    tests = []
+    for contrast in claims.FAMILIES["06_copes_ablations"]:
+        if contrast.a in scores and contrast.b in scores:
+            tests.append(stats.compare(scores[contrast.a], scores[contrast.b], name=contrast.name,
+                                       expected_sign=contrast.sign, paired_seeds=True))
+    return {c.name.removeprefix("k4_vs_"): c for c in stats.holm_family(tests)}
+
+
+def ablation_reading(family: dict[str, stats.Comparison], norms: dict[str, float]) -> list[str]:
     """Plain sentences comparing each of the paper's Table-3 orderings (and our controls) with ours:
-    the direction, and whether the paired interval over seeds excludes 0."""
-    def compare(a: str, b: str, what: str, paper_says: str) -> str:
-        n = min(len(per_seed[a]), len(per_seed[b]))
-        d = paired_comparison(per_seed[a][:n], per_seed[b][:n])
-        direction = "higher than" if d["mean"] > 0 else "lower than" if d["mean"] < 0 else "equal to"
-        if d["low"] is None:
-            sure = "one seed, no interval"
-        elif d["p"] is None:  # every seed gave the same difference: no spread, the t-test is undefined
-            sure = f"the same {100 * d['mean']:+.2f} points in each of {n} seeds: no spread, no test"
-        elif d["low"] > 0 or d["high"] < 0:
-            sure = f"paired 95% interval [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}] points excludes 0"
-        else:
-            sure = f"paired 95% interval [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}] points includes 0: not resolved"
-        return (f"{what}: {a} is {direction} {b} by {100 * d['mean']:+.1f} points ({sure}); "
-                f"the paper: {paper_says}.")
-
-    lines = [compare("k4", "k1", "CoPES K=4 vs standard ES", "K=4 higher (MATH-500 88.3 vs 78.9)"),
-             compare("k4", "k2", "K=4 vs K=2", "K=4 higher (88.3 vs 86.0)"),
-             compare("k4", "k8", "K=4 vs K=8 (N_k small)", "K=4 far higher (88.3 vs 58.1)"),
-             compare("k4", "indep_z", "joint vs independent z-score", "joint higher (88.3 vs 87.7)"),
-             compare("k4", "es_2sigma", "CoPES vs ES with 2 sigma", "CoPES far higher (88.3 vs 65.3)"),
-             compare("k4", "es_sqrtk_alpha", "CoPES vs ES at CoPES's step size (our control)", "not tested"),
-             compare("k4", "copes_matched_step", "CoPES vs CoPES at ES's step size (our control)", "not tested")]
+    the direction, the 95% interval (seed and problem noise), Holm's p over the family, the verdict."""
+    what = {"k1": ("CoPES K=4 vs standard ES", "K=4 higher (MATH-500 88.3 vs 78.9)"),
+            "k2": ("K=4 vs K=2", "K=4 higher (88.3 vs 86.0)"),
+            "k8": ("K=4 vs K=8 (N_k small)", "K=4 far higher (88.3 vs 58.1)"),
+            "indep_z": ("joint vs independent z-score", "joint higher (88.3 vs 87.7)"),
+            "es_2sigma": ("CoPES vs ES with 2 sigma", "CoPES far higher (88.3 vs 65.3)"),
+            "es_sqrtk_alpha": ("CoPES vs ES at CoPES's step size (our control)", "not tested"),
+            "copes_matched_step": ("CoPES vs CoPES at ES's step size (our control)", "not tested")}
+    lines = []
+    for arm, c in family.items():
+        title, paper_says = what[arm]
+        direction = "higher than" if c.estimate > 0 else "lower than" if c.estimate < 0 else "equal to"
+        lines.append(f"{title}: k4 is {direction} {arm} by {100 * c.estimate:+.1f} points (95% interval "
+                     f"[{100 * c.low:+.1f}, {100 * c.high:+.1f}], Holm p = {c.p_holm:.2g} over {c.family_size} "
+                     f"contrasts: {c.verdict}); the paper: {paper_says}.")
     if norms.get("k1"):
         lines.append("Mean update norm relative to standard ES: " + ", ".join(
             f"{k} {norms[k] / norms['k1']:.2f}x" for k in ABLATION_KEYS if k in norms) + ".")

@@ -338,6 +338,11 @@ class FixedBudgetParams(_GRPOParams):
             raise ConfigError(f"CONTROL_SEEDS = {self.CONTROL_SEEDS} must be <= SEEDS = {self.SEEDS}")
 
 
+# 06's arms (Table 3 plus our two step-size controls) and those a claim (A4-A7) tests against k4
+ABLATION_KEYS = ("k1", "k2", "k4", "k8", "indep_z", "es_2sigma", "es_sqrtk_alpha", "copes_matched_step")
+CLAIM_ARMS = ("k1", "k4", "k8", "indep_z", "es_2sigma", "es_sqrtk_alpha")
+
+
 @dataclass(frozen=True)
 class AblationParams(_ExperimentParams):
     """Parameters of 06_copes_ablations (defaults = the cpu profile)."""
@@ -345,13 +350,25 @@ class AblationParams(_ExperimentParams):
     NOTEBOOK = "06_copes_ablations"
 
     BUDGET_STEPS: int = param(8, "the step budget of every arm (paper: 16)", ge=1)
-    SEEDS: int = param(3, "seeds per arm (paper: 1 run each)", ge=1)
+    SEEDS: int = param(5, "seeds per arm, the same for every arm (paper: 1 run each)", ge=1)
+    ARMS: str = param(",".join(CLAIM_ARMS), "comma-separated arms to run, k4 included (all: "
+                      + ",".join(ABLATION_KEYS) + "; the cpu default keeps the arms of claims A4-A7)")
 
     def check(self) -> None:
         super().check()
+        self.arms()
         if self.POPULATION % 8 or self.POPULATION // 8 < 2:
             raise ConfigError(f"POPULATION = {self.POPULATION}: the K = 8 arm needs a multiple of 8 with at "
                               "least 2 members per subspace (paper: 40, N_k = 5)")
+
+    def arms(self) -> list[str]:
+        """The arms to run, in Table 3's order."""
+        chosen = [a.strip() for a in self.ARMS.split(",") if a.strip()]
+        unknown = sorted(set(chosen) - set(ABLATION_KEYS))
+        if unknown or "k4" not in chosen:
+            raise ConfigError(f"ARMS = {self.ARMS!r}: {'unknown ' + str(unknown) if unknown else 'k4 is missing'}; "
+                              f"valid arms: {list(ABLATION_KEYS)}, k4 (the reference of every contrast) required")
+        return [a for a in ABLATION_KEYS if a in chosen]
 
 
 @dataclass(frozen=True)
