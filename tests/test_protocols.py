@@ -304,3 +304,43 @@ def test_gpu_data_paths_come_from_the_profile_through_the_protocol_layer(monkeyp
         tasks.load_tasks("gpu", "math", "val")
     config = substrate_setup.substrate_config("gpu")
     assert (config.prompt_style, config.model_path) == ("auto", substrate_setup.substrate_params("gpu").MODEL_PATH)
+
+
+def test_shard_processes_makes_every_grpo_update_a_sharded_job(tmp_path, monkeypatch):
+    """Notebook 04's SHARD_PROCESSES reaches the one GRPO arm: train_grpo gets a ShardedUpdater (the
+    notebook stays the driver), no resume, the base model saved for the jobs, and its own cache folder."""
+    import dataclasses as dc
+    import types
+
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from copes_lib import grpo
+    from copes_lib.grpo_sharded import ShardedUpdater
+    from copes_lib.protocols import grpo_arm
+    from copes_lib.rollout import RolloutConfig
+
+    monkeypatch.setattr(runs, "CACHE_ROOT", tmp_path)
+    sharded = dc.replace(grpo_arm.grpo_params("smoke"), SHARD_PROCESSES=2)
+    monkeypatch.setattr(grpo_arm, "grpo_params", lambda profile: sharded)
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_train(model, *args, **kwargs):
+        seen.update(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(grpo, "train_grpo", fake_train)
+    model = Qwen3ForCausalLM(Qwen3Config(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, head_dim=8))
+    objective = types.SimpleNamespace(tokenizer=None, env=None, train_tasks=[], val_tasks=[],
+                                      rollout_config=RolloutConfig())
+    agent = types.SimpleNamespace(model=model, objective=objective,
+                                  key={"substrate_checksum": 1.0, "kind": "math"})
+    config = sharded.grpo_config(use_lora=False)
+    with pytest.raises(Stop):
+        grpo_arm.grpo_run("smoke", agent, config, label="sharded")
+    assert isinstance(seen["update_fn"], ShardedUpdater) and seen["resume"] is False
+    assert seen["update_fn"].sharding.processes == 2 and (seen["update_fn"].model_dir / "config.json").exists()
+    assert grpo_arm.run_folder("smoke", agent, config, sharded.sharding()) != grpo_arm.run_folder("smoke", agent, config)

@@ -11,6 +11,7 @@ validation sets agree (the cpu and gpu profiles), instead of training it again u
 from __future__ import annotations
 
 import copy
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import torch
 from copes_lib import grpo, runs
 from copes_lib.config import build, profile_params
 from copes_lib.grpo import GRPOConfig
+from copes_lib.grpo_sharded import ShardingConfig
 from copes_lib.protocols.params import GRPONotebookParams
 
 
@@ -51,13 +53,16 @@ def grpo_config(profile: str, use_lora: bool, lr: float | None = None, steps: in
     return grpo_params(profile).grpo_config(use_lora, lr=lr, steps=steps, patience=patience)
 
 
-def run_folder(profile: str, agent: Any, config: GRPOConfig) -> Path:
+def run_folder(profile: str, agent: Any, config: GRPOConfig, sharding: ShardingConfig | None = None) -> Path:
     """The cache folder of a GRPO run: its configuration, the substrate's weights, the rollout settings
-    and the validation problems identify it, not the notebook that asked for it."""
+    and the validation problems identify it, not the notebook that asked for it. A sharded update
+    equals the in-process one only to float tolerance (tests/test_grpo_sharded.py), so it is its own run."""
     objective = agent.objective
-    key = runs.cache_key({"grpo": config.to_dict(), "rollout": objective.rollout_config.to_dict(),
-                          "substrate_checksum": agent.key["substrate_checksum"], "kind": agent.key["kind"]},
-                         [t.id for t in objective.val_tasks])
+    identity = {"grpo": config.to_dict(), "rollout": objective.rollout_config.to_dict(),
+                "substrate_checksum": agent.key["substrate_checksum"], "kind": agent.key["kind"]}
+    if sharding is not None:
+        identity["sharding"] = sharding.to_dict()
+    key = runs.cache_key(identity, [t.id for t in objective.val_tasks])
     return runs.cache_dir(profile, f"grpo_runs-{'lora' if config.use_lora else 'full'}", key)
 
 
@@ -65,8 +70,14 @@ def grpo_run(profile: str, agent: Any, config: GRPOConfig, *, label: str, force:
              stop_after: int | None = None, forced: set[Path] | None = None) -> GRPORun:
     """One cached GRPO run (full or LoRA) on an fp32 copy of the warm start, validated on the agent's
     validation problems; an interrupted run resumes, ``stop_after`` pauses it early (a learning-rate
-    sweep). ``force`` starts over, once per folder recorded in ``forced``."""
-    folder = run_folder(profile, agent, config)
+    sweep). ``force`` starts over, once per folder recorded in ``forced``.
+
+    With notebook 04's ``SHARD_PROCESSES`` >= 1 every update is a torchrun job of that many processes
+    (FSDP2, ``copes_lib.grpo_sharded.ShardedUpdater``) started from the weights of the previous step;
+    the notebook stays the driver and rolls out with the updated weights. Such a run does not resume
+    after an interruption (the AdamW state lives in the last job's folder): it starts over."""
+    sharding = grpo_params(profile).sharding()
+    folder = run_folder(profile, agent, config, sharding)
     forced = set() if forced is None else forced
     if force and folder not in forced:
         for name in ("last.pt", "best.pt"):
@@ -83,9 +94,21 @@ def grpo_run(profile: str, agent: Any, config: GRPOConfig, *, label: str, force:
     # fp32 weights: a pure-bf16 model would round lr 1e-6 updates away (amp_dtype = bf16 autocast)
     model = copy.deepcopy(agent.model).to(device=device, dtype=torch.float32)
     objective = agent.objective
+    update_fn = None
+    if sharding is not None:
+        from copes_lib.grpo_sharded import ShardedUpdater
+
+        base_dir = folder / "base_model"
+        if not (base_dir / "config.json").exists():
+            model.save_pretrained(base_dir)
+        jobs = folder / "sharded_jobs"
+        if jobs.exists():  # an interrupted sharded run starts over (see above)
+            shutil.rmtree(jobs)
+        update_fn = ShardedUpdater(base_dir, config, sharding, jobs)
     result = grpo.train_grpo(model, objective.tokenizer, objective.env, objective.train_tasks,
                              objective.val_tasks, config, folder, rollout_config=objective.rollout_config,
-                             on_step=on_step, stop_after=stop_after)
+                             on_step=on_step, stop_after=stop_after, resume=update_fn is None,
+                             update_fn=update_fn)
     return GRPORun(label, result.history, dict(result.val_by_step), result.best_step, result.best_val, folder,
                    result)
 

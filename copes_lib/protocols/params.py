@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from copes_lib.budget import SubstrateSizes
 from copes_lib.config import ConfigError, NotebookParams, param
 from copes_lib.grpo import GRPOConfig
+from copes_lib.grpo_sharded import ShardingConfig
 from copes_lib.substrate import MODEL_SIZES, WarmStartConfig
 from copes_lib.tasks import AgentToolSettings, GPUDataPaths
 
@@ -211,6 +212,12 @@ class GRPONotebookParams(NotebookParams):
     GROUP_SIZE: int = param(8, "G, trajectories per prompt (paper: 8)", ge=2)
     MINI_BATCH: int = param(8, "prompts per optimizer step (paper: 32 of 64, i.e. 2 updates per step)", ge=1)
     MICRO_BATCH: int = param(32, "trajectories per forward/backward (memory only)", ge=1)
+    LOGPROB_CHUNK: int = param(0, "tokens per chunk of the output head when computing log-probs; 0 = all at once "
+                               "(full-vocabulary logits; the gpu profile chunks so memory does not grow with "
+                               "the vocabulary)", ge=0)
+    ROLLOUT_BATCH: int = param(0, "trajectories per rollout micro-batch; 0 = the whole step at once", ge=0)
+    SHARD_PROCESSES: int = param(0, "0: the update runs in the notebook's process; N >= 1: each update is a "
+                                 "torchrun job of N processes (FSDP2, one per GPU) that the notebook drives", ge=0)
     FULL_LR: float = param(1e-4, "full-parameter learning rate (paper: 1e-6 on a 4B model)", gt=0)
     LORA_LR: float = param(1e-3, "LoRA learning rate (paper: 5e-6 on a 4B model)", gt=0)
     LORA_R: int = param(8, "LoRA rank (paper: 32)", ge=1)
@@ -254,7 +261,15 @@ class GRPONotebookParams(NotebookParams):
             micro_batch_size=self.MICRO_BATCH, lr=lr if lr is not None else (self.LORA_LR if use_lora else self.FULL_LR),
             kl_coef=self.KL_COEF, temperature=self.TEMPERATURE, use_lora=use_lora, lora_r=self.LORA_R, lora_alpha=self.LORA_ALPHA,
             total_steps=steps or self.STEPS, val_every=self.VAL_EVERY, seed=self.GRPO_SEED, amp_dtype=self.AMP,
-            early_stop_patience=self.PATIENCE if patience is None else patience)
+            early_stop_patience=self.PATIENCE if patience is None else patience,
+            logprob_chunk=self.LOGPROB_CHUNK, rollout_batch_size=self.ROLLOUT_BATCH)
+
+    def sharding(self) -> ShardingConfig | None:
+        """How updates are sharded (None: in the notebook's process); bf16 compute on GPUs, fp32 on CPU."""
+        if not self.SHARD_PROCESSES:
+            return None
+        return ShardingConfig(processes=self.SHARD_PROCESSES,
+                              param_dtype="bfloat16" if self.AMP == "bfloat16" else "float32")
 
 
 # =========================================================================== 05, 06, 07: experiments
