@@ -1,6 +1,6 @@
 """Standard ES (Qiu et al. 2025) and CoPES (Algorithm 1): ONE code path; CoPES with K = 1 is ES.
 
-One training step, read next to PAPERS.md A2 (Algorithm 1):
+One training step, read next to docs/paper_a_copes.md#a2-copes (Algorithm 1):
 
 1. partition: a fresh random partition of all parameter CHUNKS into K subspaces S_1..S_K, drawn from
    the step's partition seed (``ES.plan``);
@@ -65,7 +65,7 @@ _MEMBER_TAG = 0x5EED_0002
 # =========================================================================== config
 @dataclass(frozen=True)
 class ESConfig(Config):
-    """The ES / CoPES algorithm. Defaults are the paper's (PAPERS.md A3, Table S6)."""
+    """The ES / CoPES algorithm. Defaults are the paper's (docs/paper_a_copes.md#a3-hyperparameters, Table S6)."""
 
     population: int = param(40, "N, model evaluations per step (paper: 40; Qiu et al.: 30)", ge=1)
     subspaces: int = param(4, "K, parameter subspaces per step; K = 1 is standard ES (paper CoPES: 4)", ge=1)
@@ -107,7 +107,7 @@ class ESConfig(Config):
 
     @property
     def sigma_k(self) -> float:
-        """Dimension-aware noise scale: keeps E||delta||^2 equal to full-space ES (PAPERS.md A2)."""
+        """Dimension-aware noise scale: keeps E||delta||^2 equal to full-space ES (docs/paper_a_copes.md#a2-copes)."""
         return math.sqrt(self.subspaces) * self.sigma
 
 
@@ -647,7 +647,7 @@ def train_es(model: nn.Module, objective: Objective, config: ESConfig, *, steps:
     after every step, and a rerun resumes from it (all randomness is a function of the step, so the
     resumed run is identical to an uninterrupted one). ``on_step(step, row)`` runs after each step's
     checkpoint. ``run`` (a ``runs.Run``) receives every row. Device-hours count step time only
-    (validation excluded, as in PAPERS.md A5). ``base_validation``: the starting model's
+    (validation excluded, as in docs/paper_a_copes.md#a5-gpu-hour-accounting). ``base_validation``: the starting model's
     ``objective.validate`` result when already known (runs from the same start share it).
     """
     from copes_lib import runs
@@ -727,7 +727,7 @@ def train_es(model: nn.Module, objective: Objective, config: ESConfig, *, steps:
 
 # =========================================================================== the agent objective
 class AgentObjective:
-    """fitness = mean paper reward over the step's shared prompt batch, greedy (PAPERS.md A1, A4).
+    """fitness = mean paper reward over the step's shared prompt batch, greedy (docs/paper_a_copes.md#a1-standard-es, docs/paper_a_copes.md#a4-task-agent-reward-and-data).
 
     The batch of step s is drawn from ``train_tasks`` by ``batch_seed`` and s only, so every method
     and every sigma sees the same batches (paired comparisons). Validation is greedy on ``val_tasks``.

@@ -1,6 +1,6 @@
 """GRPO: paper A's reinforcement-learning baseline, full-parameter and LoRA, on the shared agent stack.
 
-The paper trained its GRPO baselines with VeRL 0.8.0 (hyperparameters in PAPERS.md A3, Table S6).
+The paper trained its GRPO baselines with VeRL 0.8.0 (hyperparameters in docs/paper_a_copes.md#a3-hyperparameters, Table S6).
 This module is the same algorithm written out in one place, on the same rollout engine, tools,
 rewards and splits as ES and CoPES (``copes_lib.rollout``), so the comparison is like for like.
 
@@ -84,7 +84,7 @@ QWEN3_LINEAR_MODULES = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
 # --------------------------------------------------------------------------- configuration
 @dataclasses.dataclass(frozen=True)
 class GRPOConfig(Config):
-    """GRPO hyperparameters. Defaults are the paper's (Table S6, PAPERS.md A3) unless stated."""
+    """GRPO hyperparameters. Defaults are the paper's (Table S6, docs/paper_a_copes.md#a3-hyperparameters) unless stated."""
 
     group_size: int = param(8, "G: sampled trajectories per prompt (paper: 8). Advantages need G >= 2.", ge=2)
     prompt_batch_size: int = param(64, "prompts per training step (paper: 64 for all methods)", ge=1)

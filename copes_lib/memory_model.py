@@ -52,7 +52,7 @@ from copes_lib.config import REPO_ROOT, Config, ConfigError, param
 GIB = 2**30
 MODEL_CONFIG_DIR = REPO_ROOT / "data" / "model_configs"
 
-# The paper's assumptions (PAPERS.md A5/A6), kept apart from what is derived.
+# The paper's assumptions (docs/paper_a_copes.md#a5-gpu-hour-accounting/A6), kept apart from what is derived.
 PAPER_ACTIVATION_GIB_PER_1K = 3.0  # full and LoRA GRPO per-token term, "rounded low"
 PAPER_LORA_INTERCEPT_GIB = 18.55  # Table S7 LoRA-GRPO intercept (not derivable from stated facts)
 GPU_SETUPS = {"1x24": (1, 24.0), "1x48": (1, 48.0), "4x48": (4, 48.0), "8x48": (8, 48.0)}

@@ -1,6 +1,6 @@
 """The papers' own numbers, for side-by-side tables. Every number here is the paper's, not ours.
 
-Source: ``shared/PAPERS.md`` (the fact sheet gathered from the papers' text). Paper A is CoPES
+Source: ``docs/paper_a_copes.md`` and ``docs/paper_b_molora.md`` (the papers' facts, restated in the suite's words). Paper A is CoPES
 (arXiv 2608.02391); paper B is the evolutionary mixture-of-LoRA decomposition (arXiv 2605.11153).
 """
 

@@ -7,7 +7,7 @@ of the member that row belongs to. The rollout tells which rows are in each forw
 ``row_hook(rows)`` (original batch-row indices); row ``r`` belongs to member ``r // rows_per_member``.
 
 How it departs from the paper: the paper evaluates members one model at a time on GPUs (and spreads
-them over GPUs). This is the EGGROLL-style lever (PAPERS.md A7) but with full-rank noise, so memory is
+them over GPUs). This is the EGGROLL-style lever (docs/paper_a_copes.md#a7-neighbours) but with full-rank noise, so memory is
 G copies of the weights: use it for small models, or cap G with ``ESConfig.members_per_batch``.
 Results match the sequential path up to float summation order (the test checks greedy tokens).
 """

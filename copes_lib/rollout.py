@@ -16,7 +16,7 @@ and shift its conv window, so every linear-attention layer runs each group of ro
 tokens only, on a copy of their states that is written back; and turn boundaries select rows of
 every cache layer type (``select_rows``).
 
-Departures from the paper (PAPERS.md A4): an invalid call (no opening tag, empty body, over its
+Departures from the paper (docs/paper_a_copes.md#a4-task-agent-reward-and-data): an invalid call (no opening tag, empty body, over its
 limit) gets an error observation instead of a retry; the tool budget is per trajectory; the
 reward is computed on the model-written text only (observations removed).
 """
@@ -52,7 +52,7 @@ _STOP_TAGS = {PYTHON_CLOSE: "python", SEARCH_CLOSE: "search", ANSWER_CLOSE: "ans
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig(Config):
     """How trajectories are generated. Tool limits default to the task kind's (math 5 Python +
-    3 search, QA 5 + 5; PAPERS.md A4)."""
+    3 search, QA 5 + 5; docs/paper_a_copes.md#a4-task-agent-reward-and-data)."""
 
     max_new_tokens: int = param(96, "model-written tokens per trajectory, over all turns", ge=1)
     max_turns: int = param(6, "model turns per trajectory (each tool call ends a turn); 0 = every allowed tool "

@@ -1,4 +1,4 @@
-"""Answer extraction, math correctness, QA metrics and the paper's rewards (PAPERS.md A4)."""
+"""Answer extraction, math correctness, QA metrics and the paper's rewards (docs/paper_a_copes.md#a4-task-agent-reward-and-data)."""
 
 import doctest
 

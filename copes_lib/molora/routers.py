@@ -12,7 +12,7 @@ states of the frozen substrate from a first, adapter-free pass (two passes, as X
 Causality: the weights at position t depend on tokens 0..t only (prefix means; the substrate's
 attention is causal), so no gate sees the token it helps to predict or any later one.
 
-The gate-magnitude confound (FINDINGS.md): softmax weights sum to 1, while S independent sigmoid
+The gate-magnitude confound (docs/prior_measurements.md#gate-magnitude-confound): softmax weights sum to 1, while S independent sigmoid
 gates start near S/2 = 8. We NORMALISE: by default (``gate_norm="init_mass"``) R1's gates are
 multiplied by the constant 1 / (S * g0), g0 the gate value at initialisation, so both routers start
 with total weight 1 and the same learning rate applies to both arms; the gates stay independent

@@ -1,6 +1,6 @@
 """Paper B, finding 3: a synthetic sandbox with known answers for "when does evolving the routing pay?".
 
-The paper (PAPERS.md B3) reports that evolutionary search on the ROUTING channel of a mixture of LoRA
+The paper (docs/paper_b_molora.md#b3-sandbox) reports that evolutionary search on the ROUTING channel of a mixture of LoRA
 adapters helps only when the adapters are already pre-aligned to the tasks, and ties, underperforms
 or degrades the gradient solution otherwise. This module builds a problem where the optimum is known
 and measures that claim.

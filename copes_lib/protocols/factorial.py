@@ -30,7 +30,7 @@ from scipy import stats
 
 from copes_lib.stats import mean_ci
 
-# The paper's Table (PAPERS.md B2): contrast -> (Delta nats, t, p); None where the paper gives none.
+# The paper's Table (docs/paper_b_molora.md#b2-results): contrast -> (Delta nats, t, p); None where the paper gives none.
 PAPER_B2 = {
     "router": (0.0426, 12.86, 0.006),
     "eval_scope": (0.0, None, None),

@@ -138,7 +138,7 @@ class StandardESNotebookParams(NotebookParams):
                        ge=0)
     POPULATION: int = param(40, "N, members per step (paper: 40)", ge=2)
     SIGMA: float = param(1e-2, "sigma of the main run (paper: 1e-3; chosen for this substrate by the "
-                         "sweep, FINDINGS.md)", gt=0.0)
+                         "sweep, docs/prior_measurements.md)", gt=0.0)
     ALPHA: float = param(5e-3, "alpha of the main run (paper: 5e-4)", gt=0.0)
     BATCH_SIZE: int = param(16, "prompts per step, shared by all members (paper: 64; 16 fits the cpu budget)",
                             ge=1)
@@ -177,7 +177,7 @@ class CoPESNotebookParams(StandardESNotebookParams):
                          gt=0.0)
     SWEEP_SIGMAS: str = param("0.005,0.01", "comma-separated sigmas of the CoPES sweep, separate from "
                               "ES's; empty for no sweep")
-    STEP_CONTROL: bool = param(False, "also run ES with sqrt(K) x alpha (CoPES's update size; FINDINGS.md)")
+    STEP_CONTROL: bool = param(False, "also run ES with sqrt(K) x alpha (CoPES's update size; docs/prior_measurements.md)")
 
     def check(self) -> None:
         super().check()

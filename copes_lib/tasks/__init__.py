@@ -47,7 +47,7 @@ __all__ = ["GPUDataPaths", "use_gpu_data", "AgentToolSettings", "use_tool_settin
            "format_reward", "math_correctness", "qa_scores", "qa_metrics", "math_equal", "GENERATED_SIZES"]
 
 SPLITS_DIR = REPO_ROOT / "data" / "splits"
-#: PAPERS.md A4: math allows 3 search + 5 Python calls, QA 5 + 5.
+#: docs/paper_a_copes.md#a4-task-agent-reward-and-data: math allows 3 search + 5 Python calls, QA 5 + 5.
 TOOL_LIMITS = {"math": {"python": 5, "search": 3}, "qa": {"python": 5, "search": 5}}
 #: passages returned per search call in the miniature (short contexts for tiny models).
 SEARCH_K = {"math": 1, "qa": 1}

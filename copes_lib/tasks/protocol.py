@@ -6,7 +6,7 @@ inserts observations::
     <python>print(37+48-19)</python><output>66</output><answer>\\boxed{66}</answer>
     <search>Valor Trenk</search><result>Valor Trenk is a painter born in Mirath.</result>...
 
-Departures from the paper (PAPERS.md A4): the paper's agent uses Qwen3.5's chat template and a
+Departures from the paper (docs/paper_a_copes.md#a4-task-agent-reward-and-data): the paper's agent uses Qwen3.5's chat template and a
 Wikipedia search tool; the embedded miniature uses a bare ``Question: ...`` prompt (a 1M-parameter
 model has no chat template) and returns the top-k passages' text only. Real checkpoints (gpu
 profile) get the chat-style prompt of :func:`format_prompt` with ``style="chat"``. An invalid call

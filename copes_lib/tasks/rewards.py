@@ -1,4 +1,4 @@
-"""Answer extraction and rewards, as PAPERS.md A4 states them, as TRL-style callables.
+"""Answer extraction and rewards, as docs/paper_a_copes.md#a4-task-agent-reward-and-data states them, as TRL-style callables.
 
 ``reward(prompts, completions, answers, tool_calls, **kw) -> list[float]``: ``completions`` are the
 texts the model wrote (the rollout passes the model's own tokens with tool observations removed, so
@@ -194,7 +194,7 @@ def math_correctness(prompts, completions, answers, **kw) -> list[float]:
 
 
 def math_reward(prompts, completions, answers, tool_calls=None, **kw) -> list[float]:
-    """R = a + r_t + r_f (PAPERS.md A4).
+    """R = a + r_t + r_f (docs/paper_a_copes.md#a4-task-agent-reward-and-data).
 
     >>> math_reward(None, [r"<answer>\\boxed{66}</answer>"] * 2, [("66",)] * 2,
     ...             [{"python": 1, "search": 0}, {"python": 0, "search": 0}])
@@ -214,7 +214,7 @@ def qa_scores(prompts, completions, answers, **kw) -> list[dict[str, float]]:
 
 
 def qa_reward(prompts, completions, answers, tool_calls=None, **kw) -> list[float]:
-    """R = F1 + r_t + r_f (PAPERS.md A4).
+    """R = F1 + r_t + r_f (docs/paper_a_copes.md#a4-task-agent-reward-and-data).
 
     >>> qa_reward(None, [r"<answer>\\boxed{Oskelia}</answer>", r"<answer>\\boxed{Mirath}</answer>"],
     ...           [("Oskelia",), ("Oskelia",)], [{"search": 2}, {"search": 2}])
