@@ -66,7 +66,7 @@ def es_update_vector(model: nn.Module, objective: Any, config: es_engine.ESConfi
     """(u, rewards): the flat update ``es.ES`` would apply at ``step`` and the members' rewards (K, N_k).
 
     The model is left unchanged: members are evaluated (and restored) by the backend as in training,
-    then ``ES.update`` writes the step into zero tensors instead of theta.
+    then ``ES.update`` writes the step into zero tensors instead of theta (its master copy).
     """
     engine = es_engine.ES(model, config)
     backend = backend or es_engine.make_backend(engine)
@@ -77,9 +77,12 @@ def es_update_vector(model: nn.Module, objective: Any, config: es_engine.ESConfi
         backend.close()
     es_engine.check_rewards(rewards)
     rhat = engine.standardize(rewards)
-    engine.params = [torch.zeros_like(p, dtype=torch.float32) for p in engine.params]
+    # ES.update adds the step to its fp32 master (and refreshes the compute weights from it): point both
+    # at the same zero tensors, so the step lands there and theta is never touched
+    zeros = [torch.zeros_like(p, dtype=torch.float32) for p in engine.params]
+    engine.params, engine.master = zeros, zeros
     engine.update(plan, rhat)
-    return torch.cat([p.reshape(-1) for p in engine.params]), rewards
+    return torch.cat([p.reshape(-1) for p in zeros]), rewards
 
 
 def grpo_direction(model: nn.Module, tokenizer: Any, env: Any, tasks: Sequence[Any], rollout_config: Any, *,
