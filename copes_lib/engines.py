@@ -205,12 +205,7 @@ class SlotEngine:
                     segment[r].append(token)
                     pending[i] = [token]
                     n_model[r] += 1
-                    stop = stops.check(segment[r])
-                    if stop is None:
-                        if n_model[r] >= config.max_new_tokens:
-                            stop = "tokens"
-                        elif len(prompt_ids[r]) + len(completion[r]) >= config.max_context:
-                            stop = "context"
+                    stop = ro.turn_stop(stops, segment[r], n_model[r], len(prompt_ids[r]) + len(completion[r]), config)
                     if stop is not None:
                         finish[r] = stop
                         stopped.append((i, r))

@@ -453,6 +453,18 @@ def _pick(logits: torch.Tensor, config: RolloutConfig, generator: torch.Generato
 
 # --------------------------------------------------------------------------- rollout
 @torch.no_grad()
+def turn_stop(stops: StopMatcher, segment: list[int], model_tokens: int, length: int, config: RolloutConfig) -> str | None:
+    """Why a row's turn ends at its newest token: the stop tag it closed (``stops``), its model-token
+    budget (``"tokens"``) or the context (``"context"``); None while it goes on. Every engine uses it."""
+    stop = stops.check(segment)
+    if stop is None:
+        if model_tokens >= config.max_new_tokens:
+            return "tokens"
+        if length >= config.max_context:
+            return "context"
+    return stop
+
+
 def rollout(model, tokenizer, tasks: list[Task], env: AgentEnv, config: RolloutConfig = RolloutConfig(),
             seed: int = 0, row_hook: Callable[[list[int]], None] | None = None,
             logits_hook: Callable[[list[int], list[bool], torch.Tensor], None] | None = None) -> RolloutBatch:
@@ -531,12 +543,7 @@ def rollout(model, tokenizer, tasks: list[Task], env: AgentEnv, config: RolloutC
                 segment[r].append(token)
                 pending[i] = [token]
                 n_model[r] += 1
-                stop = stops.check(segment[r])
-                if stop is None:
-                    if n_model[r] >= config.max_new_tokens:
-                        stop = "tokens"
-                    elif len(prompt_ids[r]) + len(completion[r]) >= config.max_context:
-                        stop = "context"
+                stop = turn_stop(stops, segment[r], n_model[r], len(prompt_ids[r]) + len(completion[r]), config)
                 if stop is not None:
                     generating[i] = False
                     finish[r] = stop
