@@ -12,6 +12,7 @@ from copes_lib import config, es, runs, stats
 from copes_lib.config import ConfigError
 from copes_lib.protocols import (
     ablations,
+    decoding,
     es_arm,
     fixed_budget,
     grpo_arm,
@@ -19,7 +20,6 @@ from copes_lib.protocols import (
     notebooks,
     params,
     tables,
-    test_decoding,
 )
 
 
@@ -113,7 +113,7 @@ def test_steps_to_match_best_and_mean_curve():
 # --------------------------------------------------------------------------- pass@k and tables
 def test_pass_at_k_frame_shape_and_values():
     results = {"a": {"samples": 4, "correct_counts": [0, 2, 4]}, "b": {"samples": 4, "correct_counts": [1, 1, 1]}}
-    frame = test_decoding.pass_at_k_frame(results)
+    frame = decoding.pass_at_k_frame(results)
     assert len(frame) == 2 * 4 and set(frame["k"]) == {1, 2, 3, 4}
     a = frame[frame.method == "a"].set_index("k")["pass_at_k"]
     assert a[1] == pytest.approx((0 + 0.5 + 1) / 3)  # pass@1 = mean accuracy

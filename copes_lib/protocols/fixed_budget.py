@@ -4,7 +4,7 @@ find its best checkpoint, and histories become the paper's quantities (gain reco
 differences, steps to match).
 
 The runs themselves are cached runs of ``copes_lib.es`` and ``copes_lib.grpo``
-(``protocols.es_arm``, ``protocols.grpo_arm``); test decoding is ``protocols.test_decoding``.
+(``protocols.es_arm``, ``protocols.grpo_arm``); test decoding is ``protocols.decoding``.
 
 The protocol, next to the paper (docs/paper_a_copes.md):
 
@@ -52,7 +52,7 @@ import numpy as np
 from copes_lib import runs, stats
 from copes_lib.config import ConfigError
 from copes_lib.grpo import GRPOConfig
-from copes_lib.protocols import test_decoding
+from copes_lib.protocols import decoding
 from copes_lib.protocols.es_arm import AgentSetup, ESRun, continue_runs, es_model, seed_runs
 from copes_lib.protocols.grpo_arm import GRPORun, grpo_config, grpo_params, grpo_policy, grpo_run, peak_report
 from copes_lib.protocols.histories import (
@@ -234,7 +234,7 @@ def budget_scores(params: Any, agent: AgentSetup, frb: FixedBudgetRuns, *, lora:
                   headline: str | None = None) -> tuple[dict[str, np.ndarray], dict[str, list[int]],
                                                         dict[str, float]]:
     """Per-seed per-validation-problem greedy scores of every arm's weights at the budget step (the
-    claims' ``val_accuracy_at_budget`` / ``val_f1_at_budget``), via ``test_decoding.greedy_scores``
+    claims' ``val_accuracy_at_budget`` / ``val_f1_at_budget``), via ``decoding.greedy_scores``
     (cached by weights).
 
     Arms: ``es``; ``copes`` (the headline protocol; ``headline`` None: the only CoPES arm) and
@@ -251,7 +251,7 @@ def budget_scores(params: Any, agent: AgentSetup, frb: FixedBudgetRuns, *, lora:
     gaps: dict[str, float] = {}
 
     def add(arm: str, models: list[tuple[Any, float, int]]) -> None:
-        rows = [test_decoding.greedy_scores(params, agent, model, tasks, label=f"{arm} seed {seed}")
+        rows = [decoding.greedy_scores(params, agent, model, tasks, label=f"{arm} seed {seed}")
                 for model, _, seed in models]
         arms[arm] = np.stack(rows)
         seeds[arm] = [seed for _, _, seed in models]
