@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 
 import numpy as np
@@ -20,50 +19,9 @@ import torch
 from copes_lib import es as es_engine
 from copes_lib import estimator_agreement as ea
 
-TOOL_TOKEN, TARGET_TOKEN, VOCAB = 11, 5, 12
-
-
-def tiny_model(seed: int = 0):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                      num_key_value_heads=1, head_dim=16, intermediate_size=64, tie_word_embeddings=True,
-                      max_position_embeddings=64, rope_parameters={"rope_type": "default", "rope_theta": 1e4})
-    torch.manual_seed(seed)
-    return Qwen3ForCausalLM(cfg).eval()
-
-
-@dataclasses.dataclass(frozen=True)
-class ToyRolloutConfig:
-    temperature: float = 1.0
-    top_p: float = 1.0
-
-
-@dataclasses.dataclass
-class ToyBatch:
-    prompt_ids: list
-    completion_ids: list
-    model_mask: list
-    rewards: list
-
-
-@torch.no_grad()
-def toy_rollout(model, tokenizer, tasks, env, config, seed):
-    """The sampler of tests/test_grpo.py: 3 model tokens, a masked tool token, 2 model tokens;
-    reward = share of TARGET_TOKEN among the model's tokens."""
-    gen = torch.Generator().manual_seed(seed)
-    seqs = torch.tensor([[1, 2 + t % 4] for t in tasks])
-    mask_cols = [1, 1, 1, 0, 1, 1]
-    for col in mask_cols:
-        if col == 0:
-            nxt = torch.full((len(tasks), 1), TOOL_TOKEN)
-        else:
-            probs = torch.softmax(model(input_ids=seqs).logits[:, -1].float() / config.temperature, -1)
-            nxt = torch.multinomial(probs, 1, generator=gen)
-        seqs = torch.cat([seqs, nxt], dim=1)
-    comps = seqs[:, 2:].tolist()
-    rewards = [sum(tok == TARGET_TOKEN for tok, m in zip(c, mask_cols) if m) / 5 for c in comps]
-    return ToyBatch([s[:2] for s in seqs.tolist()], comps, [mask_cols[:] for _ in tasks], rewards)
+# the ~19K-parameter Qwen3 and the toy sampler of the GRPO tests (prompt -> 3 model tokens, a masked tool
+# token, 2 model tokens; reward = share of TARGET_TOKEN)
+from tests.test_grpo import ToyRolloutConfig, tiny_model, toy_rollout
 
 
 def toy_config(population: int, subspaces: int = 1, seed: int = 33) -> es_engine.ESConfig:
