@@ -251,8 +251,7 @@ class SlotEngine:
 def _turn_end(tokenizer, env, config, limits, stopped, finish, segment, parts, turns, calls) -> dict[int, str]:
     """The turn boundary of ``rollout.rollout`` for the rows ``stopped``: keep the turn's text, run
     their valid tool calls in one batch per tool; returns {original row: observation}."""
-    from copes_lib.rollout import decode
-    from copes_lib.tasks.protocol import error_observation, last_call
+    from copes_lib.rollout import decode, run_tool_calls
 
     tool_rows = {"python": [], "search": []}
     for _i, r in stopped:
@@ -262,21 +261,7 @@ def _turn_end(tokenizer, env, config, limits, stopped, finish, segment, parts, t
         turns[r] += 1
         if finish[r] in ("python", "search"):
             tool_rows[finish[r]].append((r, text))
-    observations: dict[int, str] = {}
-    for tool, runner in (("python", env.run_python), ("search", env.run_search)):
-        valid = []
-        for r, text in tool_rows[tool]:
-            body = last_call(text, tool)
-            if calls[r][tool] >= limits[tool]:
-                observations[r] = error_observation(tool, f"{tool} call limit ({limits[tool]}) reached")
-            elif body is None or not body.strip():
-                observations[r] = error_observation(tool, f"invalid call: write <{tool}>...</{tool}>")
-            else:
-                calls[r][tool] += 1
-                valid.append((r, body.strip() if tool == "search" else body))
-        for (r, _), obs in zip(valid, runner([b for _, b in valid]) if valid else []):
-            observations[r] = obs
-    return observations
+    return run_tool_calls(env, tool_rows, calls, limits)
 
 
 def _add_rows(cache, count: int) -> None:

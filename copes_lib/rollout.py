@@ -453,6 +453,28 @@ def _pick(logits: torch.Tensor, config: RolloutConfig, generator: torch.Generato
 
 # --------------------------------------------------------------------------- rollout
 @torch.no_grad()
+def run_tool_calls(env: AgentEnv, tool_rows: dict[str, list[tuple[int, str]]], calls: list[dict[str, int]],
+                   limits: dict[str, int]) -> dict[int, str]:
+    """The observation of each row whose turn closed a tool tag (``tool_rows``: tool -> [(row, turn
+    text)]): the tool's output for a valid call within its limit (all of a tool's calls in one batch),
+    else an error observation; counts the calls made in ``calls``. Every engine uses it."""
+    observations: dict[int, str] = {}
+    for tool, runner in (("python", env.run_python), ("search", env.run_search)):
+        valid = []
+        for r, text in tool_rows.get(tool, []):
+            body = last_call(text, tool)
+            if calls[r][tool] >= limits[tool]:
+                observations[r] = error_observation(tool, f"{tool} call limit ({limits[tool]}) reached")
+            elif body is None or not body.strip():
+                observations[r] = error_observation(tool, f"invalid call: write <{tool}>...</{tool}>")
+            else:
+                calls[r][tool] += 1
+                valid.append((r, body.strip() if tool == "search" else body))
+        for (r, _), obs in zip(valid, runner([b for _, b in valid]) if valid else []):
+            observations[r] = obs
+    return observations
+
+
 def turn_stop(stops: StopMatcher, segment: list[int], model_tokens: int, length: int, config: RolloutConfig) -> str | None:
     """Why a row's turn ends at its newest token: the stop tag it closed (``stops``), its model-token
     budget (``"tokens"``) or the context (``"context"``); None while it goes on. Every engine uses it."""
@@ -559,20 +581,8 @@ def rollout(model, tokenizer, tasks: list[Task], env: AgentEnv, config: RolloutC
                 turns[r] += 1
                 if finish[r] in ("python", "search"):
                     tool_rows[finish[r]].append((i, r, text))
-            observations: dict[int, str] = {}
-            for tool, runner in (("python", env.run_python), ("search", env.run_search)):
-                valid = []
-                for _i, r, text in tool_rows[tool]:
-                    body = last_call(text, tool)
-                    if calls[r][tool] >= limits[tool]:
-                        observations[r] = error_observation(tool, f"{tool} call limit ({limits[tool]}) reached")
-                    elif body is None or not body.strip():
-                        observations[r] = error_observation(tool, f"invalid call: write <{tool}>...</{tool}>")
-                    else:
-                        calls[r][tool] += 1
-                        valid.append((r, body.strip() if tool == "search" else body))
-                for (r, _), obs in zip(valid, runner([b for _, b in valid]) if valid else []):
-                    observations[r] = obs
+            observations = run_tool_calls(env, {tool: [(r, text) for _i, r, text in rows_]
+                                                for tool, rows_ in tool_rows.items()}, calls, limits)
             keep = []
             for i, r in enumerate(rows):
                 if r in observations:
