@@ -87,3 +87,26 @@ def test_cell_summary_is_flat_and_scores_round_trip(tmp_path):
     assert loaded.arms["es"].shape == (p.SEEDS, 200)
     np.testing.assert_array_equal(loaded.arms["copes_paper"], ss.scores(cell, "copes_paper"))
     assert ss.scores_digest(tmp_path) is not None
+
+
+def test_warm_axis_bases_train_exactly_their_steps(monkeypatch):
+    """With 01's stopping rule on, a longer cap stops where 01's recipe stops (the cpu run's
+    "converged" base was 01's base again): the axis's bases switch the rule off."""
+    from copes_lib import substrate
+
+    seen = []
+
+    class Recorded(Exception):
+        pass
+
+    def fake_warm_start(profile, kind, seed=0, *, config, **kw):
+        seen.append(config)
+        raise Recorded
+
+    monkeypatch.setattr(substrate, "warm_start", fake_warm_start)
+    for warm_steps in (None, 8):
+        with pytest.raises(Recorded):
+            ss.load_substrate(params(), "smoke", warm_steps=warm_steps)
+    recipe, axis = seen
+    assert recipe.math_target > 0 and recipe.model_size == "smoke"
+    assert axis.math_target == 0.0 and axis.math_steps == 8 and axis.model_size == "smoke"

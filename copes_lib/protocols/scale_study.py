@@ -10,8 +10,10 @@ model). This module runs, on the suite's miniature substrate:
   (``es.train_es``), ES-family arms over ``SEEDS`` noise seeds on the SAME prompt batches (paired);
 - **protocol axis**: CoPES with ES's sigma / alpha (the paper's protocol; its update is ~sqrt(K)
   times larger) and CoPES with alpha / sqrt(K) (step-matched to ES), at every size;
-- **warm-start axis**: at ``WARM_AXIS_SIZE``, the same arms from an under-trained and a converged
-  warm start (``UNDER_WARM_STEPS`` / ``CONVERGED_WARM_STEPS`` instead of 01's step count);
+- **warm-start axis**: at ``WARM_AXIS_SIZE``, the same arms from an under-trained and a longer-trained
+  ("converged") warm start, each trained for exactly ``UNDER_WARM_STEPS`` / ``CONVERGED_WARM_STEPS``
+  steps: 01's stopping rule is switched off for them, since with it a longer cap stops at the same step
+  as 01's recipe and the axis would compare a base model with itself;
 - **mechanism**: at the warm-started weights, ``copes_lib.estimator_agreement``'s cosines (two
   independent populations; each against the GRPO policy gradient on the same prompts).
 
@@ -73,8 +75,10 @@ class ScaleStudyParams(NotebookParams):
     GROUP_SIZE: int = param(4, "GRPO trajectories per prompt (paper: 8)", ge=2)
     MICRO_BATCH: int = param(16, "GRPO trajectories per forward/backward (memory only)", ge=1)
     WARM_AXIS_SIZE: str = param("smoke", "size of the warm-start axis; empty for none")
-    UNDER_WARM_STEPS: int = param(300, "warm-start steps of the under-trained base (0 skips it)", ge=0)
-    CONVERGED_WARM_STEPS: int = param(675, "warm-start steps of the converged base (0 skips it)", ge=0)
+    UNDER_WARM_STEPS: int = param(250, "warm-start steps of the under-trained base, trained exactly (no stopping "
+                                  "rule; 0 skips it)", ge=0)
+    CONVERGED_WARM_STEPS: int = param(675, "warm-start steps of the converged base, trained exactly (no stopping "
+                                      "rule; 0 skips it)", ge=0)
     MECH_POPULATIONS: int = param(3, "independent populations per estimator for the agreement cosines "
                                   "(0: no mechanism measurement)", ge=0)
     MECH_POPULATION: int = param(16, "N of each population in the mechanism measurement", ge=2)
@@ -162,9 +166,12 @@ def data_profile(params: ScaleStudyParams) -> str:
 
 
 def load_substrate(params: ScaleStudyParams, size: str, warm_steps: int | None = None) -> Substrate:
-    """The base model of ``size``, warm-started with notebook 01's recipe (``warm_steps`` overrides
-    its math_steps for the warm-start axis); cached by ``substrate.warm_start``. Under the gpu
-    profile: the cpu recipe (warm start on the CPU, cached under cache/cpu), then moved to the GPU."""
+    """The base model of ``size``, warm-started with notebook 01's recipe; cached by ``substrate.warm_start``.
+
+    ``warm_steps`` (the warm-start axis) trains exactly that many steps: 01's stopping rule is off,
+    else a longer cap stops where 01's recipe stops. ``Substrate.warm_steps`` is the number of steps
+    actually trained, not the cap. Under the gpu profile: the cpu recipe (warm start on the CPU,
+    cached under cache/cpu), then moved to the GPU."""
     import torch
 
     from copes_lib import substrate
@@ -175,8 +182,9 @@ def load_substrate(params: ScaleStudyParams, size: str, warm_steps: int | None =
 
     data = data_profile(params)
     recipe = substrate_config(data)
-    recipe = dataclasses.replace(recipe, model_size=size,
-                                 math_steps=recipe.math_steps if warm_steps is None else warm_steps)
+    recipe = dataclasses.replace(recipe, model_size=size)
+    if warm_steps is not None:
+        recipe = dataclasses.replace(recipe, math_steps=warm_steps, math_target=0.0)
     model, tokenizer, info = substrate.warm_start(data, "math", seed=0, config=recipe)
     if params.PROFILE == "gpu" and torch.cuda.is_available():
         model = model.to("cuda")
@@ -185,10 +193,11 @@ def load_substrate(params: ScaleStudyParams, size: str, warm_steps: int | None =
     val = load_tasks(data, "math", "val")[: params.VAL_PROBLEMS]
     objective = ScoredObjective(tokenizer, env, load_tasks(data, "math", "train"), val, rollout_config,
                                 params.BATCH_SIZE, params.BATCH_SEED)
+    trained_steps = int(info.get("steps", recipe.math_steps))
     key = {"profile": params.PROFILE, "data_profile": data, "size": size, "warm_steps": recipe.math_steps,
            "substrate_checksum": checksum(model), "val_ids": [t.id for t in val],
            "rollout": rollout_config.to_dict()}
-    return Substrate(size, recipe.math_steps, model, tokenizer, env, objective, val, rollout_config, key,
+    return Substrate(size, trained_steps, model, tokenizer, env, objective, val, rollout_config, key,
                      substrate.count_model_params(model), {k: info.get(k) for k in ("steps", "params", "train_time_s",
                                                                               "cached")})
 
