@@ -22,10 +22,13 @@ effect measured in the same run.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from copes_lib import paper, stats
 from copes_lib.runs import RESULTS_ROOT, atomic_write_text, read_json
@@ -394,17 +397,38 @@ def _judge_largest_gap(ctx: Context) -> Judgement:
     return Judgement(mapped, f"{text} ({verdict})", ctx.summary.get("power_note", ""))
 
 
-def _judge_slope(key: str, what: str) -> Callable[[Context], Judgement]:
-    """A trend over sizes from a least-squares line in log10(parameters): no interval across so few
-    sizes, so a rising line reads at most "partly"; a flat or falling one "does not"; under 3 sizes
-    "inconclusive"."""
+def _judge_slope(metric: str, what: str) -> Callable[[Context], Judgement]:
+    """A trend over sizes: the least-squares line of the per-size estimates ``<metric>_<size>`` in
+    log10(parameters), with the slope's 95% interval from the per-size 95% intervals
+    (``<metric>_low_<size>`` / ``_high_<size>``; sizes are independent models, so their variances
+    add). Rising interval above 0 -> agrees, below 0 -> does not, else inconclusive; fewer than 3 sizes
+    with an estimate (e.g. gain recovery is undefined where full GRPO gained nothing) -> inconclusive.
+    A least-squares line through 3 noisy points with no interval could not tell a trend from noise."""
     def judge(ctx: Context) -> Judgement:
-        slope, sizes = ctx[key], ctx["n_sizes"]
-        text = f"{what}: slope {_fmt(slope)} per decade of parameters over {sizes} sizes"
-        power = "a line through size means (seeds averaged), no interval over sizes"
-        if sizes < 3:
-            return Judgement(INCONCLUSIVE, text, power)
-        return Judgement(PARTLY if slope > 0 else DISAGREES, text, power)
+        sizes = list(ctx.summary.get("sizes") or [])
+        points = []
+        for tag in sizes:
+            values = [ctx.summary.get(f"{metric}{part}_{tag}") for part in ("", "_low", "_high")]
+            n_params = ctx.summary.get(f"n_params_{tag}")
+            if n_params and all(v is not None and math.isfinite(v) for v in values):
+                points.append((math.log10(n_params), *values))
+        defined = f"defined at {len(points)} of {len(sizes)} sizes"
+        if len(points) < 3:
+            return Judgement(INCONCLUSIVE, f"{what}: {defined} (a trend needs 3)",
+                             "gain recovery needs a positive full-GRPO gain at a size")
+        x = np.array([p[0] for p in points])
+        y = np.array([p[1] for p in points])
+        se = np.array([(p[3] - p[2]) / (2 * 1.96) for p in points])
+        sxx = float(((x - x.mean()) ** 2).sum())
+        slope = float(((x - x.mean()) * y).sum() / sxx)
+        slope_se = float(math.sqrt((((x - x.mean()) ** 2) * se ** 2).sum()) / sxx)
+        low, high = slope - 1.96 * slope_se, slope + 1.96 * slope_se
+        text = (f"{what}: slope {_fmt(slope)} per decade of parameters [{_fmt(low)}, {_fmt(high)}], "
+                f"{defined}")
+        power = (f"95% interval of the slope from the per-size 95% intervals (seeds x problems each); "
+                 f"half-width {_fmt(1.96 * slope_se)} per decade")
+        verdict = AGREES if low > 0 else DISAGREES if high < 0 else INCONCLUSIVE
+        return Judgement(verdict, text, power)
     return judge
 
 
@@ -413,12 +437,10 @@ SCALE_CLAIMS: tuple[Claim, ...] = (
           "the paper's protocol", "the paper: one 4B model, 88.0 vs 77.6 val acc", "09_scale_study",
           ("largest_size_tag",), _judge_largest_gap),
     Claim("S2", "ours", "(ours) CoPES's edge over standard ES grows with model size", "not studied in the papers",
-          "09_scale_study", ("copes_paper_minus_es_slope_per_decade", "n_sizes"),
-          _judge_slope("copes_paper_minus_es_slope_per_decade", "CoPES - ES")),
+          "09_scale_study", ("sizes",), _judge_slope("copes_paper_minus_es", "CoPES - ES")),
     Claim("S3", "ours", "(ours) Standard ES recovers more of full GRPO's gain at larger sizes",
           "not studied in the papers (4B: 67.2%)", "09_scale_study",
-          ("gain_recovery_es_slope_per_decade", "n_sizes"),
-          _judge_slope("gain_recovery_es_slope_per_decade", "ES gain recovery")),
+          ("sizes",), _judge_slope("gain_recovery_es", "ES gain recovery")),
 )
 
 

@@ -263,8 +263,26 @@ def test_scale_claim_s1_follows_the_tested_verdict(verdict, expected):
     assert rows["S1"]["verdict"] == expected and "+1.2 points" in rows["S1"]["ours"]
 
 
-def test_scale_trend_claims_can_fail_and_need_three_sizes():
-    rows = {r["claim"]: r for r in claims.judge_claims(_scale_summary(stats.EFFECT, 0.01, -0.05))}
-    assert rows["S2"]["verdict"] == claims.PARTLY and rows["S3"]["verdict"] == claims.DISAGREES
-    rows = {r["claim"]: r for r in claims.judge_claims(_scale_summary(stats.EFFECT, 0.01, 0.05, sizes=2))}
+def _trend_summary(gaps, recoveries, half_width):
+    """Per-size estimates at 1e4, 1e5, 1e6 parameters (None: undefined there), each +- half_width."""
+    summary = {"sizes": ["a", "b", "c"], "largest_size_tag": "c", "n_sizes": 3}
+    for tag, n, gap, rec in zip("abc", (1e4, 1e5, 1e6), gaps, recoveries):
+        summary[f"n_params_{tag}"] = n
+        for metric, value in (("copes_paper_minus_es", gap), ("gain_recovery_es", rec)):
+            summary[f"{metric}_{tag}"] = value
+            summary[f"{metric}_low_{tag}"] = None if value is None else value - half_width
+            summary[f"{metric}_high_{tag}"] = None if value is None else value + half_width
+    return {"09_scale_study": summary}
+
+
+def test_scale_trend_claims_can_fail_and_say_inconclusive():
+    # a clear rise of the gap, a clear fall of recovery: agrees / does not
+    rows = {r["claim"]: r for r in claims.judge_claims(_trend_summary((-0.1, 0.0, 0.1), (0.5, 0.3, 0.1), 0.02))}
+    assert rows["S2"]["verdict"] == claims.AGREES and rows["S3"]["verdict"] == claims.DISAGREES
+    assert "slope 0.1 per decade" in rows["S2"]["ours"]
+    # the same means inside wide per-size intervals: a line through noise decides nothing
+    rows = {r["claim"]: r for r in claims.judge_claims(_trend_summary((-0.1, 0.0, 0.1), (0.5, 0.3, 0.1), 0.5))}
     assert rows["S2"]["verdict"] == rows["S3"]["verdict"] == claims.INCONCLUSIVE
+    # recovery undefined at two sizes (GRPO gained nothing there): no trend from one point
+    rows = {r["claim"]: r for r in claims.judge_claims(_trend_summary((-0.1, 0.0, 0.1), (None, None, 0.1), 0.02))}
+    assert rows["S3"]["verdict"] == claims.INCONCLUSIVE and "defined at 1 of 3 sizes" in rows["S3"]["ours"]
