@@ -3,7 +3,7 @@
 # H100/H200, so a rerun fits a 15-minute lease). Runs on the machine's own Python (>= 3.11; it may
 # itself be a venv) with its torch + CUDA and Triton; no network and no model files. What that Python
 # lacks of benchmarks/gpu_wheels.txt (transformers 5.24, huggingface_hub < 2, flash-linear-attention,
-# ...) comes from benchmarks/gpu_wheels/ (made with `make gpu-wheels` on a networked machine, ~35 MB):
+# ...) comes from benchmarks/gpu_wheels/ (made with `make gpu-wheels` on a networked machine, ~27 MB):
 # installed with pip --no-deps --target into $GPU_CHECK_SITE, put first on PYTHONPATH. No venv is made.
 #   benchmarks/gpu_check.sh                      # 0.8B-shaped Qwen3.5, batch 64 (the goals)
 #   benchmarks/gpu_check.sh --size 2b
@@ -26,7 +26,8 @@ done
 T_KERNELS=${T_KERNELS:-30} T_EQUALITY=${T_EQUALITY:-45} T_ENGINES=${T_ENGINES:-200} T_GRPO=${T_GRPO:-45}
 if [ "$dry" = 1 ]; then
     args=(--allow-cpu --size tiny --batch 4 --new-tokens 32 "${args[@]}")
-    T_ENGINES=${T_ENGINES_DRY:-60}
+    # CPU limits are generous (a shared 2-core machine); the GPU limits above are what must hold
+    T_KERNELS=120 T_EQUALITY=240 T_ENGINES=300 T_GRPO=120
 fi
 export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 if compgen -G "$WHEELS/*.whl" > /dev/null; then
