@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# GPU check of the rollout engines, ES and GRPO on randomly initialised models (<= 6 minutes on one
-# H100/H200, so a rerun fits a 15-minute lease). Runs on the machine's own Python (>= 3.11; it may
+# GPU check of the rollout engines, ES and GRPO on randomly initialised models (its section limits add
+# up to under 6 minutes on one GPU, so a rerun fits a 15-minute lease). Runs on the machine's own Python (>= 3.11; it may
 # itself be a venv) with its torch + CUDA and Triton; no network and no model files. What that Python
 # lacks of benchmarks/gpu_wheels.txt (transformers 5.24, huggingface_hub < 2, flash-linear-attention,
 # ...) comes from benchmarks/gpu_wheels/ (made with `make gpu-wheels` on a networked machine, ~27 MB):
@@ -23,11 +23,11 @@ for a in "$@"; do
     if [ "$a" = "--dry-run" ]; then dry=1; else args+=("$a"); fi
 done
 # per-section limits (seconds): kernels, equality, all engines together, GRPO, summary
-T_KERNELS=${T_KERNELS:-30} T_EQUALITY=${T_EQUALITY:-45} T_ENGINES=${T_ENGINES:-200} T_GRPO=${T_GRPO:-45}
+T_KERNELS=${T_KERNELS:-30} T_EQUALITY=${T_EQUALITY:-45} T_ENGINES=${T_ENGINES:-200} T_GRPO=${T_GRPO:-40} T_SUMMARY=${T_SUMMARY:-15}
 if [ "$dry" = 1 ]; then
     args=(--allow-cpu --size tiny --batch 4 --new-tokens 32 "${args[@]}")
     # CPU limits are generous (a shared 2-core machine); the GPU limits above are what must hold
-    T_KERNELS=120 T_EQUALITY=240 T_ENGINES=300 T_GRPO=120
+    T_KERNELS=120 T_EQUALITY=240 T_ENGINES=300 T_GRPO=120 T_SUMMARY=60
 fi
 export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 if compgen -G "$WHEELS/*.whl" > /dev/null; then
@@ -59,7 +59,7 @@ done
 grpo_args=()
 [ "$dry" = 1 ] && grpo_args=(--allow-cpu)
 section grpo "$T_GRPO" "$PY" benchmarks/gpu_check_grpo.py --out "$DIR/grpo.json" "${grpo_args[@]}"
-section summary 30 "${check[@]}" --section summary
+section summary "$T_SUMMARY" "${check[@]}" --section summary
 if [ -n "${OUT:-}" ]; then
     mkdir -p "$OUT/gpu_check" && cp -r "$DIR" "$OUT/gpu_check/"
 fi
