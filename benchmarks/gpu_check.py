@@ -322,17 +322,16 @@ def kernels(device) -> dict:
         from torch.profiler import ProfilerActivity, profile
 
         ids = torch.randint(3, 64, (2, 40), device=device)
-        from transformers import DynamicCache
-
+        cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as prefill:
-            cache = DynamicCache(config=model.config)
-            model(input_ids=ids, use_cache=True, past_key_values=cache)
+            cache = model(input_ids=ids, use_cache=True).past_key_values
             torch.cuda.synchronize()
         with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as decode:
-            model(input_ids=ids[:, -1:], use_cache=True, past_key_values=cache)
+            model(input_ids=ids[:, -1:], use_cache=True, **{cache_arg: cache})
             torch.cuda.synchronize()
-        markers = ("gated_delta", "fused_recurrent", "chunk_fwd", "chunk_local_cumsum", "solve_tril",
-                   "recompute_w_u", "l2norm_fwd", "causal_conv1d")
+        # names of fla-core 0.6's forward Triton kernels (fla/ops/gated_delta_rule, fla/ops/common, utils)
+        markers = ("gated_delta", "fused_recurrent", "chunk_fwd_kernel", "chunk_o_fwd", "chunk_scaled_dot_kkt",
+                   "chunk_local_cumsum", "solve_tril", "merge_16x16", "recompute_w_u", "gdn_gate", "l2norm_fwd")
         for label, prof in (("prefill", prefill), ("decode", decode)):
             names = sorted({e.key for e in prof.key_averages()})
             out[f"{label}_fla_kernels"] = [n for n in names if any(m in n for m in markers)][:40]
