@@ -63,7 +63,8 @@ try:
     from copes_lib.memory_model import ModelDescription, kv_bytes_per_token
     from copes_lib.protocols.substrate_setup import substrate_config
     from copes_lib.rollout import AgentEnv, RolloutConfig, encode, rollout
-    from copes_lib.substrate import get_tokenizer
+    from copes_lib.substrate import train_agent_tokenizer
+    from copes_lib.tasks import format_prompt
     from copes_lib.tasks.protocol import Task, python_observation, search_observation
     IMPORT_ERROR = None
 except Exception:  # recorded by main()
@@ -160,6 +161,15 @@ def make_tasks(rows: int) -> list[Task]:
     and so bm25s, which the GPU machine may lack; the tools are scripted anyway)."""
     return [Task(f"gpu_check/{r}", "math", "What is " + " plus ".join(str(k) for k in range(2 + (5 * r) % 23)) + "?",
                  ("3",), 0) for r in range(rows)]
+
+
+def make_tokenizer():
+    """The suite's agent tokenizer (byte-level BPE, protocol tags as single tokens) trained here on the
+    check's own text: the profile tokenizers are trained from task files that need the retriever."""
+    texts = [format_prompt(t) for t in make_tasks(64)] + [" ".join(WORDS)] * 4
+    texts += [f"<search>{w} history</search><python>print({k})</python><answer>\\boxed{{3}}</answer>"
+              for k, w in enumerate(WORDS)]
+    return train_agent_tokenizer(texts, substrate_config("smoke").vocab_size)
 
 
 def scripts(tokenizer, rows: int) -> list[list[int | None]]:
@@ -565,7 +575,7 @@ def main() -> int:
         if args.section == "summary":
             result = summary(args.dir, base)
         else:
-            tokenizer = get_tokenizer("smoke", substrate_config("smoke").vocab_size)
+            tokenizer = make_tokenizer()
             if args.section == "kernels":
                 result = {**base, **kernels(device)}
             elif args.section == "equality":
