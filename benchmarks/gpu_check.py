@@ -22,9 +22,10 @@ when ``OUT`` is set), so a timeout keeps what was measured before it:
 The workload, the same for every engine: every row's trajectory is forced (a logits hook) through a
 script of tool calls whose count varies by row (r % 4 searches, (r + 1) % 6 Python calls) with free tokens in
 between; a third of the rows then runs to the token budget, the rest close with an answer, so row
-lengths differ. The tools are scripted too (``ScriptedEnv``): a search returns 3 passages of ~130-170
-tokens (the paper's search returns 3 passages, docs/paper_a_copes.md#model-and-tools; their length is
-not stated there, ~100-word Wikipedia passages are assumed), a Python call an output of 4-200 tokens.
+lengths differ; the counts stay within the paper's math budget of 3 searches and 5 Python calls
+(docs/paper_a_copes.md#model-and-tools). The tools are scripted too (``ScriptedEnv``): a search returns
+3 passages (``SEARCH_TOP_K`` of profiles/gpu.yaml) of ~130-170 tokens each (their length is not stated
+in the paper; ~100-word Wikipedia passages are assumed), a Python call an output of 4-200 tokens.
 Random weights never write a correct answer, so the reward is synthetic: the share of odd character
 codes in the model-written text. It depends on the free tokens, so it differs across ES members and
 the update is exercised (constant rewards would make it zero). Free tokens are drawn from the
@@ -58,6 +59,7 @@ sys.path.insert(0, str(ROOT))
 # JSON with the error instead of crashing before anything is written.
 try:
     from copes_lib import engines
+    from copes_lib.config import ConfigError
     from copes_lib.engines import QWEN35_SIZES, build_qwen35
     from copes_lib.es import ES, ESConfig, es_step
     from copes_lib.memory_model import ModelDescription, kv_bytes_per_token
@@ -395,6 +397,10 @@ def equality(device, tokenizer, rows: int, population: int) -> dict:
         out["engines"][name] = row
         try:
             engine = engines.make_engine(name, model, tokenizer)
+        except ConfigError as err:  # an engine that refuses this machine (e.g. CUDA only) is skipped, with why
+            row["skipped"] = str(err)
+            continue
+        try:
             result = generate(engine, tasks, env, config, row_scripts, vocab)
             row["tool_calls"] = {k: sum(c[k] for c in result.tool_calls) for k in ("python", "search")}
             es_model = build_qwen35("tiny", vocab, seed=0, tokenizer=tokenizer, device=device)
@@ -423,6 +429,10 @@ def engine_check(device, tokenizer, name: str, size: str, batch: int, new_tokens
     cuda = device.type == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32
     vocab = len(tokenizer)
+    try:  # an engine that refuses this machine (e.g. CUDA only) is skipped, with why
+        engines.make_engine(name, build_qwen35("tiny", vocab, seed=0, tokenizer=tokenizer, device=device), tokenizer)
+    except ConfigError as err:
+        return {**base, "engine": name, "skipped": str(err)}
     t0 = time.perf_counter()
     model = build_qwen35(size, 248320 if size != "tiny" else vocab, seed=0, tokenizer=tokenizer, device=device,
                          dtype=dtype)
@@ -509,7 +519,9 @@ def summary(run_dir: Path, base: dict) -> dict:
                       "measured_pass_on_this_device": bool(passed) if value is not None else None, "note": note})
 
     measured = {k[len("engine-"):]: v for k, v in sections.items() if k.startswith("engine-")}
-    missing = [e for e in engines.ENGINES if e not in measured or "new_tokens_per_s" not in measured[e]]
+    missing = {e: measured.get(e, {}).get("skipped", "no result (timed out or failed)") for e in engines.ENGINES
+               if "new_tokens_per_s" not in measured.get(e, {})}
+    measured = {e: m for e, m in measured.items() if "skipped" not in m}
     loop = measured.get("loop", {}).get("new_tokens_per_s")
     fast = {e: m["new_tokens_per_s"] / loop for e, m in measured.items()
             if e != "loop" and loop and "new_tokens_per_s" in m}
