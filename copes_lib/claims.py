@@ -431,6 +431,7 @@ def _judge_memory(ctx: Context) -> Judgement:
 
 
 def _judge_feasibility(ctx: Context) -> Judgement:
+    """agrees: ES at 128K fits 24 GB and full GRPO does not (analytic memory); does not otherwise."""
     es, grpo = ctx["qwen35_4b_es_gib_at_128k"], ctx["qwen35_4b_full_grpo_gib_at_128k"]
     text = f"ES {es:.1f} GiB vs full GRPO {grpo:.1f} GiB at 128K"
     fits = es <= 24 < grpo
@@ -439,6 +440,7 @@ def _judge_feasibility(ctx: Context) -> Judgement:
 
 
 def _judge_ratio(ctx: Context) -> Judgement:
+    """The measured / predicted GRPO-to-ES peak-memory ratio: agrees within 25%, partly within 50%, does not beyond."""
     measured, predicted = ctx["measured_grpo_to_es_peak_ratio"], ctx["predicted_grpo_to_es_peak_ratio"]
     rel = abs(measured - predicted) / predicted
     text = f"measured {measured:.3g}x vs predicted {predicted:.3g}x"
@@ -448,6 +450,8 @@ def _judge_ratio(ctx: Context) -> Judgement:
 
 
 def _judge_collapse(ctx: Context) -> Judgement:
+    """agrees: the softmax router (R0) puts 90% of the gate mass on <= the paper's 4 slots and the sigmoid
+    router (R1) spreads it over more; partly: R1 spreads wider but R0 does not collapse; does not otherwise."""
     r0, r1 = ctx["monopoly_slots_r0"], ctx["monopoly_slots_r1"]
     text = f"R0 {r0} slots, R1 {r1} slots carry 90% of the gate mass"
     power = "a count from one run per router: no noise model"
