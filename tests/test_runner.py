@@ -235,3 +235,15 @@ def test_an_empty_profile_is_an_error_naming_it(tmp_path, monkeypatch):
     monkeypatch.setattr(config, "PROFILE_DIR", profiles)
     with pytest.raises(config.ConfigError, match=r"smoke\.yaml is empty"):
         config.load_profile("smoke")
+
+
+def test_ci_installs_chromium_when_it_can_and_warns_when_it_cannot(tmp_path):
+    text = (config.REPO_ROOT / ".ci" / "run").read_text()
+    assert "apt-get -qq install -y --no-install-recommends" in text and "chromium" in text
+    function = text[text.index("install_chromium() {"):text.index("\n}\n") + 3]
+    bare = tmp_path / "bin"  # no chromium, no apt-get
+    bare.mkdir()
+    proc = subprocess.run(["/bin/bash", "-c", f"set -euo pipefail\n{function}\nPATH={bare}\ninstall_chromium\necho after"],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0 and proc.stdout.strip() == "after"
+    assert "no apt-get" in proc.stderr and "browser test will skip" in proc.stderr
