@@ -495,8 +495,16 @@ class Run:
 
 
 def load_summary(profile: str, notebook: str, root: str | Path | None = None) -> dict[str, Any] | None:
+    """A notebook's summary, or None if it has none; an unreadable one raises :class:`UnreadableFileError`
+    naming it and what to do (rerun that notebook, or delete the file to drop its results)."""
     path = Path(root or RESULTS_ROOT) / profile / notebook / "summary.json"
-    return read_json(path) if path.exists() else None
+    if not path.exists():
+        return None
+    try:
+        return read_json(path)
+    except UnreadableFileError as exc:
+        raise UnreadableFileError(path, f"{exc}; rerun that notebook (make reproduce PROFILE={profile} "
+                                        f"ONLY={notebook.split('_', 1)[0]}) or delete {path}") from exc
 
 
 def figure_path(profile: str, notebook: str, what: str, suffix: str = "png") -> Path:

@@ -373,3 +373,11 @@ def test_wall_time_runs_from_the_notebooks_first_cell(tmp_path):
     other = runs.Run("smoke", "97_no_mark", {"SEED": 0}, root=tmp_path)
     other.finish({"x": 1})
     assert runs.read_json(tmp_path / "smoke" / "97_no_mark" / "manifest.json")["wall_time_s"] < 0.3
+
+
+def test_an_unreadable_upstream_summary_says_what_to_do(tmp_path):
+    path = tmp_path / "cpu" / "02_standard_es" / "summary.json"
+    path.parent.mkdir(parents=True)
+    path.write_text('{"chosen_sigma": ')
+    with pytest.raises(runs.UnreadableFileError, match=r"ONLY=02\) or delete .*summary\.json"):
+        runs.load_summary("cpu", "02_standard_es", root=tmp_path)
