@@ -129,10 +129,11 @@ EFFECT_SHARE_A = {
     "copes_vs_es_f1": share_of_gain(_WIKI["copes"][2], _WIKI["es"][2], _WIKI["base"][2], _WIKI["full_grpo"][2]),  # A8
 }
 
-# "No effect" means: the (1 - 2 alpha) interval lies within +-EQUIVALENCE_FRACTION of the reference effect
-# (paper A: the paper's effect in our units; paper B: the router effect measured in the same run, the
-# factorial's largest effect in the paper). An effect claim whose interval sits inside that margin is
-# read as "an effect of the paper's size is ruled out".
+# "No effect" means: the (1 - 2 alpha) interval lies within +-EQUIVALENCE_FRACTION of the paper's effect
+# (paper A: the paper's effect carried into our units as a share of the reference gain; paper B: the
+# paper's effect in nats, see equivalence_margin_b). Never a multiple of an effect we measured: a null
+# measured effect would make the margin unreachable. An effect claim whose interval sits inside that
+# margin is read as "an effect of the paper's size is ruled out".
 EQUIVALENCE_FRACTION = 0.5
 
 # Paper B's effects in nats of balanced log-PPL (Table B2), for the factorial's contrasts (claims.FAMILIES).
