@@ -745,9 +745,17 @@ def load_summaries(profile: str, root: str | Path | None = None, *,
             continue
         table = path.parent / "region_map.csv"
         if summary.get("map_cells") and table.exists():
-            with table.open(newline="") as handle:
-                cells = list(csv.DictReader(handle))
-            if len(cells) == summary["map_cells"] and cells and {"alignment", "outcome"} <= set(cells[0]):
+            try:
+                with table.open(newline="") as handle:
+                    cells = list(csv.DictReader(handle))
+            except (OSError, UnicodeDecodeError, csv.Error) as exc:
+                message = f"{table} cannot be read ({exc}); {_rerun_hint(profile, notebook, table)}"
+                if problems is None:
+                    raise UnreadableResultError(message) from exc
+                problems.append(message)
+                cells = []
+            needed = {"alignment", "adapter_noise", "budget_evals", "outcome"}
+            if len(cells) == summary["map_cells"] and cells and needed <= set(cells[0]):
                 summary[REGION_MAP] = cells
         out[notebook] = summary
     return out
