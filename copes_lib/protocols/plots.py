@@ -60,3 +60,70 @@ def plot_sigma_sweeps(sweeps: dict[str, Any], title: str):
     ax.legend()
     ax.grid(alpha=0.3)
     return fig
+
+
+def plot_factorial(contrasts: list[dict[str, Any]], log_ppl: dict[str, list[float]], seeds: list[int]):
+    """Notebook 12's figure. Left: each contrast's Delta (mean and 95% paired t-interval), its per-seed
+    differences and the paper's Delta (written at the edge, with an arrow, when outside our range).
+    Right: every cell's balanced log-PPL per seed, cells side by side within a seed (the pairing).
+    ``contrasts``: rows of ``factorial.contrast_table``; ``log_ppl``: cell name -> value per seed."""
+    import math
+
+    import matplotlib.pyplot as plt
+
+    from copes_lib.protocols import factorial
+
+    by_name = {row["contrast"]: row for row in contrasts}
+    order = [c for c in factorial.CONTRASTS if c in by_name]
+    diffs = {name: factorial.paired_test(log_ppl[by_name[name]["test"]], log_ppl[by_name[name]["reference"]])["diffs"]
+             for name in order}
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.2))
+    ax = axes[0]
+    for i, name in enumerate(order):
+        row = by_name[name]
+        ax.scatter(diffs[name], [i + 0.18] * len(diffs[name]), color="grey", s=12, zorder=2,
+                   label="seeds" if i == 0 else None)
+        if math.isfinite(row["delta_low"]):
+            ax.errorbar(row["delta_nats"], i, xerr=[[row["delta_nats"] - row["delta_low"]],
+                                                    [row["delta_high"] - row["delta_nats"]]],
+                        fmt="o", color="tab:blue", capsize=4, zorder=3,
+                        label="ours: mean, 95% t-interval" if i == 0 else None)
+        else:
+            ax.scatter([row["delta_nats"]], [i], color="tab:blue", zorder=3)
+    # the x range is ours (intervals and seeds); a paper value outside it is written at the edge, with its arrow
+    ours = [v for name in order for v in (by_name[name]["delta_low"], by_name[name]["delta_high"], *diffs[name])
+            if math.isfinite(v)]
+    span = max(max(ours) - min(ours), 1e-6)
+    low_x, high_x = min(min(ours), 0.0) - 0.15 * span, max(max(ours), 0.0) + 0.15 * span
+    for i, name in enumerate(order):
+        paper = by_name[name]["paper_delta_nats"]
+        if paper is None or (isinstance(paper, float) and math.isnan(paper)):
+            continue
+        if low_x <= paper <= high_x:
+            ax.scatter([paper], [i - 0.18], marker="D", color="tab:red", zorder=3, label="paper")
+        else:
+            edge, align, arrow = (high_x, "right", "\u2192") if paper > high_x else (low_x, "left", "\u2190")
+            text = f"paper {paper:+.4f} {arrow}" if paper > high_x else f"{arrow} paper {paper:+.4f}"
+            ax.text(edge, i - 0.22, text, color="tab:red", ha=align, va="center", fontsize=8)
+    ax.set_xlim(low_x, high_x)
+    ax.axvline(0, color="k", lw=0.8)
+    ax.set(yticks=np.arange(len(order)), yticklabels=order, xlabel="Delta balanced log-PPL (nats, + = factor helps)",
+           title=f"Contrasts, {len(seeds)} seeds (df = {len(seeds) - 1})")
+    ax.invert_yaxis()
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles))
+    ax.legend(unique.values(), unique.keys(), loc="best", fontsize=8)
+    ax = axes[1]
+    # a categorical seed axis; cells side by side within each seed so no point hides another
+    seed_pos = np.arange(len(seeds))
+    width = 0.8 / len(log_ppl)
+    for k, name in enumerate(log_ppl):
+        ax.scatter(seed_pos - 0.4 + width * (k + 0.5), log_ppl[name], marker="os^vDP"[k % 6], label=name, zorder=2)
+    ax.set_xticks(seed_pos, [f"seed {s}" for s in seeds])
+    for edge in seed_pos[:-1] + 0.5:
+        ax.axvline(edge, color="0.85", lw=0.8, zorder=1)
+    ax.set(ylabel="test balanced log-PPL (nats)",
+           title="Cells per seed (paired within a seed; +R+E = +R by construction)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
