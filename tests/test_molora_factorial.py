@@ -15,13 +15,13 @@ def _results(seeds, offsets, deaths=1):
     params = MoloraFactorialParams()
     cells = factorial.cell_configs(params, seeds)
     results = {}
-    for name in cells:
+    for name, configs in cells.items():
         results[name] = []
-        for k in range(len(seeds)):
-            windows = [4.0 + offsets[name] + 0.01 * k + d for d in (-0.1, 0.0, 0.1)]
-            life_on = factorial.CELLS[name][2]
+        for k, cfg in enumerate(configs):
+            windows = [4.0 + offsets.get(name, 0.0) + 0.01 * k + d for d in (-0.1, 0.0, 0.1)]
+            life_on = cfg.use_lifecycle
             results[name].append({"balanced_log_ppl": float(np.mean(windows)), "window_nll": windows,
-                                  "windows_per_domain": 1, "monopoly_slots": 15 if name == "B3" else 12,
+                                  "windows_per_domain": 1, "monopoly_slots": 15 if name == "B3" else 12, "shares": [1 / 16] * 16,
                                   "events": [{"event": "death"}] * (deaths if life_on else 0)})
     return cells, results
 
@@ -53,7 +53,7 @@ def test_factorial_summary_reads_the_contrasts_and_cells():
     assert any(line.startswith("router") and "same sign as" in line for line in lines)
     assert any(line.startswith("lifecycle ") and "same sign as" in line for line in lines)
     per_seed = factorial.per_seed_rows(cells, results)
-    assert len(per_seed) == 5 * len(seeds) and {r["deaths"] for r in per_seed} == {0, 1}
+    assert len(per_seed) == len(cells) * len(seeds) and {r["deaths"] for r in per_seed} == {0, 1}
 
 
 def test_undefined_statistics_become_none_and_plot_draws():
@@ -69,9 +69,9 @@ def test_undefined_statistics_become_none_and_plot_draws():
 
 def test_window_scores_are_balanced_or_refused():
     seeds = [0, 1]
-    _, results = _results(seeds, {n: 0.0 for n in factorial.CELLS})
+    _, results = _results(seeds, {})
     scores = factorial.window_scores(results)
-    assert set(scores) == {factorial.CELL_KEYS[n] for n in factorial.CELLS}
+    assert set(scores) == {factorial.CELL_KEYS[n] for n in [*factorial.CELLS, *factorial.COLLAPSING_CELLS]}
     assert scores["b3"].shape == (2, 3)
     assert factorial.router_power_note(scores, 1).endswith("one seed: seed noise not measured")
     results["+R"][1]["balanced_log_ppl"] += 0.01  # no longer the plain mean of its windows

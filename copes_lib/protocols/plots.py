@@ -127,3 +127,37 @@ def plot_factorial(contrasts: list[dict[str, Any]], log_ppl: dict[str, list[floa
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def plot_collapse_map(rows: list[dict[str, Any]], histories: dict[str, list[dict[str, Any]]], n_slots: int):
+    """Notebook 11's collapse map (docs/molora_regime.md#m3-the-map). Left: a heatmap of R0's monopoly
+    count (slots for 90% of the gate mass, test windows) over router learning rate x input scale, each cell
+    annotated with the count and the top-4 share; the colour scale ends at S and its collapsed band
+    (<= S/4) is marked on the colour bar. Right: the count against steps (training windows) for each run in
+    ``histories`` ({label: history}), the collapsed band shaded. ``rows``: ``molora_cells.map_row`` rows."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    import seaborn as sns
+
+    frame = pd.DataFrame(rows)
+    counts = frame.pivot(index="router_lr_x", columns="input_scale", values="monopoly_slots").sort_index()
+    top4 = frame.pivot(index="router_lr_x", columns="input_scale", values="top4_share").loc[counts.index]
+    labels = counts.astype(int).astype(str) + "\n" + top4.map(lambda v: f"top-4 {v:.2f}")
+    counts.index = [f"x{v:g}" for v in counts.index]
+    counts.columns = [f"x{v:g}" for v in counts.columns]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [1, 1.3]})
+    ax = sns.heatmap(counts, annot=labels, fmt="", cmap="magma", vmin=1, vmax=n_slots, ax=axes[0],
+                     cbar_kws={"label": "slots for 90% of gate mass"}, linewidths=0.5, linecolor="white")
+    ax.collections[0].colorbar.ax.axhspan(1, n_slots / 4, color="cyan", alpha=0.35)
+    ax.invert_yaxis()  # larger learning rates up
+    ax.set(xlabel="R0 input scale", ylabel="router learning rate multiplier",
+           title=f"R0 monopoly count (collapsed <= {n_slots // 4}, cyan on the bar)")
+    ax = axes[1]
+    for label, history in histories.items():
+        ax.plot([r["step"] for r in history], [r["moe/monopoly_slots"] for r in history], marker=".", label=label)
+    ax.axhspan(0.5, n_slots / 4, color="cyan", alpha=0.15, label=f"collapsed (<= {n_slots // 4})")
+    ax.set(xlabel="adapter step", ylabel="slots for 90% of mass (training batches)", ylim=(0.5, n_slots + 0.5),
+           title="R0 over training (steps axis)")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    return fig
