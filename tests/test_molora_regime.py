@@ -161,3 +161,19 @@ def test_collapsing_summary_reads_the_predictions():
     assert none["prediction_p3_in_regime"] == "fails" and not none["r0_collapsed_in_collapsing_setting"]
     assert {none[k] for k in ("prediction_p4_router_helps_where_collapsed", "prediction_p5_more_than_default",
                               "prediction_p6_below_0p01_nats")} == {"not in regime"}
+
+
+def test_cpu_profile_shares_cells_between_11_and_12():
+    """The cpu profile's cost note relies on these being one cache entry each (profiles/cpu.yaml)."""
+    from copes_lib.config import build, profile_params
+
+    router_nb = build(MoloraRouterParams, {**profile_params("cpu", MoloraRouterParams), "PROFILE": "cpu"})
+    factorial_nb = build(MoloraFactorialParams, {**profile_params("cpu", MoloraFactorialParams), "PROFILE": "cpu"})
+    cells = factorial.cell_configs(factorial_nb, [factorial_nb.SEED])
+    assert router_nb.cell("r0").effective() == cells["B3"][0].effective()
+    assert router_nb.cell("r1").effective() == cells["+R"][0].effective()
+    lr_x, scale = factorial_nb.COLLAPSE_ROUTER_LR_X, factorial_nb.COLLAPSE_INPUT_SCALE
+    assert lr_x in router_nb.floats("MAP_ROUTER_LR_MULTIPLIERS") and scale in router_nb.floats("MAP_INPUT_SCALES")
+    for (x, s), cell in {(1.0, 1.0): cells["B3"][0], (lr_x, scale): cells["B3 (collapsing)"][0]}.items():
+        mapped = router_nb.cell("r0", steps=router_nb.MAP_STEPS, router_lr=router_nb.ROUTER_LR * x, input_scale=s)
+        assert mapped.effective() == cell.effective()
