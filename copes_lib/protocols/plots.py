@@ -93,15 +93,18 @@ def seed_points(ax: Any, per_seed: dict[str, Sequence[float]], seeds: dict[str, 
 
 
 def heatmap(ax: Any, frame: Any, *, index: str, columns: str, values: str, center: float | None = 0.0,
-            fmt: str = "+.2f", cmap: str = "vlag", label: str = "", marks: Any = None) -> None:
-    """An annotated heatmap of ``values`` over ``index`` x ``columns`` (a long table), e.g. a region map;
-    ``marks`` (same shape, strings) overrides the annotations (e.g. win / loss)."""
+            fmt: str = "+.2f", cmap: str = "vlag", label: str = "", marks: Any = None, **kwargs: Any) -> None:
+    """An annotated heatmap of ``values`` over ``index`` x ``columns`` (a long table), e.g. a region map,
+    ``index`` growing upwards; ``marks`` (a pivoted table of strings) overrides the annotations (e.g. win /
+    loss); other keyword arguments go to ``seaborn.heatmap`` (``norm``, ``cbar``, ``vmin``...)."""
     import seaborn as sns
 
     grid = frame.pivot_table(index=index, columns=columns, values=values, aggfunc="mean").sort_index(ascending=False)
     annot = True if marks is None else marks.reindex(index=grid.index, columns=grid.columns).to_numpy()
+    if kwargs.get("cbar", True):
+        kwargs.setdefault("cbar_kws", {"label": label or values})
     sns.heatmap(grid, ax=ax, center=center, cmap=cmap, annot=annot, fmt=fmt if marks is None else "",
-                cbar_kws={"label": label or values}, linewidths=0.5, annot_kws={"fontsize": 7})
+                linewidths=0.5, annot_kws={"fontsize": 7}, **kwargs)
 
 
 def plot_learning_curves(histories: dict[str, list[dict[str, Any]]]):
