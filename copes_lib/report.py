@@ -180,6 +180,15 @@ def headline(summary: dict[str, Any] | None, stem: str | None = None,
     return rows
 
 
+_WARNED: set[str] = set()  # messages already printed in this process (every page reads every summary)
+
+
+def _warn(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        print(f"[report] warning: {message}", file=sys.stderr, flush=True)
+
+
 def _read_result(path: Path, profile: str, stem: str, problems: list[str]) -> dict[str, Any] | None:
     """A result JSON (summary, manifest) of ``stem``, or None when absent; an unreadable one is None and
     its message (the path and what to do) is added to ``problems`` and printed, never a bare decoder error."""
@@ -195,7 +204,7 @@ def _read_result(path: Path, profile: str, stem: str, problems: list[str]) -> di
                    f"ONLY={stem.split('_', 1)[0]}) or delete the file")
         if message not in problems:
             problems.append(message)
-            print(f"[report] warning: {message}", file=sys.stderr, flush=True)
+            _warn(message)
         return None
 
 
@@ -209,7 +218,7 @@ def _load_claims(profile: str, results_root: Path, problems: list[str]) -> list[
     for message in found:
         if message not in problems:
             problems.append(message)
-            print(f"[report] warning: {message}", file=sys.stderr, flush=True)
+            _warn(message)
     return rows
 
 
