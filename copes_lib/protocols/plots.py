@@ -1,10 +1,110 @@
-"""Figures the paper-A notebooks share."""
+"""Figures the notebooks share, in one style (:func:`style`, seaborn's).
+
+Uncertainty is drawn the same way everywhere: each seed faint (or as a point, labelled with its real
+seed), the mean bold with its 95% interval, bands clipped to the metric's range (an accuracy band never
+leaves [0, 1]), and every panel's legend says how many seeds its own lines average.
+"""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
+from copes_lib import stats
+
+UNIT_RANGE = (0.0, 1.0)  # accuracy, F1, pass@k: the range every band of these metrics is clipped to
+
+
+def style() -> list[str]:
+    """Apply the suite's plotting style (seaborn ``whitegrid``, colour-blind palette) to matplotlib;
+    returns the palette's colours. Call once per notebook, before its first figure."""
+    import seaborn as sns
+
+    sns.set_theme(context="notebook", style="whitegrid", palette="colorblind", font_scale=0.85,
+                  rc={"legend.fontsize": 7, "axes.titlesize": 10, "figure.dpi": 100})
+    return sns.color_palette("colorblind").as_hex()
+
+
+def clip_band(low: Sequence[float], high: Sequence[float], limits: tuple[float, float] | None = UNIT_RANGE
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """An interval band clipped to the metric's range (None: unclipped).
+
+    >>> [list(map(float, x)) for x in clip_band([-0.4, 0.2], [0.5, 1.3])]
+    [[0.0, 0.2], [0.5, 1.0]]
+    """
+    low, high = np.asarray(low, dtype=float), np.asarray(high, dtype=float)
+    if limits is None:
+        return low, high
+    return np.clip(low, *limits), np.clip(high, *limits)
+
+
+def _seeds_text(n: int) -> str:
+    return f"{n} seed" + ("s" if n != 1 else "")
+
+
+def seed_band(ax: Any, histories: Sequence[Sequence[dict[str, Any]]], *, color: str, label: str,
+              metric: str = "eval/val_accuracy", marker: str = "o",
+              limits: tuple[float, float] | None = UNIT_RANGE) -> None:
+    """Each seed's validation curve faint, the mean over seeds bold with its Student-t 95% band clipped to
+    ``limits`` (at the steps every seed validated; one seed: no band). The label says how many seeds."""
+    from copes_lib.protocols.histories import mean_curve, val_points
+
+    for h in histories:
+        ax.plot(*val_points(h, metric), "-", color=color, alpha=0.25, lw=0.8)
+    steps, _ = mean_curve(histories, metric)
+    by_step = [[dict(zip(*val_points(h, metric)))[s] for h in histories] for s in steps]
+    cis = [stats.mean_ci(v) if len(v) > 1 else (v[0], math.nan, math.nan) for v in by_step]
+    mean = np.array([c[0] for c in cis])
+    n = len(histories)
+    ax.plot(steps, mean, f"-{marker}", color=color, ms=3,
+            label=f"{label} (mean of {_seeds_text(n)}" + (", 95% band)" if n > 1 else ")"))
+    if n > 1:
+        low, high = clip_band([c[1] for c in cis], [c[2] for c in cis], limits)
+        ax.fill_between(steps, low, high, color=color, alpha=0.2, lw=0)
+
+
+def seed_points(ax: Any, per_seed: dict[str, Sequence[float]], seeds: dict[str, Sequence[int]], *,
+                intervals: dict[str, tuple[float, float | None, float | None]] | None = None,
+                limits: tuple[float, float] | None = UNIT_RANGE, interval_label: str = "mean, 95% interval") -> None:
+    """Per-arm points for every seed (coloured by the real seed number, one legend entry per seed) and
+    the arm's mean with its interval (``intervals``: arm -> (mean, low, high), e.g. seeds x problems; by
+    default the Student-t interval over the seeds), clipped to ``limits``. Arms are the x axis."""
+    import pandas as pd
+    import seaborn as sns
+
+    arms = list(per_seed)
+    frame = pd.DataFrame([{"arm": arm, "value": float(v), "seed": f"seed {s}"}
+                          for arm in arms for v, s in zip(per_seed[arm], seeds[arm], strict=True)])
+    sns.stripplot(data=frame, x="arm", y="value", hue="seed", order=arms, dodge=False, jitter=0.15, size=4,
+                  alpha=0.8, ax=ax, palette="crest")
+    for i, arm in enumerate(arms):
+        mean, low, high = (intervals[arm] if intervals and arm in intervals else stats.mean_ci(per_seed[arm]))
+        if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)):
+            low = high = mean
+        (low,), (high,) = clip_band([low], [high], limits)
+        ax.errorbar([i], [mean], yerr=[[mean - low], [high - mean]], fmt="D", ms=5, color="black", capsize=5,
+                    lw=1.4, zorder=5, label=interval_label if i == 0 else None)
+    counts = sorted({len(per_seed[a]) for a in arms})
+    ax.set_xlabel("")
+    ax.legend(fontsize=6, title=f"{'/'.join(map(str, counts))} seed(s) per arm", title_fontsize=7)
+
+
+def heatmap(ax: Any, frame: Any, *, index: str, columns: str, values: str, center: float | None = 0.0,
+            fmt: str = "+.2f", cmap: str = "vlag", label: str = "", marks: Any = None, **kwargs: Any) -> None:
+    """An annotated heatmap of ``values`` over ``index`` x ``columns`` (a long table), e.g. a region map,
+    ``index`` growing upwards; ``marks`` (a pivoted table of strings) overrides the annotations (e.g. win /
+    loss); other keyword arguments go to ``seaborn.heatmap`` (``norm``, ``cbar``, ``vmin``...)."""
+    import seaborn as sns
+
+    grid = frame.pivot_table(index=index, columns=columns, values=values, aggfunc="mean").sort_index(ascending=False)
+    annot = True if marks is None else marks.reindex(index=grid.index, columns=grid.columns).to_numpy()
+    if kwargs.get("cbar", True):
+        kwargs.setdefault("cbar_kws", {"label": label or values})
+    sns.heatmap(grid, ax=ax, center=center, cmap=cmap, annot=annot, fmt=fmt if marks is None else "",
+                linewidths=0.5, annot_kws={"fontsize": 7}, **kwargs)
 
 
 def plot_learning_curves(histories: dict[str, list[dict[str, Any]]]):
