@@ -1,27 +1,36 @@
 """The claims of both papers, judged against the suite's own results.
 
 Each claim names the notebook whose ``summary.json`` it reads and a rule, fixed here before any result
-exists, that turns our numbers into a verdict: ``agrees``, ``partly``, ``does not``, ``inconclusive``
-(the study could not tell: its interval is too wide, or a noise source is unmeasured), or ``missing``
-(the notebook has not written the keys; missing is never counted as agreement).
+exists, that turns our numbers into a verdict (:data:`VERDICTS`): ``agrees``, ``partly``, ``does not``,
+``opposite`` (the data show the other direction, significantly), ``inconclusive`` (the study could not
+tell: its interval is too wide, or a noise source is unmeasured), ``not in regime`` (paper A's method
+claims, when notebook 01 says the substrate is not in the papers' regime) or ``missing`` (the notebook
+has not written the keys; missing is never counted as agreement). Every verdict comes with its
+``reason`` (why it is what it is), shown in ``claims.csv``, the README and the HTML reports.
 
 Statistical claims compare two methods on the same problems with :mod:`copes_lib.stats`: per-seed
 per-problem scores (``scores.npz`` beside the summary, written with ``stats.save_scores``), both noise
 sources counted (training seeds and the evaluation set), Holm over the notebook's family of tests
 (:data:`FAMILIES`), an equivalence test (TOST) against a margin declared in ``paper.py`` for "no effect"
-readings, and the minimum detectable effect at 80% power in the row's ``power`` column. A claim that
-"X beats Y" agrees with an ``effect``, does not with an ``opposite`` or an interval inside the margin
-(an effect of the paper's size ruled out), and is inconclusive otherwise. Without per-problem scores a
-statistical claim is inconclusive: the point estimates are shown, never judged.
+readings, and the minimum detectable effect at 80% power in the row's ``power`` column. A data set is
+tested once: a contrast whose two score arrays are byte-identical to an earlier notebook's contrast (06
+reuses 05's K = 1 / K = 4 runs) takes that test, its margin and its Holm family, so two claims never
+give two verdicts on the same arrays. Without per-problem scores a statistical claim is inconclusive:
+the point estimates are shown, never judged.
 
-Our models are ~1000x smaller than the papers', so effects are compared as a share of the reference gain
-(full GRPO's best minus the base), see ``paper.EFFECT_SHARE_A``; paper B's as a share of the router
-effect measured in the same run.
+Our models are ~1000x smaller than the papers', so paper A's effects are compared as a share of the
+reference gain (full GRPO's best minus the base), see ``paper.EFFECT_SHARE_A``; paper B's effects are
+in nats of log-perplexity (a perplexity ratio, the same unit at any model size), see
+``paper.equivalence_margin_b``. No margin is ever derived from an effect we measured to be null.
+``docs/statistics.md`` holds a copy of every rule generated from this module (:func:`rules_markdown`;
+a test keeps them equal).
 """
 
 from __future__ import annotations
 
+import csv
 import dataclasses
+import hashlib
 import math
 import re
 from collections.abc import Callable
@@ -34,10 +43,16 @@ from copes_lib import paper, stats
 from copes_lib.runs import RESULTS_ROOT, atomic_write_text, read_json
 
 AGREES, PARTLY, DISAGREES, INCONCLUSIVE, MISSING = "agrees", "partly", "does not", "inconclusive", "missing"
-VERDICTS = (AGREES, PARTLY, DISAGREES, INCONCLUSIVE, MISSING)
+OPPOSITE, NOT_IN_REGIME = "opposite", "not in regime"
+VERDICTS = (AGREES, PARTLY, DISAGREES, OPPOSITE, INCONCLUSIVE, NOT_IN_REGIME, MISSING)
 SCORES = "_scores"  # load_summaries puts a notebook's stats.load_scores() under this key of its summary
+REGION_MAP = "_region_map"  # ... and notebook 13's region_map.csv rows (dicts) under this one
 NO_SCORES = "inconclusive (no per-problem scores)"
 DETERMINISTIC = "deterministic (analytic or one measurement): no sampling noise to test"
+# Paper A's method claims need the papers' regime (notebook 01's regime_criterion_met).
+REGIME_NOTEBOOK, REGIME_KEY = "01_substrate_and_agent", "regime_criterion_met"
+REGIME_CLAIMS = ("A1", "A2", "A3", "A4", "A5", "A6", "A7", "A8")
+A2_MIN_LONG_SEEDS = 3  # A2 reads a crossing only from the mean curve of at least this many long ES seeds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +60,7 @@ class Judgement:
     verdict: str
     ours: str
     power: str = ""
+    reason: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,19 +98,97 @@ FAMILIES: dict[str, tuple[Contrast, ...]] = {
     "13_molora_sandbox": tuple(Contrast(f"evo_vs_grad_{r}", f"excess_loss_{r}", "evolution", "gradient", -1)
                                for r in ("prealigned", "random", "misaligned", "cotrained")),
 }
-PAPER_B_DELTA = {"router": 0.0426, "lifecycle": -0.028, "full_vs_b3": 0.015, "eval_scope_with_lifecycle": 0.0}
+# Which claim reads each contrast (for the reasons that name a shared test).
+CONTRAST_CLAIM = {"copes_vs_es": "A1", "copes_vs_lora_grpo": "A3", "k4_vs_k1": "A4", "k4_vs_k8": "A4",
+                  "k4_vs_indep_z": "A5", "k4_vs_es_2sigma": "A6", "k4_vs_es_sqrtk_alpha": "A7",
+                  "copes_vs_es_f1": "A8", "router": "B2", "lifecycle": "B3", "full_vs_b3": "B4",
+                  "eval_scope_with_lifecycle": "B5"}
+
+
+def _digest(*arrays: np.ndarray) -> str:
+    h = hashlib.sha256()
+    for arr in arrays:
+        arr = np.ascontiguousarray(arr, dtype=float)
+        h.update(repr(arr.shape).encode())
+        h.update(arr.tobytes())
+    return h.hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class Shared:
+    """A contrast whose arrays an earlier notebook's contrast already tested."""
+
+    notebook: str
+    contrast: str
+
+    def text(self) -> str:
+        claim = CONTRAST_CLAIM.get(self.contrast)
+        return (f"the same score arrays as {self.notebook}'s {self.contrast}"
+                + (f" ({claim})" if claim else "") + ": one data set, tested once there (its margin, its Holm family)")
+
+
+class Families:
+    """Every notebook's family of tests over a profile's summaries, each data set tested once.
+
+    Notebooks are taken in :data:`FAMILIES` order; a contrast whose (a, b) arrays are byte-identical to
+    an earlier contrast's is not tested again (nor counted in its own notebook's Holm family): it
+    carries the earlier test, and :meth:`shared` says which."""
+
+    def __init__(self, summaries: dict[str, dict[str, Any]]):
+        self.summaries = summaries
+        self._tests: dict[str, dict[str, stats.Comparison]] = {}
+        self._shared: dict[tuple[str, str], Shared] = {}
+        seen: dict[str, tuple[str, str]] = {}
+        for notebook in FAMILIES:
+            ctx = Context(notebook, summaries, families=self)
+            scores = ctx.summary.get(SCORES) or {}
+            tests, aliases = [], {}
+            for contrast in FAMILIES[notebook]:
+                ss = scores.get(contrast.metric)
+                if ss is None or contrast.a not in ss.arms or contrast.b not in ss.arms:
+                    continue
+                key = _digest(ss.arms[contrast.a], ss.arms[contrast.b])
+                if key in seen:
+                    aliases[contrast.name] = seen[key]
+                    continue
+                seen[key] = (notebook, contrast.name)
+                effect, margin = _scales(ctx, contrast)
+                tests.append(ss.compare(contrast.a, contrast.b, name=contrast.name, expected_sign=contrast.sign,
+                                        margin=margin, paper_effect=effect, alpha=paper.ALPHA, power=paper.POWER))
+            self._tests[notebook] = {c.name: c for c in stats.holm_family(tests)}
+            for name, (first_nb, first_name) in aliases.items():
+                self._tests[notebook][name] = self._tests[first_nb][first_name]
+                self._shared[(notebook, name)] = Shared(first_nb, first_name)
+
+    def family(self, notebook: str) -> dict[str, stats.Comparison]:
+        return self._tests.get(notebook, {})
+
+    def shared(self, notebook: str, contrast: str) -> Shared | None:
+        return self._shared.get((notebook, contrast))
+
+    def significant(self) -> list[tuple[str, stats.Comparison]]:
+        """(notebook, comparison) of every test with Holm p < alpha, whichever way it points (shared
+        data sets once)."""
+        return [(nb, c) for nb, tests in self._tests.items() for name, c in tests.items()
+                if (nb, name) not in self._shared and math.isfinite(c.p_holm) and c.p_holm < c.alpha]
 
 
 class Context:
     """What a judge sees: its notebook's summary, every summary, and the notebook's tested family."""
 
-    def __init__(self, notebook: str, summaries: dict[str, dict[str, Any]]):
+    def __init__(self, notebook: str, summaries: dict[str, dict[str, Any]], families: Families | None = None):
         self.notebook, self.summaries = notebook, summaries
         self.summary = summaries.get(notebook, {})
-        self._family: dict[str, stats.Comparison] | None = None
+        self._families = families
 
     def __getitem__(self, key: str) -> Any:
         return self.summary[key]
+
+    @property
+    def families(self) -> Families:
+        if self._families is None:
+            self._families = Families(self.summaries)
+        return self._families
 
     def reference_gain(self, base_key: str, reference_key: str) -> float | None:
         """reference - base from this summary, else from notebook 05's (06 shares 05's substrate)."""
@@ -105,13 +199,18 @@ class Context:
 
     def family(self) -> dict[str, stats.Comparison]:
         """The notebook's contrasts that have scores, Holm-corrected together; {} without scores."""
-        if self._family is None:
-            self._family = _test_family(self)
-        return self._family
+        return self.families.family(self.notebook)
+
+    def shared(self, contrast: str) -> Shared | None:
+        return self.families.shared(self.notebook, contrast)
 
 
-def _scales(ctx: Context, contrast: Contrast, scores: dict[str, stats.ScoreSet]) -> tuple[float | None, float | None]:
-    """(the paper's effect in our units, the equivalence margin) for one contrast, or None where none."""
+def _scales(ctx: Context, contrast: Contrast) -> tuple[float | None, float | None]:
+    """(the paper's effect in our units, the equivalence margin) for one contrast, or None where none.
+
+    Paper A: the paper's effect as a share of its reference gain (``paper.EFFECT_SHARE_A``) times our
+    reference gain; margin ``paper.EQUIVALENCE_FRACTION`` x that. Paper B: the paper's effect in nats
+    and ``paper.equivalence_margin_b`` (from the paper's effect sizes, never from ours)."""
     if ctx.notebook in ("05_fixed_budget_math", "06_copes_ablations", "07_multihop_qa"):
         share = paper.EFFECT_SHARE_A.get(contrast.name)
         gain = (ctx.reference_gain("f1_base", "f1_full_grpo") if ctx.notebook == "07_multihop_qa"
@@ -120,31 +219,9 @@ def _scales(ctx: Context, contrast: Contrast, scores: dict[str, stats.ScoreSet])
             return None, None
         effect = share * gain
         return effect, paper.EQUIVALENCE_FRACTION * abs(effect)
-    if ctx.notebook == "12_molora_factorial" and contrast.name != "router":
-        router = next(c for c in FAMILIES["12_molora_factorial"] if c.name == "router")
-        ss = scores.get(router.metric)
-        if ss is None or router.a not in ss.arms or router.b not in ss.arms:
-            return None, None
-        ours_router = float(ss.arms[router.a].mean() - ss.arms[router.b].mean())
-        if ours_router == 0:
-            return None, None
-        paper_delta = PAPER_B_DELTA.get(contrast.name)
-        effect = None if paper_delta is None else paper_delta / PAPER_B_DELTA["router"] * abs(ours_router)
-        return effect, paper.EQUIVALENCE_FRACTION * abs(ours_router)
+    if ctx.notebook == "12_molora_factorial":
+        return paper.PAPER_B_EFFECT_NATS.get(contrast.name), paper.equivalence_margin_b(contrast.name)
     return None, None
-
-
-def _test_family(ctx: Context) -> dict[str, stats.Comparison]:
-    scores = ctx.summary.get(SCORES) or {}
-    tests = []
-    for contrast in FAMILIES.get(ctx.notebook, ()):
-        ss = scores.get(contrast.metric)
-        if ss is None or contrast.a not in ss.arms or contrast.b not in ss.arms:
-            continue
-        effect, margin = _scales(ctx, contrast, scores)
-        tests.append(ss.compare(contrast.a, contrast.b, name=contrast.name, expected_sign=contrast.sign,
-                                margin=margin, paper_effect=effect, alpha=paper.ALPHA, power=paper.POWER))
-    return {c.name: c for c in stats.holm_family(tests)}
 
 
 def _power(c: stats.Comparison, scale: float, unit: str) -> str:
@@ -152,6 +229,8 @@ def _power(c: stats.Comparison, scale: float, unit: str) -> str:
             f"{c.n_seeds[0]}/{c.n_seeds[1]} seeds x {c.n_problems} problems")
     if c.paper_effect is not None:
         text += f"; paper's effect here {c.paper_effect * scale:.2g}{unit}"
+    if c.margin is not None:
+        text += f"; equivalence margin +-{c.margin * scale:.2g}{unit}"
     return text
 
 
@@ -160,15 +239,52 @@ def _stat(c: stats.Comparison, scale: float, unit: str) -> str:
     return f"{f(c.estimate)} [{f(c.low)}, {f(c.high)}], Holm p = {c.p_holm:.2g} -> {c.verdict}"
 
 
+def _significant_opposite(c: stats.Comparison) -> bool:
+    """Holm p < alpha with the sign the claim does not predict (whether or not every seed noise is measured)."""
+    return math.isfinite(c.p_holm) and c.p_holm < c.alpha and c.estimate * c.expected_sign < 0
+
+
+def _provisional(c: stats.Comparison) -> str:
+    return "" if c.seed_noise_counted else "; provisional: an arm has 1 seed (its seed noise is not measured)"
+
+
+def _why(c: stats.Comparison, scale: float = 1.0, unit: str = "") -> str:
+    """The reason behind a test's reading, in the claim's words."""
+    f = lambda x: f"{x * scale:.2g}{unit}"  # noqa: E731
+    if _significant_opposite(c):
+        return f"interval excludes 0 on the wrong side (Holm p = {c.p_holm:.2g}){_provisional(c)}"
+    if c.verdict == stats.EFFECT:
+        return f"interval excludes 0 in the predicted direction (Holm p = {c.p_holm:.2g})"
+    if c.verdict == stats.EQUIVALENT:
+        return f"equivalent within margin +-{f(c.margin)} (TOST p = {c.tost_p:.2g})"
+    if not c.seed_noise_counted:
+        return "an arm has 1 seed: its seed noise is not measured"
+    if c.se == 0:
+        return "no variance in the scores: the noise cannot be estimated"
+    text = "interval spans 0"
+    text += (f" and is not inside the margin +-{f(c.margin)}" if c.margin is not None
+             else " (no equivalence margin: the paper has no effect size here)")
+    return text
+
+
 def _beats(c: stats.Comparison) -> str:
-    """A claim that a beats b: agrees with an effect; does not with the opposite or an effect of the
-    paper's size ruled out (equivalence); inconclusive otherwise."""
-    return {stats.EFFECT: AGREES, stats.OPPOSITE: DISAGREES, stats.EQUIVALENT: DISAGREES}.get(c.verdict, INCONCLUSIVE)
+    """A claim that a beats b: agrees with an effect (Holm p < alpha, predicted sign); opposite when Holm
+    p < alpha the other way (provisional where an arm has one seed); does not when an effect of the
+    paper's size is ruled out (the interval inside +-margin: equivalence); inconclusive otherwise."""
+    if _significant_opposite(c):
+        return OPPOSITE
+    return {stats.EFFECT: AGREES, stats.EQUIVALENT: DISAGREES}.get(c.verdict, INCONCLUSIVE)
 
 
 def _no_effect(c: stats.Comparison) -> str:
-    """A claim of no effect: agrees only with equivalence inside the declared margin."""
+    """A claim of no effect: agrees only with equivalence inside the declared margin; does not with an
+    effect either way (Holm p < alpha); inconclusive otherwise."""
     return {stats.EQUIVALENT: AGREES, stats.EFFECT: DISAGREES, stats.OPPOSITE: DISAGREES}.get(c.verdict, INCONCLUSIVE)
+
+
+def _shared_note(ctx: Context, contrast: str) -> str:
+    shared = ctx.shared(contrast)
+    return f"; {shared.text()}" if shared else ""
 
 
 def _tested(contrast: str, figure: Callable[[Context], str], rule: Callable[[stats.Comparison], str] = _beats,
@@ -176,8 +292,11 @@ def _tested(contrast: str, figure: Callable[[Context], str], rule: Callable[[sta
     def judge(ctx: Context) -> Judgement:
         c = ctx.family().get(contrast)
         if c is None:
-            return Judgement(INCONCLUSIVE, f"{figure(ctx)}; {NO_SCORES}", "no per-problem scores: no power")
-        return Judgement(rule(c), f"{figure(ctx)}; {_stat(c, scale, unit)}", _power(c, scale, unit))
+            return Judgement(INCONCLUSIVE, f"{figure(ctx)}; {NO_SCORES}", "no per-problem scores: no power",
+                             "no per-problem scores (scores.npz) to test")
+        return Judgement(rule(c), f"{figure(ctx)}; {_stat(c, scale, unit)}", _power(c, scale, unit),
+                         _why(c, scale, unit) + _shared_note(ctx, contrast))
+    judge.__doc__ = rule.__doc__
     return judge
 
 
@@ -193,12 +312,40 @@ def _pair(a_key: str, b_key: str) -> Callable[[Context], str]:
     return lambda ctx: f"{a_key} {_fmt(ctx[a_key])} vs {b_key} {_fmt(ctx[b_key])}"
 
 
+def _recovery(metric: str, arms: tuple[str, ...], base_key: str, reference_key: str) -> Callable[[Context], str]:
+    """Gain recovery of ``arms`` with an interval over every noise source the design has: the methods'
+    seeds, the problems (shared by every arm) and the reference's seeds (``stats.gain_recovery_interval``);
+    the point figures alone without scores."""
+    def figure(ctx: Context) -> str:
+        ss = (ctx.summary.get(SCORES) or {}).get(metric)
+        parts = []
+        for arm in arms:
+            key = f"gain_recovery_{arm}"
+            point = ctx.summary.get(key)
+            text = f"{key} {_fmt(point)}"
+            if ss is not None and all(a in ss.arms for a in (arm, "base", "full_grpo")):
+                g = stats.gain_recovery_interval(ss, arm, base="base", reference="full_grpo")
+                if math.isfinite(g.low) and math.isfinite(g.high):
+                    text += f" [{g.low:.2g}, {g.high:.2g}]"
+                else:
+                    text += " [unbounded: the reference's gain is not established]"
+                note = g.note
+            else:
+                note = ""
+            parts.append(text)
+        return " vs ".join(parts) + (f" ({note})" if parts and note else "")
+    return figure
+
+
 def _judge_es_steps(ctx: Context) -> Judgement:
-    """ES's steps to reach CoPES's budget-level accuracy, as a ratio to the budget. Validation every g
-    steps puts the crossing in (s - g, s]; agrees when even s - g is >= ES_STEPS_RATIO_AGREES x the budget,
-    partly when ES surely needs more than the budget but surely less than that, does not when ES got there
-    within the budget; "never reached" agrees only if the run went to the paper's 3x the budget (a shorter
-    horizon cannot tell the paper's 3x from less)."""
+    """ES's steps to reach CoPES's budget-level accuracy, as a ratio to the budget. Inconclusive unless
+    A1 shows an effect (CoPES above ES at the budget; otherwise the level ES is asked to reach is not
+    established above its own) and the crossing is read from the mean curve of at least
+    ``A2_MIN_LONG_SEEDS`` long ES seeds. Then: validation every g steps puts the crossing in (s - g, s];
+    agrees when even s - g is >= ES_STEPS_RATIO_AGREES x the budget, partly when ES surely needs more
+    than the budget but surely less than that, does not when ES got there within the budget; "never
+    reached" agrees only if the run went to the paper's 3x the budget (a shorter horizon cannot tell the
+    paper's 3x from less)."""
     steps, budget = ctx["es_steps_to_match_copes"], ctx["budget_steps"]
     horizon, every = ctx.summary.get("es_long_steps"), ctx.summary.get("val_every")
     seeds = ctx.summary.get("es_long_n_seeds")
@@ -208,35 +355,59 @@ def _judge_es_steps(ctx: Context) -> Judgement:
     power += "; the target (CoPES's seed-mean accuracy at the budget) is taken as exact"
     if steps is None or steps < 0:
         if horizon is None:
-            return Judgement(INCONCLUSIVE, "standard ES never reached CoPES's level; horizon not recorded", power)
-        ratio = horizon / budget
-        text = f"standard ES never reached CoPES's {budget}-step level within {horizon} steps (> {ratio:.2g}x)"
-        return Judgement(AGREES if ratio >= paper.ES_STEPS_RATIO_PAPER else INCONCLUSIVE, text, power)
-    upper = steps / budget
-    lower = max(0, steps - every) / budget if every else 0.0
-    text = f"{steps} steps: ratio in ({lower:.2g}, {upper:.2g}]x the {budget}-step budget"
-    if upper <= 1:
-        return Judgement(DISAGREES, text, power)
-    if lower >= need:
-        return Judgement(AGREES, text, power)
-    if lower >= 1 and upper < need:
-        return Judgement(PARTLY, text, power)
-    return Judgement(INCONCLUSIVE, text + " (the validation grid straddles a threshold)", power)
+            verdict, text = INCONCLUSIVE, "standard ES never reached CoPES's level; horizon not recorded"
+            why = "the horizon of the long ES run is not recorded"
+        else:
+            ratio = horizon / budget
+            text = f"standard ES never reached CoPES's {budget}-step level within {horizon} steps (> {ratio:.2g}x)"
+            verdict = AGREES if ratio >= paper.ES_STEPS_RATIO_PAPER else INCONCLUSIVE
+            why = (f"never reached within {ratio:.2g}x >= the paper's {paper.ES_STEPS_RATIO_PAPER:.2g}x"
+                   if verdict == AGREES else f"never reached, but the horizon {ratio:.2g}x is short of the "
+                   f"paper's {paper.ES_STEPS_RATIO_PAPER:.2g}x")
+    else:
+        upper = steps / budget
+        lower = max(0, steps - every) / budget if every else 0.0
+        text = f"{steps} steps: ratio in ({lower:.2g}, {upper:.2g}]x the {budget}-step budget"
+        if upper <= 1:
+            verdict, why = DISAGREES, "ES reached CoPES's level within the budget"
+        elif lower >= need:
+            verdict, why = AGREES, f"the crossing is surely >= {need:.2g}x the budget"
+        elif lower >= 1 and upper < need:
+            verdict, why = PARTLY, f"ES needs more than the budget but surely less than {need:.2g}x"
+        else:
+            verdict, why = INCONCLUSIVE, "the validation grid straddles a threshold"
+            text += " (the validation grid straddles a threshold)"
+    a1 = ctx.family().get("copes_vs_es")
+    gates = []
+    if a1 is None or a1.verdict != stats.EFFECT:
+        gates.append("A1 shows no effect (CoPES's level is not established above ES's)" if a1 is not None
+                     else "A1 has no test (no per-problem scores)")
+    if not seeds or seeds < A2_MIN_LONG_SEEDS:
+        gates.append(f"{seeds or 0} long ES seed(s) (the rule needs >= {A2_MIN_LONG_SEEDS})")
+    if gates:
+        return Judgement(INCONCLUSIVE, text, power, "; ".join(gates) + f" (the data alone would read {verdict})")
+    return Judgement(verdict, text, power, why)
 
 
 def _judge_k_sweep(ctx: Context) -> Judgement:
-    """agrees: K = 4 beats K = 1 and K = 8 (both effects after Holm); partly: one of them; does not: no
-    win and at least one opposite or equivalent; inconclusive otherwise."""
+    """agrees: K = 4 beats K = 1 and K = 8 (both effects after Holm); partly: one of them; opposite: no
+    win and at least one significant opposite; does not: no win and at least one effect of the paper's
+    size ruled out (equivalence); inconclusive otherwise. K = 4 vs K = 1 is 05's CoPES vs ES when the
+    arrays are the same (one data set, one test: A1's)."""
     figure = " ".join(f"K={k} {_fmt(ctx[f'val_accuracy_k{k}'])}" for k in (1, 4, 8))
-    tests = [ctx.family().get(f"k4_vs_{arm}") for arm in ("k1", "k8")]
+    names = ("k4_vs_k1", "k4_vs_k8")
+    tests = [ctx.family().get(n) for n in names]
     if None in tests:
-        return Judgement(INCONCLUSIVE, f"{figure}; {NO_SCORES}", "no per-problem scores: no power")
-    verdicts = [c.verdict for c in tests]
-    wins = verdicts.count(stats.EFFECT)
-    losses = sum(v in (stats.OPPOSITE, stats.EQUIVALENT) for v in verdicts)
-    verdict = AGREES if wins == 2 else PARTLY if wins == 1 else DISAGREES if losses else INCONCLUSIVE
+        return Judgement(INCONCLUSIVE, f"{figure}; {NO_SCORES}", "no per-problem scores: no power",
+                         "no per-problem scores (scores.npz) to test")
+    readings = [_beats(c) for c in tests]
+    wins = readings.count(AGREES)
+    verdict = (AGREES if wins == 2 else PARTLY if wins == 1 else OPPOSITE if OPPOSITE in readings
+               else DISAGREES if DISAGREES in readings else INCONCLUSIVE)
     text = f"{figure}; K4-K1 {_stat(tests[0], 100, ' pts')}; K4-K8 {_stat(tests[1], 100, ' pts')}"
-    return Judgement(verdict, text, " | ".join(_power(c, 100, " pts") for c in tests))
+    why = "; ".join(f"K4-{n[-2:].upper()}: {_why(c, 100, ' pts')}{_shared_note(ctx, n)}"
+                    for n, c in zip(names, tests, strict=True))
+    return Judgement(verdict, text, " | ".join(_power(c, 100, " pts") for c in tests), why)
 
 
 def _judge_memory(ctx: Context) -> Judgement:
@@ -252,55 +423,113 @@ def _judge_memory(ctx: Context) -> Judgement:
         exact_matches = abs(exact - paper.TABLE_S7["es"]["at_128k_gib"]) <= paper.MEMORY_PRINT_TOLERANCE_GIB
         text += f"; exact-GiB ES {exact:.3f} {'also matches' if exact_matches else 'does not match'}"
         if exact_matches:  # the check cannot tell the conventions apart
-            return Judgement(INCONCLUSIVE, text, DETERMINISTIC)
-    return Judgement(AGREES if all(close) else PARTLY if any(close) else DISAGREES, text, DETERMINISTIC)
+            return Judgement(INCONCLUSIVE, text, DETERMINISTIC,
+                             "the exact-GiB convention matches too: the check cannot tell them apart")
+    n_close = sum(close)
+    return Judgement(AGREES if all(close) else PARTLY if any(close) else DISAGREES, text, DETERMINISTIC,
+                     f"{n_close} of 3 figures round to the paper's printed GiB")
 
 
 def _judge_feasibility(ctx: Context) -> Judgement:
+    """agrees: ES at 128K fits 24 GB and full GRPO does not (analytic memory); does not otherwise."""
     es, grpo = ctx["qwen35_4b_es_gib_at_128k"], ctx["qwen35_4b_full_grpo_gib_at_128k"]
     text = f"ES {es:.1f} GiB vs full GRPO {grpo:.1f} GiB at 128K"
-    return Judgement(AGREES if es <= 24 < grpo else DISAGREES, text, DETERMINISTIC)
+    fits = es <= 24 < grpo
+    return Judgement(AGREES if fits else DISAGREES, text, DETERMINISTIC,
+                     "ES fits 24 GB and full GRPO does not" if fits else "the 24 GB split is not as the paper's")
 
 
 def _judge_ratio(ctx: Context) -> Judgement:
+    """The measured / predicted GRPO-to-ES peak-memory ratio: agrees within 25%, partly within 50%, does not beyond."""
     measured, predicted = ctx["measured_grpo_to_es_peak_ratio"], ctx["predicted_grpo_to_es_peak_ratio"]
     rel = abs(measured - predicted) / predicted
     text = f"measured {measured:.3g}x vs predicted {predicted:.3g}x"
     return Judgement(AGREES if rel <= 0.25 else PARTLY if rel <= 0.5 else DISAGREES, text,
-                     "one memory measurement per method (tensor bytes are deterministic)")
+                     "one memory measurement per method (tensor bytes are deterministic)",
+                     f"relative error {rel:.0%} (agrees <= 25%, partly <= 50%)")
 
 
 def _judge_collapse(ctx: Context) -> Judgement:
+    """agrees: the softmax router (R0) puts 90% of the gate mass on <= the paper's 4 slots and the sigmoid
+    router (R1) spreads it over more; partly: R1 spreads wider but R0 does not collapse; does not otherwise."""
     r0, r1 = ctx["monopoly_slots_r0"], ctx["monopoly_slots_r1"]
     text = f"R0 {r0} slots, R1 {r1} slots carry 90% of the gate mass"
     power = "a count from one run per router: no noise model"
     if r0 <= paper.MONOPOLY_SLOTS_R0 and r1 > r0:
-        return Judgement(AGREES, text, power)
-    return Judgement(PARTLY if r1 > r0 else DISAGREES, text, power)
+        return Judgement(AGREES, text, power, f"R0 collapses to <= {paper.MONOPOLY_SLOTS_R0} slots, R1 spreads wider")
+    return Judgement(PARTLY if r1 > r0 else DISAGREES, text, power,
+                     f"R0 uses {r0} slots (> the paper's {paper.MONOPOLY_SLOTS_R0}: no monopoly)"
+                     + ("; R1 spreads wider" if r1 > r0 else "; R1 does not spread wider"))
 
 
 def _nats(key: str) -> Callable[[Context], str]:
     return lambda ctx: f"summary Delta {ctx[key]:+.4f} nats"
 
 
-def _judge_sandbox(ctx: Context) -> Judgement:
-    """Evolution helps in a regime when evolution - gradient excess loss is an effect below 0 (Holm over
-    the four regimes). agrees: helps with pre-aligned adapters and nowhere else; partly: pre-aligned and
-    elsewhere too; does not: no help with pre-aligned adapters (opposite or equivalent); inconclusive
-    when the pre-aligned test cannot tell."""
+def _judge_sandbox_grid(ctx: Context) -> Judgement:
+    """(Without 13's map.) Evolution helps in a regime when evolution - gradient excess loss is an effect
+    below 0 (Holm over the four regimes). agrees: helps with pre-aligned adapters and nowhere else;
+    partly: pre-aligned and elsewhere too; does not: not with pre-aligned adapters; inconclusive: the
+    pre-aligned test cannot tell."""
     regimes = ("prealigned", "random", "misaligned", "cotrained")
     figure = "evo - grad excess loss " + ", ".join(
         f"{r} {ctx[f'evo_minus_grad_excess_loss_{r}']:+.3g}" for r in regimes)
     tests = {r: ctx.family().get(f"evo_vs_grad_{r}") for r in regimes}
     if any(c is None for c in tests.values()):
-        return Judgement(INCONCLUSIVE, f"{figure}; {NO_SCORES}", "no per-problem scores: no power")
+        return Judgement(INCONCLUSIVE, f"{figure}; {NO_SCORES}", "no per-problem scores: no power",
+                         "no per-problem scores (scores.npz) to test")
     pre = tests["prealigned"].verdict
-    elsewhere = any(tests[r].verdict == stats.EFFECT for r in regimes[1:])
+    elsewhere = [r for r in regimes[1:] if tests[r].verdict == stats.EFFECT]
     verdict = (INCONCLUSIVE if pre == stats.INCONCLUSIVE else DISAGREES if pre != stats.EFFECT
                else PARTLY if elsewhere else AGREES)
     text = f"{figure}; pre-aligned {_stat(tests['prealigned'], 1, '')}; elsewhere: " + ", ".join(
         tests[r].verdict for r in regimes[1:])
-    return Judgement(verdict, text, _power(tests["prealigned"], 1, ""))
+    why = f"at the grid point: pre-aligned {_why(tests['prealigned'])}" + (
+        f"; evolution also wins {', '.join(elsewhere)}" if elsewhere else "")
+    return Judgement(verdict, text, _power(tests["prealigned"], 1, ""), why)
+
+
+def _cells_text(cells: list[dict[str, Any]]) -> str:
+    """'noise 0, 0.05; budgets 300-3000' for a set of map cells."""
+    if not cells:
+        return "no cell"
+    noise = sorted({float(c["adapter_noise"]) for c in cells})
+    budgets = sorted({int(float(c["budget_evals"])) for c in cells})
+    b = f"{budgets[0]}" if len(budgets) == 1 else f"{budgets[0]}-{budgets[-1]}"
+    return f"noise {', '.join(f'{x:g}' for x in noise)} at budgets {b} ({len(cells)} cells)"
+
+
+def _judge_sandbox(ctx: Context) -> Judgement:
+    """Decided from notebook 13's region map (``region_map.csv``: evolution - gradient per alignment x
+    adapter noise x budget cell, each cell's outcome win / loss / tie from its seeds). Pre-aligned = the
+    map's highest alignment. agrees: evolution wins in every pre-aligned cell and in no other; partly:
+    it wins only in pre-aligned cells but not in all of them (the reason says where it holds and where it
+    fails), or in pre-aligned cells and elsewhere too; does not: it wins in no pre-aligned cell. Without
+    the map: the four regimes at the notebook's grid point (:func:`_judge_sandbox_grid`)."""
+    cells = ctx.summary.get(REGION_MAP)
+    if not cells:
+        return _judge_sandbox_grid(ctx)
+    top = max(float(c["alignment"]) for c in cells)
+    pre = [c for c in cells if float(c["alignment"]) == top]
+    other = [c for c in cells if float(c["alignment"]) != top]
+    win_pre = [c for c in pre if c["outcome"] == "win"]
+    fail_pre = [c for c in pre if c["outcome"] != "win"]
+    win_other = [c for c in other if c["outcome"] == "win"]
+    text = (f"map: evolution beats gradient in {len(win_pre) + len(win_other)} of {len(cells)} cells; "
+            f"pre-aligned (alignment {top:g}) {len(win_pre)} of {len(pre)}, elsewhere {len(win_other)} of {len(other)}")
+    power = "each cell's outcome from its seeds' interval (notebook 13: win / loss / tie)"
+    holds = f"holds where alignment {top:g}, {_cells_text(win_pre)}"
+    fails = f"fails where alignment {top:g}, {_cells_text(fail_pre)}"
+    if not win_pre:
+        return Judgement(DISAGREES, text, power, f"evolution wins in no pre-aligned cell ({len(pre)} cells)"
+                         + (f"; it wins elsewhere at {len(win_other)} cell(s)" if win_other else ""))
+    if win_other:
+        alignments = sorted({float(c["alignment"]) for c in win_other})
+        return Judgement(PARTLY, text, power, f"{holds}; but evolution also wins below pre-aligned (alignment "
+                         f"{', '.join(f'{a:g}' for a in alignments)}): the 'only' fails")
+    if fail_pre:
+        return Judgement(PARTLY, text, power, f"{holds}; {fails}; no win elsewhere")
+    return Judgement(AGREES, text, power, f"evolution wins in every pre-aligned cell and in no other ({len(cells)} cells)")
 
 
 _NATS = {"scale": 1.0, "unit": " nats"}
@@ -321,13 +550,15 @@ class Claim:
 CLAIMS: tuple[Claim, ...] = (
     Claim("A1", "A", "At a fixed 16-step budget CoPES recovers more of full GRPO's gain than standard ES",
           "91.8% vs 67.2%", "05_fixed_budget_math", ("gain_recovery_copes", "gain_recovery_es"),
-          _tested("copes_vs_es", _pair("gain_recovery_copes", "gain_recovery_es"))),
+          _tested("copes_vs_es", _recovery("val_accuracy_at_budget", ("copes", "es"), "base_val_accuracy",
+                                           "full_grpo_best_val_accuracy"))),
     Claim("A2", "A", "Standard ES needs about 3x the steps to reach CoPES's budget-level validation accuracy",
           "48 vs 16 steps", "05_fixed_budget_math", ("es_steps_to_match_copes", "budget_steps"),
           _judge_es_steps, none_means=("es_steps_to_match_copes",)),
     Claim("A3", "A", "At the same budget CoPES beats LoRA-GRPO", "91.8% vs 57.7% gain recovery",
           "05_fixed_budget_math", ("gain_recovery_copes", "gain_recovery_lora_grpo"),
-          _tested("copes_vs_lora_grpo", _pair("gain_recovery_copes", "gain_recovery_lora_grpo"))),
+          _tested("copes_vs_lora_grpo", _recovery("val_accuracy_at_budget", ("copes", "lora_grpo"),
+                                                  "base_val_accuracy", "full_grpo_best_val_accuracy"))),
     Claim("A4", "A", "K = 4 beats both K = 1 (standard ES) and K = 8 at fixed N = 40",
           "MATH-500 88.3 vs 78.9 / 58.1", "06_copes_ablations",
           ("val_accuracy_k1", "val_accuracy_k4", "val_accuracy_k8"), _judge_k_sweep),
@@ -377,31 +608,35 @@ def _direction_only(a_key: str, b_key: str) -> Callable[[Context], Judgement]:
     def judge(ctx: Context) -> Judgement:
         a, b = ctx[a_key], ctx[b_key]
         return Judgement(PARTLY if a > b else DISAGREES, f"{_fmt(a)} vs {_fmt(b)}",
-                         "direction only: one checkpoint per method, no per-problem test")
+                         "direction only: one checkpoint per method, no per-problem test",
+                         "direction only (at best partly): " + ("higher" if a > b else "not higher"))
+    judge.__doc__ = "A per-benchmark row without per-problem scores: the direction alone, so at best partly."
     return judge
 
 
 def _judge_largest_gap(ctx: Context) -> Judgement:
     """Notebook 09, our own question: at the largest size, CoPES (paper protocol) vs ES with the
-    notebook's seeds x problems test (stats.compare): effect -> agrees, opposite -> does not, else
+    notebook's seeds x problems test (stats.compare): effect -> agrees, opposite -> opposite, else
     inconclusive."""
     tag = ctx["largest_size_tag"]
     verdict = ctx.summary.get(f"copes_paper_minus_es_verdict_{tag}")
     estimate = ctx.summary.get(f"copes_paper_minus_es_{tag}")
     low, high = ctx.summary.get(f"copes_paper_minus_es_low_{tag}"), ctx.summary.get(f"copes_paper_minus_es_high_{tag}")
     if verdict is None or estimate is None:
-        return Judgement(MISSING, f"no CoPES - ES comparison for size {tag}", "")
+        return Judgement(MISSING, f"no CoPES - ES comparison for size {tag}", "", f"no test recorded for size {tag}")
     interval = f" [{100 * low:+.1f}, {100 * high:+.1f}]" if low is not None and high is not None else ""
     text = f"{tag} ({_fmt(ctx.summary.get(f'n_params_{tag}'))} parameters): {100 * estimate:+.1f} points{interval}"
-    mapped = {stats.EFFECT: AGREES, stats.OPPOSITE: DISAGREES}.get(verdict, INCONCLUSIVE)
-    return Judgement(mapped, f"{text} ({verdict})", ctx.summary.get("power_note", ""))
+    mapped = {stats.EFFECT: AGREES, stats.OPPOSITE: OPPOSITE}.get(verdict, INCONCLUSIVE)
+    why = {AGREES: "interval excludes 0 in the predicted direction", OPPOSITE: "interval excludes 0 on the wrong side"
+           }.get(mapped, "interval spans 0" if low is not None and low <= 0 <= (high or 0) else f"09's test: {verdict}")
+    return Judgement(mapped, f"{text} ({verdict})", ctx.summary.get("power_note", ""), why)
 
 
 def _judge_slope(metric: str, what: str) -> Callable[[Context], Judgement]:
     """A trend over sizes: the least-squares line of the per-size estimates ``<metric>_<size>`` in
     log10(parameters), with the slope's 95% interval from the per-size 95% intervals
     (``<metric>_low_<size>`` / ``_high_<size>``; sizes are independent models, so their variances
-    add). Rising interval above 0 -> agrees, below 0 -> does not, else inconclusive; fewer than 3 sizes
+    add). Rising interval above 0 -> agrees, below 0 -> opposite, else inconclusive; fewer than 3 sizes
     with an estimate (e.g. gain recovery is undefined where full GRPO gained nothing) -> inconclusive.
     A least-squares line through 3 noisy points with no interval could not tell a trend from noise."""
     def judge(ctx: Context) -> Judgement:
@@ -415,7 +650,8 @@ def _judge_slope(metric: str, what: str) -> Callable[[Context], Judgement]:
         defined = f"defined at {len(points)} of {len(sizes)} sizes"
         if len(points) < 3:
             return Judgement(INCONCLUSIVE, f"{what}: {defined} (a trend needs 3)",
-                             "gain recovery needs a positive full-GRPO gain at a size")
+                             "gain recovery needs a positive full-GRPO gain at a size",
+                             f"{defined}: a trend needs 3")
         x = np.array([p[0] for p in points])
         y = np.array([p[1] for p in points])
         se = np.array([(p[3] - p[2]) / (2 * 1.96) for p in points])
@@ -427,8 +663,11 @@ def _judge_slope(metric: str, what: str) -> Callable[[Context], Judgement]:
                 f"{defined}")
         power = (f"95% interval of the slope from the per-size 95% intervals (seeds x problems each); "
                  f"half-width {_fmt(1.96 * slope_se)} per decade")
-        verdict = AGREES if low > 0 else DISAGREES if high < 0 else INCONCLUSIVE
-        return Judgement(verdict, text, power)
+        verdict = AGREES if low > 0 else OPPOSITE if high < 0 else INCONCLUSIVE
+        why = {AGREES: "slope interval above 0", OPPOSITE: "slope interval below 0 (the other way)"}.get(
+            verdict, "slope interval spans 0")
+        return Judgement(verdict, text, power, why)
+    judge.__doc__ = _judge_slope.__doc__
     return judge
 
 
@@ -464,53 +703,197 @@ def _benchmark_claims() -> tuple[Claim, ...]:
 BENCHMARK_CLAIMS = _benchmark_claims()
 
 
-def load_summaries(profile: str, root: str | Path | None = None) -> dict[str, dict[str, Any]]:
+class UnreadableResultError(ValueError):
+    """A result file (summary, scores, a table) cannot be read; the message names it and what to do."""
+
+
+def _rerun_hint(profile: str, notebook: str, path: Path) -> str:
+    number = notebook.split("_", 1)[0]
+    return (f"rerun the notebook (make reproduce PROFILE={profile} ONLY={number}) or delete {path} "
+            "to drop its results")
+
+
+def load_summaries(profile: str, root: str | Path | None = None, *,
+                   problems: list[str] | None = None) -> dict[str, dict[str, Any]]:
     """Every ``results/<profile>/<notebook>/summary.json`` there is, keyed by notebook; a notebook's
     per-problem scores (``scores.npz``) under the summary's ``SCORES`` key when the summary's
-    ``scores_sha256`` names that very file (a file left by an earlier run is ignored)."""
+    ``scores_sha256`` names that very file (a file left by an earlier run is ignored); notebook 13's
+    ``region_map.csv`` rows under ``REGION_MAP`` when their count is the summary's ``map_cells``.
+
+    An unreadable summary (empty, truncated) raises :class:`UnreadableResultError` naming it and the
+    command that rewrites it; pass a list as ``problems`` to collect those messages instead and skip
+    the notebook (the reports do: one bad file does not hide the others)."""
     base = Path(root or RESULTS_ROOT) / profile
     out = {}
     for path in sorted(base.glob("*/summary.json")):
-        summary = read_json(path)
-        digest = stats.scores_digest(path.parent)
-        if digest is not None and digest == summary.get("scores_sha256"):
-            summary[SCORES] = stats.load_scores(path.parent)
-        out[path.parent.name] = summary
+        notebook = path.parent.name
+        bad = path
+        try:
+            summary = read_json(path)
+            if not isinstance(summary, dict):
+                raise ValueError(f"expected a JSON object, got {type(summary).__name__}")
+            bad = path.parent / stats.SCORES_FILE
+            digest = stats.scores_digest(path.parent)
+            if digest is not None and digest == summary.get("scores_sha256"):
+                summary[SCORES] = stats.load_scores(path.parent)
+        except (OSError, ValueError, EOFError) as exc:
+            first = (str(exc).splitlines() or [""])[0][:200]
+            message = f"{bad} cannot be read ({type(exc).__name__}: {first}); {_rerun_hint(profile, notebook, bad)}"
+            if problems is None:
+                raise UnreadableResultError(message) from exc
+            problems.append(message)
+            continue
+        table = path.parent / "region_map.csv"
+        if summary.get("map_cells") and table.exists():
+            try:
+                with table.open(newline="") as handle:
+                    cells = list(csv.DictReader(handle))
+            except (OSError, UnicodeDecodeError, csv.Error) as exc:
+                message = f"{table} cannot be read ({exc}); {_rerun_hint(profile, notebook, table)}"
+                if problems is None:
+                    raise UnreadableResultError(message) from exc
+                problems.append(message)
+                cells = []
+            needed = {"alignment", "adapter_noise", "budget_evals", "outcome"}
+            if len(cells) == summary["map_cells"] and cells and needed <= set(cells[0]):
+                summary[REGION_MAP] = cells
+        out[notebook] = summary
     return out
 
 
+def _regime_gate(summaries: dict[str, dict[str, Any]]) -> str | None:
+    """The reason paper A's method claims are not in the papers' regime, or None (criterion met or not
+    recorded: then the claims are judged as usual)."""
+    s = summaries.get(REGIME_NOTEBOOK, {})
+    if s.get(REGIME_KEY) is False:
+        note = s.get("regime_note") or s.get("regime_reason")
+        return (f"not in the papers' regime: {REGIME_NOTEBOOK}'s {REGIME_KEY} is false"
+                + (f" ({note})" if note else ""))
+    return None
+
+
 def judge_claims(summaries: dict[str, dict[str, Any]]) -> list[dict[str, str]]:
-    """One row per claim: the paper's figure, ours, the verdict (``missing`` if keys are absent) and the
-    study's power."""
+    """One row per claim: the paper's figure, ours, the verdict (``missing`` if keys are absent), the
+    reason for it and the study's power."""
+    families = Families(summaries)
     contexts: dict[str, Context] = {}
     rows = []
+    regime = _regime_gate(summaries)
     measured = tuple(c for c in BENCHMARK_CLAIMS if all(k in summaries.get(c.notebook, {}) for k in c.keys))
     for claim in CLAIMS + SCALE_CLAIMS + measured:
         summary = summaries.get(claim.notebook, {})
         absent = [k for k in claim.keys
                   if k not in summary or (summary[k] is None and k not in claim.none_means)]
         if absent:
-            j = Judgement(MISSING, f"not yet measured ({', '.join(absent)})", "")
+            j = Judgement(MISSING, f"not yet measured ({', '.join(absent)})", "",
+                          f"{claim.notebook}'s summary lacks {', '.join(absent)}")
         else:
-            ctx = contexts.setdefault(claim.notebook, Context(claim.notebook, summaries))
+            ctx = contexts.setdefault(claim.notebook, Context(claim.notebook, summaries, families))
             j = claim.judge(ctx)
+            if regime and claim.claim_id.split("-")[0] in REGIME_CLAIMS:
+                j = dataclasses.replace(j, verdict=NOT_IN_REGIME,
+                                        reason=f"{regime}; the data alone would read {j.verdict} ({j.reason})")
         rows.append({"claim": claim.claim_id, "paper": claim.paper, "statement": claim.statement,
                      "paper_figure": claim.paper_figure, "ours": j.ours, "verdict": j.verdict,
-                     "power": j.power, "notebook": claim.notebook})
+                     "reason": j.reason, "power": j.power, "notebook": claim.notebook})
     return rows
 
 
-def to_markdown(rows: list[dict[str, str]], profile: str, link_prefix: str = "notebooks/") -> str:
+def significant_results(summaries: dict[str, dict[str, Any]]) -> list[str]:
+    """One line per test of any notebook's family with Holm p < alpha, whichever way it points (each data
+    set once), so that a summary can state every significant result, not only those a claim predicted."""
+    lines = []
+    for notebook, c in Families(summaries).significant():
+        scale, unit = (1.0, " nats") if notebook == "12_molora_factorial" else (
+            (1.0, "") if notebook == "13_molora_sandbox" else (100.0, " pts"))
+        claim = CONTRAST_CLAIM.get(c.name, "")
+        direction = ("in the contrast's predicted direction" if c.estimate * c.expected_sign > 0
+                     else "the OTHER way from the contrast's predicted direction")
+        lines.append(f"{notebook} {c.name}{f' ({claim})' if claim else ''}: {c.estimate * scale:+.2g}{unit} "
+                     f"[{c.low * scale:+.2g}, {c.high * scale:+.2g}], Holm p = {c.p_holm:.2g}, {direction}"
+                     + _provisional(c))
+    return lines
+
+
+def to_markdown(rows: list[dict[str, str]], profile: str, link_prefix: str = "notebooks/",
+                significant: list[str] | None = None) -> str:
     rows = [{k: str(v).replace("|", "/") for k, v in r.items()} for r in rows]  # keep the table intact
     lines = [f"Claims of both papers against the `{profile}` profile's results "
              "(generated by notebooks/99_summary.ipynb; do not edit by hand).", "",
-             "| claim | statement | paper | ours | verdict | power | notebook |",
-             "|---|---|---|---|---|---|---|"]
+             "| claim | statement | paper | ours | verdict | reason | power | notebook |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         link = f"[{r['notebook']}]({link_prefix}{r['notebook']}.ipynb)"
         lines.append(f"| {r['claim']} | {r['statement']} | {r['paper_figure']} | {r['ours']} | "
-                     f"{r['verdict']} | {r.get('power', '')} | {link} |")
+                     f"{r['verdict']} | {r.get('reason', '')} | {r.get('power', '')} | {link} |")
+    if significant is not None:
+        lines += ["", "Every significant result (Holm p < 0.05 within its notebook's family), whichever way it "
+                  "points:", ""]
+        lines += [f"- {line}" for line in significant] or ["- none"]
     return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- the rules, for docs/statistics.md
+RULES_START, RULES_END = "<!-- rules:start -->", "<!-- rules:end -->"
+
+
+def _doc(fn: Callable[..., Any]) -> str:
+    return " ".join((fn.__doc__ or "").split())
+
+
+def rules_markdown() -> str:
+    """The rule of every claim and every declared margin, from this module and ``paper.py``: the text
+    ``docs/statistics.md`` holds between its rules markers (a test keeps them equal)."""
+    lines = ["Generated from `copes_lib/claims.py` and `copes_lib/paper.py` (`claims.rules_markdown()`; "
+             "`tests/test_claims.py` checks this copy is current).", "",
+             f"Verdicts: {', '.join(f'`{v}`' for v in VERDICTS)}.", "",
+             f"- **not in regime**: claims {', '.join(REGIME_CLAIMS)} read `{NOT_IN_REGIME}` when "
+             f"`results/<profile>/{REGIME_NOTEBOOK}/summary.json` has `{REGIME_KEY}: false` (the reason keeps what "
+             "the data alone would read); without the key they are judged as below.",
+             "- **one data set, one test**: a contrast whose two score arrays are byte-identical to an earlier "
+             "notebook's contrast carries that test (its margin, its Holm family) and is left out of its own "
+             "family; the reason names the first test.",
+             f"- **opposite**: Holm p < {paper.ALPHA} with the sign the claim does not predict; where an arm has one "
+             "seed the reason adds `provisional` (that arm's seed noise is not measured). The predicted sign "
+             "with one seed stays inconclusive.", "",
+             "| claim | statement | rule |", "|---|---|---|"]
+    for claim in CLAIMS + SCALE_CLAIMS:
+        lines.append(f"| {claim.claim_id} | {claim.statement.replace('|', '/')} | {_doc(claim.judge).replace('|', '/')} |")
+    lines += ["", "Equivalence margins (declared before the runs; from the papers' effect sizes by the rule "
+              f"stated, never from an effect we measured). Paper A: margin = {paper.EQUIVALENCE_FRACTION} x the "
+              "paper's effect as a share of its reference gain (full GRPO's best - base) x our reference gain. "
+              f"Paper B: margin = {paper.EQUIVALENCE_FRACTION} x the paper's effect in nats where it is significant, "
+              f"else {paper.EQUIVALENCE_FRACTION} x the smallest significant effect of Table B2 "
+              f"({paper.PAPER_B_SMALLEST_SIGNIFICANT_NATS:g} nats).", "",
+              "| contrast | claim | paper's effect | margin |", "|---|---|---|---|"]
+    for name, share in paper.EFFECT_SHARE_A.items():
+        text = "none (no paper figure)" if share is None else f"{paper.EQUIVALENCE_FRACTION} x {share:.3g} x our gain"
+        effect = "--" if share is None else f"{share:.3g} of the reference gain"
+        lines.append(f"| {name} | {CONTRAST_CLAIM.get(name, '--')} | {effect} | {text} |")
+    for contrast in FAMILIES["12_molora_factorial"]:
+        effect = paper.PAPER_B_EFFECT_NATS.get(contrast.name)
+        margin = paper.equivalence_margin_b(contrast.name)
+        lines.append(f"| {contrast.name} | {CONTRAST_CLAIM.get(contrast.name, '--')} | "
+                     f"{'--' if effect is None else f'{effect:+g} nats'} | "
+                     f"{'none' if margin is None else f'+-{margin:g} nats'} |")
+    return "\n".join(lines) + "\n"
+
+
+def _replace_block(text: str, start: str, end: str, body: str) -> str | None:
+    pattern = re.compile(re.escape(start) + ".*?" + re.escape(end), re.DOTALL)
+    if not pattern.search(text):
+        return None
+    return pattern.sub(lambda _: f"{start}\n{body}{end}", text)
+
+
+def update_docs(path: str | Path) -> bool:
+    """Rewrite the rules block of ``docs/statistics.md``; False if its markers are absent."""
+    path = Path(path)
+    new = _replace_block(path.read_text(), RULES_START, RULES_END, rules_markdown())
+    if new is None:
+        return False
+    atomic_write_text(path, new)
+    return True
 
 
 README_START, README_END = "<!-- results:start -->", "<!-- results:end -->"

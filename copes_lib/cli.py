@@ -38,7 +38,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
-from copes_lib import config, report, runs, threads
+from copes_lib import claims, config, report, runs, threads
 from copes_lib.protocols import notebooks as suite
 
 # What each notebook reads from the others (their summaries or cached work). The runner starts a
@@ -117,14 +117,39 @@ def notebook_parameters(profile: str, stem: str, force: bool) -> dict[str, Any]:
 
 
 def load_status(path: Path) -> dict[str, Any]:
+    """``status.json``, or a fresh one. An unreadable file (empty, truncated) or one of another layout is
+    announced, kept beside as ``status.json.unreadable`` (never lost) and replaced by a fresh status."""
     if path.exists():
         try:
             data = runs.read_json(path)
             if isinstance(data, dict) and isinstance(data.get("notebooks"), dict):
                 return data
-        except ValueError:
-            pass  # a status file from an older layout: start afresh
+            problem = "is not a status file of this layout"
+        except (OSError, ValueError) as exc:
+            problem = f"cannot be read ({exc})"
+        kept = path.with_name(path.name + ".unreadable")
+        try:
+            os.replace(path, kept)
+            where = f"kept as {kept}"
+        except OSError as exc:
+            where = f"could not be moved aside ({exc})"
+        print(f"[suite] warning: {path} {problem}; starting a fresh status (the old file {where}; the "
+              "notebooks' results are untouched, only their last run status is forgotten)", file=sys.stderr, flush=True)
     return {"notebooks": {}}
+
+
+def _write_or_warn(write, path: Path, *args: Any) -> bool:
+    """Write a runner file; a failure (a full disk) is reported with the file and the runner goes on: the
+    notebooks' results are written (or kept) by their own runs, never by this file."""
+    try:
+        write(path, *args)
+        return True
+    except OSError as exc:
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        print(f"[suite] error: could not write {path} ({reason}); the run goes on without it. Free space and "
+              f"rerun with --rerun-failed (or `python -m copes_lib.cli report`) to write it again.",
+              file=sys.stderr, flush=True)
+        return False
 
 
 def _failure(exc: BaseException) -> dict[str, Any]:
@@ -194,7 +219,8 @@ def run_one(path: Path, parameters: dict[str, Any], reports_dir: Path, cwd: Path
                         results_root, figures_root)
             record["html"] = executed.with_suffix(".html").name
         except Exception as exc:  # noqa: BLE001 - a report problem must not hide the run's status
-            print(f"  (HTML export of {executed.name} failed: {type(exc).__name__}: {exc})", flush=True)
+            print(f"  (HTML export of {executed.name} to {executed.with_suffix('.html')} failed: "
+                  f"{type(exc).__name__}: {exc})", flush=True)
     return record
 
 
@@ -245,14 +271,14 @@ def run_suite(
             tag = f"[suite {started[0]}/{total}] {path.stem}"
             print(f"{tag} start ({profile})", flush=True)
             status["notebooks"][path.stem] = {"status": "running", "started": _now()}
-            runs.atomic_write_json(status_path, status)
+            _write_or_warn(runs.atomic_write_json, status_path, status)
         _CURRENT.stem = path.stem if jobs > 1 else None
         record = run_one(path, parameters[path.stem], reports_dir, cwd=notebooks_dir, results_root=results_root,
                          figures_root=figures_root)
         with lock:
             status["notebooks"][path.stem] = record
             status["updated"] = _now()
-            runs.atomic_write_json(status_path, status)
+            _write_or_warn(runs.atomic_write_json, status_path, status)
             line = f"{tag} {record['status']} in {record['duration_s']:.1f}s"
             if record["error"]:
                 err = record["error"]
@@ -276,13 +302,19 @@ def run_suite(
                 future.result()
                 finished.add(running.pop(future))
 
-    index = report.render_index(profile, reports_dir, status, results_root=results_root,
-                                figures_root=figures_root, notebooks=[p.stem for p in discovered])
+    try:
+        index = report.render_index(profile, reports_dir, status, results_root=results_root,
+                                    figures_root=figures_root, notebooks=[p.stem for p in discovered])
+    except OSError as exc:
+        index = reports_dir / "index.html"
+        print(f"[suite] error: could not write {exc.filename or index} ({os.strerror(exc.errno) if exc.errno else exc}); "
+              "free space and run `python -m copes_lib.cli report` to write it again", file=sys.stderr, flush=True)
     failed = [p.stem for p in notebooks if status["notebooks"][p.stem]["status"] != "ok"]
     if not only and not rerun_failed and notebooks == discovered:
-        record_suite_run(Path(results_root or runs.RESULTS_ROOT) / profile / "suite_run.json", profile=profile,
-                         jobs=jobs, force=force, code=code, started=suite_started,
-                         wall_s=time.perf_counter() - suite_t0, notebooks=status["notebooks"])
+        suite_run = Path(results_root or runs.RESULTS_ROOT) / profile / "suite_run.json"
+        _write_or_warn(lambda path: record_suite_run(
+            path, profile=profile, jobs=jobs, force=force, code=code, started=suite_started,
+            wall_s=time.perf_counter() - suite_t0, notebooks=status["notebooks"]), suite_run)
     print(f"[suite] {total} notebook(s) run in {time.perf_counter() - suite_t0:.1f}s; "
           f"report: {index}", flush=True)
     if failed:
@@ -402,6 +434,9 @@ def main(argv: list[str] | None = None) -> int:
         return run_suite(args.profile, only=args.only, force=args.force, rerun_failed=args.rerun_failed,
                          notebooks_dir=args.notebooks_dir, reports_dir=args.reports_dir, jobs=args.jobs)
     except config.ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except (runs.UnreadableFileError, claims.UnreadableResultError) as exc:  # names the file and what to do
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

@@ -192,6 +192,9 @@ def load_profile(profile: str, notebooks: typing.Collection[str] | None = None) 
     if profile not in PROFILES:
         raise ConfigError(f"PROFILE = {profile!r} is not valid; valid values: {list(PROFILES)}")
     path = PROFILE_DIR / f"{profile}.yaml"
+    if path.exists() and not path.read_text().strip():
+        raise ConfigError(f"{path} is empty ({path.stat().st_size} bytes): every notebook would silently run "
+                          f"with its defaults; restore it (git checkout -- profiles/{profile}.yaml)")
     data = read_yaml_strict(path) if path.exists() else None
     data = data or {}
     if not isinstance(data, dict):

@@ -97,6 +97,7 @@ TABLE_B2 = {
     "eval_scope": {"delta": 0.0, "t": None, "p": None},
     "lifecycle": {"delta": -0.028, "t": -4.46, "p": 0.047},
 }
+ALPHA_PAPER_B = 0.05  # the paper's significance level
 MONOPOLY_SLOTS_R0 = 4  # of 16: the old softmax router's collapse
 N_SLOTS = 16
 
@@ -128,11 +129,38 @@ EFFECT_SHARE_A = {
     "copes_vs_es_f1": share_of_gain(_WIKI["copes"][2], _WIKI["es"][2], _WIKI["base"][2], _WIKI["full_grpo"][2]),  # A8
 }
 
-# "No effect" means: the (1 - 2 alpha) interval lies within +-EQUIVALENCE_FRACTION of the reference effect
-# (paper A: the paper's effect in our units; paper B: the router effect measured in the same run, the
-# factorial's largest effect in the paper). An effect claim whose interval sits inside that margin is
-# read as "an effect of the paper's size is ruled out".
+# "No effect" means: the (1 - 2 alpha) interval lies within +-EQUIVALENCE_FRACTION of the paper's effect
+# (paper A: the paper's effect carried into our units as a share of the reference gain; paper B: the
+# paper's effect in nats, see equivalence_margin_b). Never a multiple of an effect we measured: a null
+# measured effect would make the margin unreachable. An effect claim whose interval sits inside that
+# margin is read as "an effect of the paper's size is ruled out".
 EQUIVALENCE_FRACTION = 0.5
+
+# Paper B's effects in nats of balanced log-PPL (Table B2), for the factorial's contrasts (claims.FAMILIES).
+# A difference of log-PPL is a perplexity ratio (exp(Delta)), a unit that does not depend on model size, so
+# the paper's effects are carried over as they are. None: the paper has no figure for that contrast.
+PAPER_B_EFFECT_NATS = {"router": TABLE_B2["router"]["delta"], "lifecycle": TABLE_B2["lifecycle"]["delta"],
+                       "full_vs_b3": TABLE_B2["full_vs_b3"]["delta"], "eval_scope_with_lifecycle": 0.0}
+# The smallest effect Table B2 shows to be significant (|lifecycle| = 0.028 nats): the scale of "an effect"
+# for the claims that the paper reads as no effect (B4 full vs B3, p = 0.19; B5 evaluation scope, ~0).
+PAPER_B_SMALLEST_SIGNIFICANT_NATS = min(abs(r["delta"]) for r in TABLE_B2.values()
+                                        if r["p"] is not None and r["p"] < ALPHA_PAPER_B)
+
+
+def equivalence_margin_b(contrast: str) -> float | None:
+    """Paper B's equivalence margin (nats) for a factorial contrast: EQUIVALENCE_FRACTION x the paper's
+    effect where the paper reports a significant one (router, lifecycle), else EQUIVALENCE_FRACTION x the
+    smallest significant effect of Table B2 (full vs B3, evaluation scope: the paper's no-effect readings).
+    Never from an effect we measured.
+
+    >>> round(equivalence_margin_b("router"), 4), round(equivalence_margin_b("full_vs_b3"), 4)
+    (0.0213, 0.014)
+    """
+    if contrast not in PAPER_B_EFFECT_NATS and contrast not in ("lifecycle_global_scope", "inheritance_alpha0"):
+        return None
+    row = {"router": TABLE_B2["router"], "lifecycle": TABLE_B2["lifecycle"]}.get(contrast)
+    scale = abs(row["delta"]) if row is not None else PAPER_B_SMALLEST_SIGNIFICANT_NATS
+    return EQUIVALENCE_FRACTION * scale
 ALPHA = 0.05  # every claim's level, Holm-corrected within a notebook's family of tests
 POWER = 0.8  # the power at which every claim reports its minimum detectable effect
 

@@ -20,6 +20,7 @@ import datetime as _dt
 import html
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -169,13 +170,55 @@ def headline(summary: dict[str, Any] | None, stem: str | None = None,
             if row["notebook"] == stem:
                 rows.append({"label": f"{row['claim']}: {row['statement']}", "ours": row["ours"],
                              "paper": row["paper_figure"], "verdict": row["verdict"],
-                             "power": row.get("power", "")})
+                             "reason": row.get("reason", ""), "power": row.get("power", "")})
     for item in HEADLINES.get(stem or "", ()):
         rows.append({"label": item.label, "ours": format_value(summary.get(item.key), item.unit),
                      "paper": item.paper or "\u2014", "verdict": ""})
     if not rows:  # a notebook the suite map does not know: its first numbers, in its own order
         for key, value in [(k, v) for k, v in summary.items() if k not in META_KEYS][:FALLBACK_ROWS]:
             rows.append({"label": key, "ours": format_value(value), "paper": "\u2014", "verdict": ""})
+    return rows
+
+
+_WARNED: set[str] = set()  # messages already printed in this process (every page reads every summary)
+
+
+def _warn(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        print(f"[report] warning: {message}", file=sys.stderr, flush=True)
+
+
+def _read_result(path: Path, profile: str, stem: str, problems: list[str]) -> dict[str, Any] | None:
+    """A result JSON (summary, manifest) of ``stem``, or None when absent; an unreadable one is None and
+    its message (the path and what to do) is added to ``problems`` and printed, never a bare decoder error."""
+    if not path.exists():
+        return None
+    try:
+        data = runs.read_json(path)
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+        return data
+    except (OSError, ValueError) as exc:
+        message = (f"{path} cannot be read ({exc}); rerun the notebook (make reproduce PROFILE={profile} "
+                   f"ONLY={stem.split('_', 1)[0]}) or delete the file")
+        if message not in problems:
+            problems.append(message)
+            _warn(message)
+        return None
+
+
+def _problems_html(problems: list[str]) -> str:
+    return "".join(f"<p class='stale'>{html.escape(m)}</p>" for m in problems)
+
+
+def _load_claims(profile: str, results_root: Path, problems: list[str]) -> list[dict[str, str]]:
+    found: list[str] = []
+    rows = claims.judge_claims(claims.load_summaries(profile, results_root, problems=found))
+    for message in found:
+        if message not in problems:
+            problems.append(message)
+            _warn(message)
     return rows
 
 
@@ -193,7 +236,8 @@ def _figures(figures_root: Path, profile: str, stem: str) -> list[Path]:
 
 
 _VERDICT_CLASS = {claims.AGREES: "agrees", claims.PARTLY: "partly", claims.DISAGREES: "disagrees",
-                  getattr(claims, "INCONCLUSIVE", "inconclusive"): "inconclusive", claims.MISSING: "missing"}
+                  claims.OPPOSITE: "opposite", claims.INCONCLUSIVE: "inconclusive",
+                  claims.NOT_IN_REGIME: "notinregime", claims.MISSING: "missing"}
 
 _CSS = """
 body.cr { font-family: system-ui, sans-serif; margin: 0 auto; padding: 1.5em 2em; max-width: 1500px; color: #222;
@@ -212,6 +256,8 @@ body.cr { font-family: system-ui, sans-serif; margin: 0 auto; padding: 1.5em 2em
 .cr .agrees { background: #e3f4e4; color: #11691b; } .cr .partly { background: #fff4d6; color: #805b00; }
 .cr .disagrees { background: #fde3e3; color: #b00020; } .cr .missing { background: #eee; color: #666; }
 .cr .inconclusive { background: #e6eef8; color: #2c4f7c; }
+.cr .opposite { background: #f9d2e4; color: #8a0045; } .cr .notinregime { background: #eee; color: #444; }
+.cr .reason { display: block; color: #555; font-size: 85%; white-space: normal; font-weight: normal; }
 .cr .power { display: block; color: #777; font-size: 85%; }
 .cr .thumbs img { max-width: 100%; max-height: 110px; border: 1px solid #ddd; margin: 2px; background: white; }
 .cr .figs { display: flex; flex-wrap: wrap; gap: 12px; align-items: flex-start; }
@@ -237,10 +283,11 @@ def _headline_table(rows: list[dict[str, str]], compact: bool = False) -> str:
         if show_paper:
             cells.append(f"<td class='num'>{html.escape(r['paper'])}</td>")
         if show_verdict:
+            reason = (f"<span class='reason'>{html.escape(r['reason'])}</span>" if r.get("reason") else "")
             cells.append(f"<td><span class='verdict {_VERDICT_CLASS.get(r['verdict'], '')}'>"
-                         f"{html.escape(r['verdict'])}</span></td>" if r["verdict"] else "<td></td>")
+                         f"{html.escape(r['verdict'])}</span>{reason}</td>" if r["verdict"] else "<td></td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
-    heads = ["" if compact else "quantity", "ours"] + ["paper"] * show_paper + ["verdict"] * show_verdict
+    heads = ["" if compact else "quantity", "ours"] + ["paper"] * show_paper + ["verdict (reason)"] * show_verdict
     size = " style='font-size:90%'" if compact else ""
     return (f"<table class='headline'{size}><thead><tr>{''.join(f'<th>{h}</th>' for h in heads)}</tr></thead>"
             f"<tbody>{''.join(body)}</tbody></table>")
@@ -264,7 +311,8 @@ def render_index(
     figures_root = Path(figures_root or runs.FIGURES_ROOT)
     records = status.get("notebooks", {})
     stems = sorted(notebooks if notebooks is not None else records)
-    claim_rows = claims.judge_claims(claims.load_summaries(profile, results_root))
+    problems: list[str] = []
+    claim_rows = _load_claims(profile, results_root, problems)
     counts = {"ok": 0, "failed": 0}
     verdicts: dict[str, int] = {}
     rows = []
@@ -274,7 +322,7 @@ def render_index(
         counts[state] = counts.get(state, 0) + 1
         paper_name, what = SUITE_MAP.get(stem, ("", ""))
         summary_path = results_root / profile / stem / "summary.json"
-        summary = runs.read_json(summary_path) if summary_path.exists() else None
+        summary = _read_result(summary_path, profile, stem, problems)
         lines = headline(summary, stem, claim_rows) if summary is not None else []
         for line in lines:
             if line["verdict"]:
@@ -298,7 +346,9 @@ def render_index(
         duration = rec.get("duration_s")
         has_report = bool(rec.get("html")) and (reports_dir / rec["html"]).exists()
         title = _link(reports_dir / rec["html"], reports_dir, stem) if has_report else html.escape(stem)
-        numbers = _headline_table(lines, compact=True) if summary is not None else "<span class='note'>no results yet</span>"
+        unreadable = [m for m in problems if str(results_root / profile / stem) + os.sep in m]
+        numbers = (_headline_table(lines, compact=True) if summary is not None else
+                   _problems_html(unreadable) if unreadable else "<span class='note'>no results yet</span>")
         rows.append(
             "<tr>"
             f"<td><b>{title}</b><div class='what'>{html.escape(what)}</div>"
@@ -320,6 +370,7 @@ def render_index(
 <h1>Reproducibility suite: profile <code>{html.escape(profile)}</code></h1>
 <p>{counts.get('ok', 0)} ok, {counts.get('failed', 0) + counts.get('running', 0)} failed or interrupted,
 of {len(stems)} notebook(s). Claims: {verdict_text or 'none judged yet'}.</p>
+{_problems_html(problems)}
 <p class="note">Ours = this profile's <code>results/{html.escape(profile)}/*/summary.json</code>; paper = the
 papers' own figures (docs/paper_a_copes.md, docs/paper_b_molora.md). Our models are about 1000x smaller
 than the papers', so verdicts judge the direction and significance of an effect, not its size.
@@ -428,7 +479,8 @@ def reader_header(profile: str, stem: str, record: dict[str, Any] | None = None,
     record = record or {}
     paper_name, what = SUITE_MAP.get(stem, ("", ""))
     summary_path = results_root / profile / stem / "summary.json"
-    summary = runs.read_json(summary_path) if summary_path.exists() else None
+    problems: list[str] = []
+    summary = _read_result(summary_path, profile, stem, problems)
     state = record.get("status")
     meta = [f"profile <code>{html.escape(profile)}</code>"]
     if state:
@@ -446,17 +498,18 @@ def reader_header(profile: str, stem: str, record: dict[str, Any] | None = None,
         parts.append("<p class='stale'>This run did not finish: the numbers below are those of the previous "
                      "complete run (results are only replaced by a run that finishes).</p>")
     elif summary is not None and record.get("started") and manifest_path.exists():
-        ended = runs.read_json(manifest_path).get("ended", "")
+        ended = (_read_result(manifest_path, profile, stem, problems) or {}).get("ended", "")
         if ended and ended < record["started"]:
             parts.append("<p class='stale'>These numbers predate this execution of the notebook "
                          f"(written {html.escape(ended[:19])}).</p>")
-    if summary is None:
+    if summary is None and not problems:
         parts.append("<p class='note'>No summary.json yet: nothing to compare.</p>")
-    else:
-        rows = headline(summary, stem, claims.judge_claims(claims.load_summaries(profile, results_root)))
+    elif summary is not None:
+        rows = headline(summary, stem, _load_claims(profile, results_root, problems))
         title = ("Our numbers beside the paper's" if any(r["paper"] != "\u2014" for r in rows)
                  else "Headline numbers")
         parts.append(f"<h2>{title}</h2>" + _headline_table(rows))
+    parts.append(_problems_html(problems))
     figures = _figures(figures_root, profile, stem)
     if figures:
         parts.append("<h2>Figures</h2><div class='figs'>" + "".join(

@@ -69,6 +69,11 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
+    except OSError as exc:  # a full disk, a read-only folder: say which file could not be written
+        Path(tmp).unlink(missing_ok=True)
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise OSError(exc.errno, f"could not write {path}: {reason} (the previous file, if any, is kept)",
+                      str(path)) from exc
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -93,8 +98,24 @@ def atomic_write_json(path: str | Path, obj: Any, sort_keys: bool = True) -> Pat
     return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=sort_keys, default=_json_default) + "\n")
 
 
+class UnreadableFileError(ValueError):
+    """A stored file cannot be read (empty, truncated, not JSON); the message names the file."""
+
+    def __init__(self, path: str | Path, message: str):
+        super().__init__(message)
+        self.path = Path(path)
+
+
 def read_json(path: str | Path) -> Any:
-    return json.loads(Path(path).read_text())
+    """The JSON in ``path``; an empty or garbled file raises :class:`UnreadableFileError` naming it (raised
+    from the decoder's error, so :func:`is_corruption` still sees a damaged file)."""
+    path = Path(path)
+    text = path.read_text()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        what = "is empty (0 bytes)" if not text else f"is not valid JSON ({len(text.encode())} bytes)"
+        raise UnreadableFileError(path, f"{path} {what}: JSONDecodeError: {exc}") from exc
 
 
 def atomic_torch_save(obj: Any, path: str | Path) -> Path:
@@ -204,10 +225,26 @@ def cache_key(config: Any, data_ids: Iterable[Any] | None = None, version: str =
 
 
 def cache_dir(profile: str, name: str, key: str) -> Path:
-    """``cache/<profile>/<name>-<key>/`` (created)."""
+    """``cache/<profile>/<name>-<key>/`` (created). A JSON file at its top level that cannot be read (a
+    truncated ``history.json``) is reported and deleted here (:func:`check_json_files`), so its rebuild is
+    announced, never silent."""
     path = CACHE_ROOT / profile / f"{name}-{key}"
+    if path.is_dir():
+        check_json_files(path)
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def check_json_files(folder: str | Path, *, rebuild: str | None = None) -> list[Path]:
+    """Parse every ``*.json`` at the top of ``folder``; each that cannot be read is reported (a
+    :class:`CorruptCacheWarning` naming it and the command that rebuilds it) and deleted, so that the
+    caller rebuilds it. Returns the deleted files."""
+    damaged = []
+    for file in sorted(Path(folder).glob("*.json")):
+        load_cache_entry(file, lambda file=file: read_json(file), rebuild=rebuild)
+        if not file.exists():
+            damaged.append(file)
+    return damaged
 
 
 class CorruptCacheWarning(UserWarning):
@@ -373,6 +410,18 @@ def check_summary(summary: dict[str, Any]) -> None:
         raise ValueError(f"summary[{key!r}] has type {type(value).__name__}; summaries are flat")
 
 
+# notebook -> (wall clock, perf_counter) of its first cell in this process (mark_notebook_start).
+_NOTEBOOK_START: dict[str, tuple[_dt.datetime, float]] = {}
+
+
+def mark_notebook_start(notebook: str) -> None:
+    """Record that ``notebook`` starts now (its first cell after the parameters: ``load_params``); the
+    :class:`Run` of that notebook in this process then reports ``started`` / ``wall_time_s`` from here to
+    the end of :meth:`Run.finish`, i.e. the notebook's whole execution, not only its last cell. Calling
+    it again (a notebook run again in the same kernel) restarts the clock."""
+    _NOTEBOOK_START[notebook] = (_dt.datetime.now(_dt.UTC), time.perf_counter())
+
+
 # (profile, notebook) of the runs open in this process, oldest first (names the notebook in cache messages).
 _OPEN_RUNS: dict[tuple[str, str], None] = {}
 # (profile, notebook) -> {final figure path: staged file}: figures saved in this process, awaiting finish.
@@ -400,8 +449,9 @@ class Run:
         self.partial = self.dir / ".partial"
         shutil.rmtree(self.partial, ignore_errors=True)
         self.partial.mkdir(parents=True)
-        self.started = _dt.datetime.now(_dt.UTC)
-        self._t0 = time.perf_counter()
+        # from the notebook's first cell when load_params marked it, else from here (a Run made by a script)
+        self.started, self._t0 = _NOTEBOOK_START.get(notebook, (_dt.datetime.now(_dt.UTC), time.perf_counter()))
+        self.wall_time_from = "notebook start (load_params)" if notebook in _NOTEBOOK_START else "Run created"
         self._metrics = open(self.partial / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115
         _OPEN_RUNS[(profile, notebook)] = None
 
@@ -442,6 +492,7 @@ class Run:
             "started": self.started.isoformat(),
             "ended": ended.isoformat(),
             "wall_time_s": time.perf_counter() - self._t0,
+            "wall_time_from": self.wall_time_from,
             **(extra_manifest or {}),
         }
         atomic_write_json(self.partial / "config.json", self.config)
@@ -464,8 +515,16 @@ class Run:
 
 
 def load_summary(profile: str, notebook: str, root: str | Path | None = None) -> dict[str, Any] | None:
+    """A notebook's summary, or None if it has none; an unreadable one raises :class:`UnreadableFileError`
+    naming it and what to do (rerun that notebook, or delete the file to drop its results)."""
     path = Path(root or RESULTS_ROOT) / profile / notebook / "summary.json"
-    return read_json(path) if path.exists() else None
+    if not path.exists():
+        return None
+    try:
+        return read_json(path)
+    except UnreadableFileError as exc:
+        raise UnreadableFileError(path, f"{exc}; rerun that notebook (make reproduce PROFILE={profile} "
+                                        f"ONLY={notebook.split('_', 1)[0]}) or delete {path}") from exc
 
 
 def figure_path(profile: str, notebook: str, what: str, suffix: str = "png") -> Path:

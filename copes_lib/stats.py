@@ -439,6 +439,52 @@ def power_note(a: Any, b: Any, *, n_seeds: int | None = None, n_problems: int | 
     return text
 
 
+@dataclasses.dataclass(frozen=True)
+class GainRecovery:
+    """(mean(method) - mean(base)) / (mean(reference) - mean(base)) with a percentile interval."""
+
+    estimate: float
+    low: float  # nan where the reference's gain is not established (its replicates reach 0)
+    high: float
+    note: str  # which noise sources the interval counts, and which it cannot
+
+
+def gain_recovery_interval(scores: ScoreSet, method: str, *, base: str = "base", reference: str = "full_grpo",
+                           level: float = 0.95, n_boot: int = 2000, seed: int = 0) -> GainRecovery:
+    """Gain recovery of ``method`` with every noise source the design has: problems are resampled jointly
+    for every arm (they are the same problems), each arm's seeds independently (its own training noise:
+    the method's, and the reference's when it ran several seeds). An arm with one seed contributes no
+    seed noise, and the note says so (the interval is then a lower bound on the true spread). Where a
+    replicate's reference gain is <= 0 the ratio is undefined; when more than the interval's tail of
+    replicates are, the interval is unbounded (nan)."""
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    arms = {name: _as_scores(scores.arms[name], name) for name in (method, base, reference)}
+    p = arms[method].shape[1]
+    rng = np.random.default_rng(seed)
+    w_prob = rng.multinomial(p, np.full(p, 1.0 / p), size=n_boot)
+    means = {}
+    for name, x in arms.items():
+        s = x.shape[0]
+        w_seed = rng.multinomial(s, np.full(s, 1.0 / s), size=n_boot) if s > 1 else np.ones((n_boot, 1))
+        means[name] = np.einsum("bs,sp,bp->b", w_seed, x, w_prob) / (s * p)
+    gain = means[reference] - means[base]
+    point_gain = float(arms[reference].mean() - arms[base].mean())
+    estimate = float((arms[method].mean() - arms[base].mean()) / point_gain) if point_gain != 0 else math.nan
+    tail = (1 - level) / 2
+    ok = gain > 0
+    if np.mean(~ok) > tail or point_gain <= 0:
+        low = high = math.nan
+    else:
+        ratio = (means[method][ok] - means[base][ok]) / gain[ok]
+        low, high = (float(v) for v in np.quantile(ratio, [tail, 1 - tail]))
+    one_seed = [name for name, x in arms.items() if x.shape[0] == 1 and name != base]
+    note = "interval over problems and seeds"
+    if one_seed:
+        note += f"; {', '.join(one_seed)} ran 1 seed: its seed noise is not measured, the interval is a lower bound"
+    return GainRecovery(estimate, low, high, note)
+
+
 # ============================================================================ per-problem score files
 SCORES_FILE = "scores.npz"
 _NAME = re.compile(r"^[a-z0-9_]+$")

@@ -57,7 +57,7 @@ def test_beats_rule_agrees_does_not_and_inconclusive():
 
     strong, weak = _binary(rng, 0.6), _binary(rng, 0.4)
     assert a1(strong, weak) == claims.AGREES
-    assert a1(weak, strong) == claims.DISAGREES  # the opposite, significant
+    assert a1(weak, strong) == claims.OPPOSITE  # the opposite, significant
     small_a, small_b = _binary(rng, 0.45, seeds=2, problems=40), _binary(rng, 0.4, seeds=2, problems=40)
     assert a1(small_a, small_b) == claims.INCONCLUSIVE  # too small a study to say anything
     # the same problems solved, a handful of flips: an effect of half the paper's size (0.5 x 0.246 x 0.1
@@ -75,11 +75,52 @@ def test_one_seed_arm_is_inconclusive():
     scores = _scores("val_accuracy_at_budget", copes=_binary(rng, 0.7), lora_grpo=_binary(rng, 0.2, seeds=1))
     row = _row({"05_fixed_budget_math": {**MATH_05, claims.SCORES: scores}}, "A3")
     assert row["verdict"] == claims.INCONCLUSIVE and "5/1 seeds" in row["power"]
+    assert "1 seed" in row["reason"]
+
+
+def test_a_significant_opposite_with_a_one_seed_reference_is_shown_provisional():
+    """A3's case: CoPES significantly below a one-seed LoRA-GRPO must not hide as inconclusive."""
+    rng = np.random.default_rng(11)
+    scores = _scores("val_accuracy_at_budget", copes=_binary(rng, 0.3), lora_grpo=_binary(rng, 0.6, seeds=1))
+    summaries = {"05_fixed_budget_math": {**MATH_05, claims.SCORES: scores}}
+    row = _row(summaries, "A3")
+    assert row["verdict"] == claims.OPPOSITE
+    assert "wrong side" in row["reason"] and "provisional" in row["reason"]
+    # and the summary's list of significant results states it, whichever way it points
+    lines = claims.significant_results(summaries)
+    assert any("copes_vs_lora_grpo (A3)" in line and "OTHER way" in line for line in lines)
+    md = claims.to_markdown(claims.judge_claims(summaries), "cpu", significant=lines)
+    assert "copes_vs_lora_grpo (A3)" in md.split("whichever way it points")[1]
+
+
+def test_a_null_reads_inconclusive_with_its_reason():
+    rng = np.random.default_rng(12)
+    same = _binary(rng, 0.5, seeds=3, problems=200)
+    other = _binary(rng, 0.5, seeds=3, problems=200)
+    row = _row({"05_fixed_budget_math": {**MATH_05, claims.SCORES: _scores(
+        "val_accuracy_at_budget", copes=same, es=other)}}, "A1")
+    assert row["verdict"] == claims.INCONCLUSIVE and row["reason"].startswith("interval spans 0")
+
+
+def test_every_row_has_a_reason():
+    rng = np.random.default_rng(13)
+    summaries = {**_ablations(rng, 0.6, 0.4, 0.4), **_factorial(rng), **_sandbox(rng, pre=-0.02)}
+    rows = claims.judge_claims(summaries)
+    assert all(r["reason"] for r in rows), [r["claim"] for r in rows if not r["reason"]]
+    md = claims.to_markdown(rows, "cpu")
+    assert "| verdict | reason | power |" in md
+
+
+def _a1_effect(rng=None):
+    rng = rng or np.random.default_rng(7)
+    return _scores("val_accuracy_at_budget", copes=_binary(rng, 0.6), es=_binary(rng, 0.4))
 
 
 def test_es_steps_rule_accounts_for_horizon_and_validation_grid():
+    scores = _a1_effect()
+
     def a2(**s):
-        return _verdict({"05_fixed_budget_math": {**MATH_05, **s}}, "A2")
+        return _verdict({"05_fixed_budget_math": {**MATH_05, "es_long_n_seeds": 3, claims.SCORES: scores, **s}}, "A2")
 
     assert a2(es_steps_to_match_copes=None) == claims.INCONCLUSIVE  # never reached, horizon unknown
     assert a2(es_steps_to_match_copes=None, es_long_steps=16) == claims.INCONCLUSIVE  # 2x < 3x
@@ -89,6 +130,21 @@ def test_es_steps_rule_accounts_for_horizon_and_validation_grid():
     assert a2(es_steps_to_match_copes=20, val_every=8) == claims.INCONCLUSIVE  # (12, 20] straddles 2x
     assert a2(es_steps_to_match_copes=12) == claims.INCONCLUSIVE  # grid unknown
     assert a2(es_steps_to_match_copes=8, val_every=4) == claims.DISAGREES
+
+
+def test_es_steps_rule_needs_an_a1_effect_and_three_long_seeds():
+    """Under the null A2 would read 'partly' from noise about half the time: it is gated on A1."""
+    rng = np.random.default_rng(8)
+    base = {**MATH_05, "es_steps_to_match_copes": 24, "val_every": 4, "es_long_n_seeds": 3}
+    effect = {**base, claims.SCORES: _a1_effect(rng)}
+    assert _verdict({"05_fixed_budget_math": effect}, "A2") == claims.AGREES
+    null = {**base, claims.SCORES: _scores("val_accuracy_at_budget", copes=_binary(rng, 0.5, 3, 100),
+                                           es=_binary(rng, 0.5, 3, 100))}
+    row = _row({"05_fixed_budget_math": null}, "A2")
+    assert row["verdict"] == claims.INCONCLUSIVE and "A1 shows no effect" in row["reason"]
+    one_seed = _row({"05_fixed_budget_math": {**effect, "es_long_n_seeds": 1}}, "A2")
+    assert one_seed["verdict"] == claims.INCONCLUSIVE and "1 long ES seed" in one_seed["reason"]
+    assert "would read agrees" in one_seed["reason"]
 
 
 def _ablations(rng, k4, k1, k8, **others):
@@ -105,7 +161,7 @@ def test_k_sweep_rule():
     rng = np.random.default_rng(2)
     assert _verdict(_ablations(rng, 0.6, 0.4, 0.4), "A4") == claims.AGREES
     assert _verdict(_ablations(rng, 0.6, 0.4, 0.6), "A4") == claims.PARTLY
-    assert _verdict(_ablations(rng, 0.4, 0.6, 0.6), "A4") == claims.DISAGREES
+    assert _verdict(_ablations(rng, 0.4, 0.6, 0.6), "A4") == claims.OPPOSITE
     noisy = _ablations(rng, 0.5, 0.5, 0.5)
     for arm in ("k1", "k4", "k8"):
         noisy["06_copes_ablations"][claims.SCORES]["val_accuracy_at_budget"].arms[arm] = _binary(rng, 0.5, 2, 30)
@@ -162,18 +218,32 @@ def _factorial(rng, router=0.01, lifecycle=-0.01, full_vs_b3=None, scope=0.0, se
 def test_factorial_effect_and_no_effect_rules():
     rng = np.random.default_rng(4)
     assert _verdict(_factorial(rng), "B2") == claims.AGREES
-    assert _verdict(_factorial(rng, router=-0.01), "B2") == claims.DISAGREES
+    assert _verdict(_factorial(rng, router=-0.01), "B2") == claims.OPPOSITE
     assert _verdict(_factorial(rng), "B3") == claims.AGREES
-    assert _verdict(_factorial(rng, lifecycle=0.01), "B3") == claims.DISAGREES
-    # B4 / B5: "no effect" agrees only inside +-0.5 x the router effect
+    assert _verdict(_factorial(rng, lifecycle=0.01), "B3") == claims.OPPOSITE
+    # B4 / B5: "no effect" agrees only inside the declared margin (0.5 x the paper's smallest significant
+    # effect, 0.028 nats), never one derived from our own router effect
     assert _verdict(_factorial(rng, full_vs_b3=0.0), "B4") == claims.AGREES
     assert _verdict(_factorial(rng, full_vs_b3=0.02), "B4") == claims.DISAGREES
     assert _verdict(_factorial(rng, scope=0.0), "B5") == claims.AGREES
     assert _verdict(_factorial(rng, scope=0.02), "B5") == claims.DISAGREES
-    # an effect smaller than the old fixed 0.005 nats but as large as the router's: no longer "no effect"
+    # a null router effect does not shrink the margin: B5 still reads equivalence at +-0.014 nats
+    null_router = _factorial(rng, router=0.0, lifecycle=0.0, scope=0.0)
+    row = _row(null_router, "B5")
+    assert row["verdict"] == claims.AGREES and "0.014" in row["reason"]
+    assert _verdict(null_router, "B2") == claims.DISAGREES  # an effect of the paper's size ruled out
+    # a significant difference, however small, contradicts "no effect"
     assert _verdict(_factorial(rng, router=0.002, scope=0.002, seed_sd=0.0002), "B5") == claims.DISAGREES
     noisy = _factorial(rng, router=0.01, scope=0.0, seed_sd=0.05, seeds=3, windows=20)
     assert _verdict(noisy, "B5") == claims.INCONCLUSIVE and _verdict(noisy, "B4") == claims.INCONCLUSIVE
+
+
+def test_paper_b_margins_come_from_the_papers_effects():
+    from copes_lib import paper
+
+    assert paper.equivalence_margin_b("router") == pytest.approx(0.5 * 0.0426)
+    assert paper.equivalence_margin_b("full_vs_b3") == pytest.approx(0.5 * 0.028)
+    assert paper.equivalence_margin_b("eval_scope_with_lifecycle") == pytest.approx(0.5 * 0.028)
 
 
 def _sandbox(rng, pre, elsewhere=0.2, sd=0.005, seeds=5):
@@ -187,6 +257,41 @@ def _sandbox(rng, pre, elsewhere=0.2, sd=0.005, seeds=5):
         scores.update(_scores(f"excess_loss_{regime}", nested=True, evolution=evo, gradient=grad))
     summary[claims.SCORES] = scores
     return {"13_molora_sandbox": summary}
+
+
+def _region_map(wins):
+    """A 3 alignments x 2 noise x 1 budget map; ``wins``: the (alignment, noise) cells evolution wins."""
+    return [{"alignment": str(a), "adapter_noise": str(n), "budget_evals": "300",
+             "outcome": "win" if (a, n) in wins else "loss"} for a in (0.0, 0.5, 1.0) for n in (0.0, 0.1)]
+
+
+def test_sandbox_rule_reads_the_map():
+    rng = np.random.default_rng(15)
+
+    def b6(wins):
+        s = _sandbox(rng, pre=+0.02)  # at the grid point evolution loses; the map decides
+        s["13_molora_sandbox"][claims.REGION_MAP] = _region_map(wins)
+        return _row(s, "B6")
+
+    assert b6({(1.0, 0.0), (1.0, 0.1)})["verdict"] == claims.AGREES
+    partly = b6({(1.0, 0.0)})
+    assert partly["verdict"] == claims.PARTLY
+    assert "holds where alignment 1, noise 0" in partly["reason"] and "fails where alignment 1, noise 0.1" in partly["reason"]
+    assert b6({(1.0, 0.0), (0.5, 0.0)})["verdict"] == claims.PARTLY  # the "only" fails
+    assert b6(set())["verdict"] == claims.DISAGREES
+    assert b6({(0.5, 0.0)})["verdict"] == claims.DISAGREES
+
+
+def test_load_summaries_attaches_a_matching_region_map(tmp_path):
+    nb = tmp_path / "cpu" / "13_molora_sandbox"
+    nb.mkdir(parents=True)
+    cells = _region_map({(1.0, 0.0)})
+    (nb / "region_map.csv").write_text("alignment,adapter_noise,budget_evals,outcome\n" + "".join(
+        f"{c['alignment']},{c['adapter_noise']},{c['budget_evals']},{c['outcome']}\n" for c in cells))
+    (nb / "summary.json").write_text(json.dumps({"map_cells": len(cells)}))
+    assert len(claims.load_summaries("cpu", root=tmp_path)["13_molora_sandbox"][claims.REGION_MAP]) == 6
+    (nb / "summary.json").write_text(json.dumps({"map_cells": 45}))  # a table from another run: not read
+    assert claims.REGION_MAP not in claims.load_summaries("cpu", root=tmp_path)["13_molora_sandbox"]
 
 
 def test_sandbox_rule():
@@ -212,7 +317,7 @@ def test_update_readme_replaces_only_the_marked_section(tmp_path):
 
 def test_markdown_lists_every_claim_with_a_link_and_power():
     md = claims.to_markdown(claims.judge_claims({}), "cpu")
-    assert "| verdict | power |" in md
+    assert "| verdict | reason | power |" in md
     for claim in claims.CLAIMS:
         assert f"| {claim.claim_id} |" in md
         assert f"notebooks/{claim.notebook}.ipynb" in md
@@ -220,9 +325,9 @@ def test_markdown_lists_every_claim_with_a_link_and_power():
 
 def test_markdown_rows_never_break_the_table():
     rows = [{"claim": "X", "paper": "A", "statement": "a | b", "paper_figure": "1", "ours": "|x|",
-             "verdict": claims.AGREES, "power": "p|q", "notebook": "05_fixed_budget_math"}]
+             "verdict": claims.AGREES, "reason": "r|s", "power": "p|q", "notebook": "05_fixed_budget_math"}]
     line = claims.to_markdown(rows, "cpu").splitlines()[-1]
-    assert line.count("|") == 8
+    assert line.count("|") == 9
 
 
 def test_load_summaries_attaches_scores(tmp_path):
@@ -256,7 +361,7 @@ def _scale_summary(verdict: str, slope_gap: float, slope_es: float, sizes: int =
         "copes_paper_minus_es_slope_per_decade": slope_gap, "gain_recovery_es_slope_per_decade": slope_es}}
 
 
-@pytest.mark.parametrize(("verdict", "expected"), [(stats.EFFECT, claims.AGREES), (stats.OPPOSITE, claims.DISAGREES),
+@pytest.mark.parametrize(("verdict", "expected"), [(stats.EFFECT, claims.AGREES), (stats.OPPOSITE, claims.OPPOSITE),
                                                    (stats.INCONCLUSIVE, claims.INCONCLUSIVE)])
 def test_scale_claim_s1_follows_the_tested_verdict(verdict, expected):
     rows = {r["claim"]: r for r in claims.judge_claims(_scale_summary(verdict, 0.01, 0.02))}
@@ -278,7 +383,7 @@ def _trend_summary(gaps, recoveries, half_width):
 def test_scale_trend_claims_can_fail_and_say_inconclusive():
     # a clear rise of the gap, a clear fall of recovery: agrees / does not
     rows = {r["claim"]: r for r in claims.judge_claims(_trend_summary((-0.1, 0.0, 0.1), (0.5, 0.3, 0.1), 0.02))}
-    assert rows["S2"]["verdict"] == claims.AGREES and rows["S3"]["verdict"] == claims.DISAGREES
+    assert rows["S2"]["verdict"] == claims.AGREES and rows["S3"]["verdict"] == claims.OPPOSITE
     assert "slope 0.1 per decade" in rows["S2"]["ours"]
     # the same means inside wide per-size intervals: a line through noise decides nothing
     rows = {r["claim"]: r for r in claims.judge_claims(_trend_summary((-0.1, 0.0, 0.1), (0.5, 0.3, 0.1), 0.5))}
@@ -286,3 +391,85 @@ def test_scale_trend_claims_can_fail_and_say_inconclusive():
     # recovery undefined at two sizes (GRPO gained nothing there): no trend from one point
     rows = {r["claim"]: r for r in claims.judge_claims(_trend_summary((-0.1, 0.0, 0.1), (None, None, 0.1), 0.02))}
     assert rows["S3"]["verdict"] == claims.INCONCLUSIVE and "defined at 1 of 3 sizes" in rows["S3"]["ours"]
+
+
+# --------------------------------------------------------------------------- one data set, one verdict
+def test_shared_arrays_get_one_test_and_one_verdict():
+    """06's K = 1 / K = 4 arrays are 05's es / copes: A1 and A4's K4-K1 must be the same test."""
+    rng = np.random.default_rng(20)
+    copes, es = _binary(rng, 0.52), _binary(rng, 0.5)
+    summaries = _ablations(rng, 0.5, 0.5, 0.5)
+    s06 = summaries["06_copes_ablations"][claims.SCORES]["val_accuracy_at_budget"]
+    s06.arms["k4"], s06.arms["k1"] = copes.copy(), es.copy()
+    summaries["05_fixed_budget_math"] = {**MATH_05, claims.SCORES: _scores("val_accuracy_at_budget", copes=copes, es=es)}
+    families = claims.Families(summaries)
+    a1 = families.family("05_fixed_budget_math")["copes_vs_es"]
+    k4_k1 = families.family("06_copes_ablations")["k4_vs_k1"]
+    assert k4_k1 is a1 and k4_k1.margin == a1.margin  # one test, one margin
+    assert families.family("06_copes_ablations")["k4_vs_k8"].family_size == 1  # k4_vs_k1 left 06's family
+    assert families.shared("06_copes_ablations", "k4_vs_k1").notebook == "05_fixed_budget_math"
+    a4 = _row(summaries, "A4")
+    assert "same score arrays as 05_fixed_budget_math's copes_vs_es (A1)" in a4["reason"]
+    assert f"K4-K1 {claims._stat(a1, 100, ' pts')}" in a4["ours"]
+    # different arrays: tested separately
+    s06.arms["k1"] = _binary(rng, 0.5)
+    assert claims.Families(summaries).shared("06_copes_ablations", "k4_vs_k1") is None
+
+
+# --------------------------------------------------------------------------- not in regime
+@pytest.mark.parametrize("met", [True, False, None])
+def test_not_in_regime_gates_the_method_claims(met):
+    rng = np.random.default_rng(21)
+    summaries = {"05_fixed_budget_math": {**MATH_05, claims.SCORES: _a1_effect(rng)}}
+    if met is not None:
+        summaries["01_substrate_and_agent"] = {"regime_criterion_met": met}
+    rows = {r["claim"]: r for r in claims.judge_claims(summaries)}
+    if met is False:
+        assert rows["A1"]["verdict"] == claims.NOT_IN_REGIME
+        assert "regime_criterion_met is false" in rows["A1"]["reason"] and "would read agrees" in rows["A1"]["reason"]
+    else:
+        assert rows["A1"]["verdict"] == claims.AGREES
+    assert rows["A4"]["verdict"] == claims.MISSING  # missing keys stay missing
+
+
+# --------------------------------------------------------------------------- intervals with every noise source
+def test_gain_recovery_interval_counts_the_reference_and_the_problems():
+    rng = np.random.default_rng(22)
+    base = _binary(rng, 0.4, seeds=1, problems=400)
+    ss = stats.ScoreSet("m", {"base": base, "es": _binary(rng, 0.45, 5, 400), "full_grpo": _binary(rng, 0.6, 1, 400)},
+                        {"base": (0,), "es": tuple(range(5)), "full_grpo": (42,)})
+    one = stats.gain_recovery_interval(ss, "es")
+    assert one.low < one.estimate < one.high and "full_grpo ran 1 seed" in one.note
+    ss3 = stats.ScoreSet("m", {**ss.arms, "full_grpo": _binary(rng, 0.6, 3, 400)},
+                         {**ss.seeds, "full_grpo": (42, 43, 44)})
+    three = stats.gain_recovery_interval(ss3, "es")
+    assert "1 seed" not in three.note and three.high - three.low > 0
+    flat = stats.ScoreSet("m", {**ss.arms, "full_grpo": base.copy()}, {**ss.seeds})
+    assert np.isnan(stats.gain_recovery_interval(flat, "es").low)  # no reference gain: unbounded
+
+
+# --------------------------------------------------------------------------- docs cannot drift
+def test_statistics_doc_holds_the_rules_of_claims_py():
+    from copes_lib.config import REPO_ROOT
+
+    text = (REPO_ROOT / "docs" / "statistics.md").read_text()
+    block = text.split(claims.RULES_START)[1].split(claims.RULES_END)[0]
+    assert block == "\n" + claims.rules_markdown(), (
+        "docs/statistics.md is out of date: run python -c 'from copes_lib import claims; "
+        "claims.update_docs(\"docs/statistics.md\")'")
+    for verdict in claims.VERDICTS:
+        assert f"`{verdict}`" in block
+
+
+# --------------------------------------------------------------------------- unreadable files name themselves
+def test_an_empty_summary_is_named_with_what_to_do(tmp_path):
+    nb = tmp_path / "cpu" / "05_fixed_budget_math"
+    nb.mkdir(parents=True)
+    (nb / "summary.json").write_text("")
+    with pytest.raises(claims.UnreadableResultError) as info:
+        claims.load_summaries("cpu", root=tmp_path)
+    message = str(info.value)
+    assert str(nb / "summary.json") in message and "empty" in message and "ONLY=05" in message
+    problems = []
+    assert claims.load_summaries("cpu", root=tmp_path, problems=problems) == {}
+    assert len(problems) == 1 and str(nb / "summary.json") in problems[0]

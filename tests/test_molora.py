@@ -309,7 +309,7 @@ def test_factorial_cells_share_cache_entries_with_notebook_11():
     from copes_lib.protocols.molora_params import MoloraRouterParams
 
     cells = factorial.cell_configs(MoloraFactorialParams(), [0, 1, 2])
-    assert list(cells) == ["B3", "+R", "+R+E", "+R+E+L", "+R+L (E0)"]
+    assert list(cells) == ["B3", "+R", "+R+E", "+R+E+L", "+R+L (E0)", "B3 (collapsing)", "+R (collapsing)"]
     assert all(len(v) == 3 for v in cells.values())
     router_nb = MoloraRouterParams()
     assert cells["B3"][0].effective() == router_nb.cell("r0").effective()

@@ -95,3 +95,25 @@ def test_headline_keys_exist_in_the_committed_cpu_summaries():
             continue  # not committed (yet)
         missing = [item.key for item in items if item.key not in summary]
         assert not missing, f"{stem}: {missing} not in results/cpu/{stem}/summary.json"
+
+
+def test_an_empty_summary_is_named_in_the_index_and_the_report(tmp_path, capsys):
+    results, figures = _store(tmp_path)
+    bad = results / "smoke" / "05_fixed_budget_math" / "summary.json"
+    bad.parent.mkdir(parents=True)
+    bad.write_text("")
+    reports = tmp_path / "reports" / "smoke"
+    status = {"notebooks": {"05_fixed_budget_math": {"status": "ok"}, "08_memory_and_gpu_hours": {"status": "ok"}}}
+    page = report.render_index("smoke", reports, status, results_root=results, figures_root=figures,
+                               notebooks=["05_fixed_budget_math", "08_memory_and_gpu_hours"]).read_text()
+    assert str(bad) in page and "ONLY=05" in page and "12.78 / 453.44 / 402.55 GiB" in page  # the others still show
+    assert str(bad) in capsys.readouterr().err
+    header = report.reader_header("smoke", "05_fixed_budget_math", {"status": "ok"}, results, figures, base=tmp_path)
+    assert str(bad) in header
+
+
+def test_the_reason_shows_beside_the_verdict(tmp_path):
+    results, figures = _store(tmp_path)
+    page = report.render_index("smoke", tmp_path / "reports" / "smoke", {"notebooks": {}}, results_root=results,
+                               figures_root=figures, notebooks=["08_memory_and_gpu_hours"]).read_text()
+    assert "class='reason'>3 of 3 figures round to the paper&#x27;s printed GiB" in page

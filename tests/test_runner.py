@@ -180,3 +180,70 @@ def test_needs_are_registered_notebooks_and_acyclic():
     for stem, wanted in cli.NEEDS.items():
         assert set(wanted) <= stems - {stem}, stem
         assert all(w < stem for w in wanted), f"{stem} needs a later notebook: {wanted}"  # number order = a topological order
+
+
+def test_report_with_an_empty_summary_names_the_file(tmp_path, monkeypatch, capsys):
+    results = tmp_path / "results"
+    bad = results / "smoke" / "05_fixed_budget_math" / "summary.json"
+    bad.parent.mkdir(parents=True)
+    bad.write_text("")
+    monkeypatch.setattr(runs, "RESULTS_ROOT", results)
+    monkeypatch.setattr(runs, "FIGURES_ROOT", tmp_path / "figures")
+    monkeypatch.setattr(config, "REPO_ROOT", tmp_path)
+    (tmp_path / "notebooks").mkdir()
+    assert cli.main(["report", "--profile", "smoke"]) == 0  # the other files still render
+    err = capsys.readouterr().err
+    assert str(bad) in err and "JSONDecodeError" in err and "ONLY=05" in err
+    assert "Traceback" not in err
+
+
+def test_runner_survives_a_full_disk_and_names_the_file(suite, monkeypatch, capsys):
+    import errno
+
+    def fake_run_one(path, parameters, reports_dir, cwd, results_root=None, figures_root=None):
+        return {"status": "ok", "started": "x", "ended": "y", "duration_s": 0.0, "error": None, "html": None,
+                "executed": path.name, "parameters": parameters}
+
+    real = runs.atomic_write_bytes
+
+    def full_disk(path, data):
+        if path.name in ("status.json", "index.html"):
+            raise OSError(errno.ENOSPC, f"could not write {path}: {os.strerror(errno.ENOSPC)}", str(path))
+        return real(path, data)
+
+    monkeypatch.setattr(cli, "run_one", fake_run_one)
+    monkeypatch.setattr(runs, "atomic_write_bytes", full_disk)
+    code = cli.run_suite("smoke", only="01", **suite)
+    err = capsys.readouterr().err
+    assert code == 0
+    assert f"could not write {suite['reports_dir'].resolve() / 'status.json'}" in err and "No space left" in err
+    assert "index.html" in err
+
+
+def test_an_unreadable_status_file_is_announced_and_kept(tmp_path, capsys):
+    path = tmp_path / "status.json"
+    path.write_text('{"notebooks": {')
+    assert cli.load_status(path) == {"notebooks": {}}
+    err = capsys.readouterr().err
+    assert str(path) in err and (tmp_path / "status.json.unreadable").read_text() == '{"notebooks": {'
+
+
+def test_an_empty_profile_is_an_error_naming_it(tmp_path, monkeypatch):
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    (profiles / "smoke.yaml").write_text("")
+    monkeypatch.setattr(config, "PROFILE_DIR", profiles)
+    with pytest.raises(config.ConfigError, match=r"smoke\.yaml is empty"):
+        config.load_profile("smoke")
+
+
+def test_ci_installs_chromium_when_it_can_and_warns_when_it_cannot(tmp_path):
+    text = (config.REPO_ROOT / ".ci" / "run").read_text()
+    assert "apt-get -qq install -y --no-install-recommends" in text and "chromium" in text
+    function = text[text.index("install_chromium() {"):text.index("\n}\n") + 3]
+    bare = tmp_path / "bin"  # no chromium, no apt-get
+    bare.mkdir()
+    proc = subprocess.run(["/bin/bash", "-c", f"set -euo pipefail\n{function}\nPATH={bare}\ninstall_chromium\necho after"],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0 and proc.stdout.strip() == "after"
+    assert "no apt-get" in proc.stderr and "browser test will skip" in proc.stderr

@@ -314,3 +314,70 @@ def test_finish_turns_numpy_scalars_into_python_numbers(tmp_path):
     full = run.finish({"ratio": np.float64(3.5), "count": np.int64(4), "values": [np.float64(0.5)]})
     assert type(full["ratio"]) is float and type(full["count"]) is int and type(full["values"][0]) is float
     assert repr(full["ratio"]) == "3.5"
+
+
+# --------------------------------------------------------------------------- unreadable files name themselves
+def test_read_json_names_an_empty_or_garbled_file(tmp_path):
+    empty = tmp_path / "summary.json"
+    empty.write_text("")
+    with pytest.raises(runs.UnreadableFileError) as info:
+        runs.read_json(empty)
+    assert str(empty) in str(info.value) and "empty (0 bytes)" in str(info.value) and info.value.path == empty
+    garbled = tmp_path / "manifest.json"
+    garbled.write_text('{"a": 1')
+    with pytest.raises(ValueError, match="manifest.json is not valid JSON"):
+        runs.read_json(garbled)
+
+
+def test_a_full_disk_names_the_file_and_keeps_the_old_one(tmp_path, monkeypatch):
+    import errno
+
+    path = tmp_path / "status.json"
+    runs.atomic_write_json(path, {"old": True})
+
+    def full(_fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(runs.os, "fsync", full)
+    with pytest.raises(OSError) as info:
+        runs.atomic_write_json(path, {"new": True})
+    assert info.value.errno == errno.ENOSPC and str(path) in str(info.value) and info.value.filename == str(path)
+    monkeypatch.undo()
+    assert runs.read_json(path) == {"old": True}
+    assert [p.name for p in tmp_path.iterdir()] == ["status.json"]  # no temporary file left
+
+
+def test_a_truncated_json_in_a_cache_entry_is_announced_when_the_entry_opens(tmp_path, monkeypatch):
+    """An ES run's history.json is never read back, only rewritten: its rebuild must still be announced."""
+    monkeypatch.setattr(runs, "CACHE_ROOT", tmp_path)
+    folder = runs.cache_dir("cpu", "es_run", "abc")
+    runs.atomic_write_json(folder / "history.json", [{"step": 0, "eval/val_accuracy": 0.5}] * 20)
+    (folder / "state.pt").write_bytes(b"kept")
+    (folder / "history.json").write_text((folder / "history.json").read_text()[:50])
+    with pytest.warns(runs.CorruptCacheWarning) as caught:
+        again = runs.cache_dir("cpu", "es_run", "abc")
+    message = str(caught[0].message)
+    assert str(folder / "history.json") in message and "rebuil" in message
+    assert again == folder and not (folder / "history.json").exists() and (folder / "state.pt").exists()
+
+
+def test_wall_time_runs_from_the_notebooks_first_cell(tmp_path):
+    import time
+
+    runs.mark_notebook_start("98_wall_time")
+    time.sleep(0.3)
+    run = runs.Run("smoke", "98_wall_time", {"SEED": 0}, root=tmp_path)
+    run.finish({"x": 1})
+    manifest = runs.read_json(tmp_path / "smoke" / "98_wall_time" / "manifest.json")
+    assert manifest["wall_time_s"] >= 0.3 and manifest["wall_time_from"] == "notebook start (load_params)"
+    other = runs.Run("smoke", "97_no_mark", {"SEED": 0}, root=tmp_path)
+    other.finish({"x": 1})
+    assert runs.read_json(tmp_path / "smoke" / "97_no_mark" / "manifest.json")["wall_time_s"] < 0.3
+
+
+def test_an_unreadable_upstream_summary_says_what_to_do(tmp_path):
+    path = tmp_path / "cpu" / "02_standard_es" / "summary.json"
+    path.parent.mkdir(parents=True)
+    path.write_text('{"chosen_sigma": ')
+    with pytest.raises(runs.UnreadableFileError, match=r"ONLY=02\) or delete .*summary\.json"):
+        runs.load_summary("cpu", "02_standard_es", root=tmp_path)

@@ -74,3 +74,23 @@ def test_format_passages_is_readable():
     text = format_passages(CORPUS[:2])
     assert text.splitlines()[0] == "Doc 1 (Title: Vorlan River) The Vorlan River flows through Estmark and ends in the Grey Sea."
     assert text.splitlines()[1].startswith("Doc 2 (Title: Estmark)")
+
+
+def test_duplicate_corpus_ids_name_the_first_duplicate_and_its_line(tmp_path):
+    import json
+
+    from copes_lib.tasks.loaders import DataFormatError, load_corpus_jsonl
+    from copes_lib.tasks.retrieval import file_retriever
+
+    path = tmp_path / "corpus.jsonl"
+    rows = [{"id": "a", "contents": '"A"\nfirst'}, {"id": "b", "contents": '"B"\nsecond'},
+            {"id": "a", "contents": '"A2"\nthird'}, {"id": "b", "contents": '"B2"\nfourth'}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for load in (load_corpus_jsonl, lambda p: file_retriever(p, tmp_path / "cache", log=lambda _m: None)):
+        with pytest.raises(DataFormatError, match=r"corpus\.jsonl:3: duplicate passage id 'a' \(first used at line 1\)"):
+            load(path)
+
+
+def test_a_corpus_without_words_is_an_error_not_a_bm25s_crash():
+    with pytest.raises(ValueError, match="no indexable word"):
+        BM25Retriever([Passage("a", "", "the"), Passage("b", "", "a")])

@@ -6,6 +6,8 @@ replaced an arithmetic mean of perplexities, which had given a wrong conclusion.
 Delta = logPPL_ref - logPPL_test in nats: positive means the test arm is better.
 Gate shares: each slot's fraction of the total gate mass (tokens' gate proportions, averaged).
 Monopoly count: the fewest slots that together carry >= 90% of the gate mass (paper's R0: 4 of 16).
+Collapse level (declared in docs/molora_regime.md#m2-collapse-metric): collapsed when the monopoly count is
+at most S / 4, partly collapsed up to S / 2, spread above.
 """
 
 from __future__ import annotations
@@ -60,6 +62,41 @@ def monopoly_count(shares: torch.Tensor | list[float], mass: float = 0.9) -> int
         if running >= mass * total - 1e-6:  # float32 shares: 0.7 + 0.2 < 0.9
             return k
     return len(ordered)
+
+
+def top_share(shares: torch.Tensor | list[float], k: int = 4) -> float:
+    """Summed share of the ``k`` largest slots; ``monopoly_count(shares) <= k`` iff this is >= 0.9.
+
+    >>> round(top_share([0.1, 0.5, 0.3, 0.1], k=2), 6)
+    0.8
+    """
+    if k < 1:
+        raise ValueError(f"k = {k} must be >= 1")
+    return float(sum(sorted((float(s) for s in shares), reverse=True)[:k]))
+
+
+COLLAPSE_LEVELS = ("collapsed", "partly collapsed", "spread")
+
+
+def collapse_level(monopoly: int, n_slots: int) -> str:
+    """'collapsed' (m <= S/4, the paper's 4 of 16), 'partly collapsed' (m <= S/2) or 'spread'.
+
+    >>> [collapse_level(m, 16) for m in (3, 4, 5, 8, 9)]
+    ['collapsed', 'collapsed', 'partly collapsed', 'partly collapsed', 'spread']
+    """
+    if n_slots < 1 or not 1 <= monopoly <= n_slots:
+        raise ValueError(f"monopoly = {monopoly} must be in 1..n_slots = {n_slots}")
+    if monopoly <= n_slots / 4:
+        return COLLAPSE_LEVELS[0]
+    return COLLAPSE_LEVELS[1] if monopoly <= n_slots / 2 else COLLAPSE_LEVELS[2]
+
+
+def steps_to_collapse(history: list[dict], n_slots: int) -> int | None:
+    """First logged step whose training-window monopoly count is collapsed (<= S/4); None if never."""
+    for row in history:
+        if collapse_level(int(row["moe/monopoly_slots"]), n_slots) == COLLAPSE_LEVELS[0]:
+            return int(row["step"])
+    return None
 
 
 def routing_entropy(shares: torch.Tensor) -> float:

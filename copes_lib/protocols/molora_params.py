@@ -117,8 +117,10 @@ class MoloraRouterParams(MoloraCellParams):
     NOTEBOOK = "11_molora_router"
 
     MAP_STEPS: int = param(150, "adapter steps of each collapse-map run", ge=1)
-    MAP_ROUTER_LR_MULTIPLIERS: str = param("1,30", "collapse map: router learning rate x ROUTER_LR")
-    MAP_INPUT_SCALES: str = param("1,100", "collapse map: multipliers on the R0 embedding-mean input")
+    MAP_ROUTER_LR_MULTIPLIERS: str = param("1,30,167", "collapse map: router learning rate x ROUTER_LR "
+                                                       "(167: 25,000 / MAP_STEPS, the AdamW distance of the "
+                                                       "paper's steps; docs/molora_regime.md#m3-the-map)")
+    MAP_INPUT_SCALES: str = param("1,10,100", "collapse map: multipliers on the R0 embedding-mean input")
     LONG_STEPS_MULTIPLIER: int = param(2, "collapse map: one extra R0 run this many times longer "
                                           "(training-length axis)", ge=1)
 
@@ -152,11 +154,24 @@ class MoloraFactorialParams(MoloraCellParams):
     REALLOC_NOISE: float = param(0.1, "router-row copy noise (x row std)", ge=0)
     ALPHA0_COUNTERFACTUAL: bool = param(False, "also run +R+E+L with inheritance alpha 0 (the paper "
                                                "counterfactual); off in cpu for time")
+    COLLAPSE_ROUTER_LR_X: float = param(30.0, "collapsing setting of the second router contrast: router "
+                                              "learning rate x ROUTER_LR, both routers "
+                                              "(docs/molora_regime.md#m4-the-router-contrast-in-a-collapsing-setting)",
+                                        gt=0)
+    COLLAPSE_INPUT_SCALE: float = param(100.0, "collapsing setting: multiplier on R0's embedding-mean input "
+                                               "(R1 keeps its hidden-state input at scale 1)", gt=0)
 
     def check(self) -> None:
         super().check()
         if self.DEATHS >= self.N_SLOTS:
             raise ConfigError(f"DEATHS = {self.DEATHS} must be smaller than N_SLOTS = {self.N_SLOTS}")
+
+    def collapsing_cell(self, router: str, seed: int) -> CellConfig:
+        """B3 (collapsing) or +R (collapsing): no lifecycle, the router learning rate x COLLAPSE_ROUTER_LR_X,
+        R0's input x COLLAPSE_INPUT_SCALE (R1's hidden-state input is not R0's, so it keeps scale 1)."""
+        scale = self.COLLAPSE_INPUT_SCALE if router == "r0" else 1.0
+        return self.cell(router, "e0", False, seed=seed, router_lr=self.ROUTER_LR * self.COLLAPSE_ROUTER_LR_X,
+                         input_scale=scale)
 
     def life(self, inherit_alpha: float | None = None) -> LifecycleConfig:
         return LifecycleConfig(deaths=self.DEATHS, grace_steps=self.GRACE_STEPS,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from copes_lib import config
+from copes_lib import config, runs
 from copes_lib.config import ConfigError, NotebookParams, build
 from copes_lib.protocols import molora_params, params, scale_study
 from copes_lib.protocols.substrate_setup import use_profile_data
@@ -39,6 +39,7 @@ def load_params(notebook: str, namespace: dict[str, Any]) -> NotebookParams:
     ``papermill -p`` name stops the notebook with the list of valid names instead of being silently
     ignored. Under the gpu profile it also points the task loaders at the profile's local data files.
     """
+    runs.mark_notebook_start(notebook)  # the manifest's wall time runs from here (the notebook's first cell)
     loaded = config.load_params(params_class(notebook), namespace)
     use_profile_data(loaded.PROFILE)
     return loaded

@@ -239,8 +239,40 @@ def corpus_passage(row: dict, index: int, path: str | Path) -> tuple[str, str, s
 
 
 def load_corpus_jsonl(path: str | Path) -> list[tuple[str, str, str]]:
-    """(id, title, text) rows of a local search corpus."""
-    return [corpus_passage(row, i, path) for i, row in enumerate(read_jsonl(path))]
+    """(id, title, text) rows of a local search corpus; a duplicated id is an error naming the first
+    duplicate and its line (:func:`check_unique_ids`)."""
+    rows = read_jsonl(path)
+    passages = [corpus_passage(row, i, path) for i, row in enumerate(rows)]
+    check_unique_ids(((p[0], row["__line__"]) for p, row in zip(passages, rows, strict=True)), path)
+    return passages
+
+
+def check_unique_ids(ids_and_lines, path: str | Path) -> None:
+    """Raise :class:`DataFormatError` at the first (id, line) whose id an earlier line already used: the
+    search tool returns passages by id, so two passages with one id would answer for each other."""
+    first: dict[str, int] = {}
+    for ident, line in ids_and_lines:
+        if ident in first:
+            raise DataFormatError(f"{path}:{line}: duplicate passage id {ident!r} (first used at line "
+                                  f"{first[ident]}); every corpus row needs its own id")
+        first[ident] = line
+
+
+def corpus_file_ids(path: str | Path):
+    """(id, line number) of every non-blank row of a corpus JSONL file, streamed (for files too large to
+    hold in memory); a row without an id gets its position, as :func:`corpus_passage` does."""
+    index = 0
+    with Path(path).open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise DataFormatError(f"{path}:{number}: not valid JSON ({error}); expected one JSON "
+                                      "object per line") from error
+            yield str(row.get("id", index)) if isinstance(row, dict) else str(index), number
+            index += 1
 
 
 def stratified_holdout(tasks: list[Task], n_holdout: int, strata: list[str], seed: int) -> tuple[list[Task], list[Task]]:

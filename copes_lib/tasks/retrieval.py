@@ -113,7 +113,10 @@ def file_retriever(corpus_path: str | Path, cache_root: str | Path, kind: str = 
     folder = Path(cache_root) / f"retriever-{runs.cache_key(settings)}"
 
     def build(tmp: Path) -> None:
+        from copes_lib.tasks.loaders import check_unique_ids, corpus_file_ids
+
         log(f"[search] building the {kind} index of {corpus_path} (once) in {folder}")
+        check_unique_ids(corpus_file_ids(corpus_path), corpus_path)
         offsets = CorpusFile.line_offsets(corpus_path)
         np.save(tmp / "offsets.npy", offsets)
         corpus = CorpusFile(corpus_path, offsets)

@@ -64,10 +64,12 @@ class BM25Retriever:
 
         if isinstance(passages, (list, tuple)) or not hasattr(passages, "__getitem__"):
             passages = list(passages)
-            ids = [p.id for p in passages]
-            if len(set(ids)) != len(ids):
-                duplicates = sorted({i for i in ids if ids.count(i) > 1})[:5]
-                raise ValueError(f"passages must have unique ids; duplicated: {duplicates}")
+            first: dict[str, int] = {}
+            for position, p in enumerate(passages):
+                if p.id in first:
+                    raise ValueError(f"passages must have unique ids: passage {position} repeats id {p.id!r} "
+                                     f"of passage {first[p.id]}")
+                first[p.id] = position
         if not len(passages):
             raise ValueError("passages must be a non-empty list of Passage")
         self.passages = passages
@@ -75,6 +77,9 @@ class BM25Retriever:
         if index is None:
             tokens = bm25s.tokenize([f"{p.title} {p.text}" for p in passages], stopwords="en",
                                     show_progress=False)
+            if not tokens.vocab:  # bm25s would fail inside with "max() arg is an empty sequence"
+                raise ValueError(f"the {len(passages)} passages hold no indexable word (empty or stop words "
+                                 "only): a search corpus needs text")
             index = bm25s.BM25(k1=k1, b=b)
             index.index(tokens, show_progress=False)
         self._index = index
