@@ -286,7 +286,7 @@ class CacheProbe:
 
 
 # --------------------------------------------------------------------------- sections
-def kernels(device) -> dict:
+def kernels(device, size: str) -> dict:
     """Which gated-delta-rule / conv implementations Qwen3.5's layer calls, statically and at run time."""
     import transformers.models.qwen3_5.modeling_qwen3_5 as q35
 
@@ -319,7 +319,8 @@ def kernels(device) -> dict:
         if callable(fn):
             impl = implementation(fn)
             resolved[name] = f"{getattr(impl, '__module__', '?')}.{getattr(impl, '__qualname__', '?')}"
-    model = build_qwen35("tiny", 64, seed=0, device=device, dtype=torch.bfloat16 if device.type == "cuda"
+    # the measured size's head dimensions (the kernels' block shapes depend on them), a small vocabulary
+    model = build_qwen35(size, 64, seed=0, device=device, dtype=torch.bfloat16 if device.type == "cuda"
                          else torch.float32)
     layer = next(m for m in model.modules() if type(m).__name__.endswith("GatedDeltaNet"))
     for name in ("chunk_gated_delta_rule", "recurrent_gated_delta_rule", "causal_conv1d_fn", "causal_conv1d_update"):
@@ -547,13 +548,18 @@ def summary(run_dir: Path, base: dict) -> dict:
             width = kv.get("max_width_over_longest_row")
             goal(f"{e}: cache width <= 1.25 x the longest live row", width, GOALS["slot_width"],
                  width is not None and width <= GOALS["slot_width"], kv.get("why", ""))
+    # the same ES step (same model seed, same member seeds, same rows) on every engine: bf16 on a GPU
+    # need not give the loop's tokens exactly, so this is reported, not judged
+    rewards = {e: np.asarray(m["es"]["rewards"]) for e, m in measured.items() if "rewards" in m.get("es", {})}
+    es_vs_loop = {e: float(np.abs(r - rewards["loop"]).max()) for e, r in rewards.items()
+                  if e != "loop" and "loop" in rewards and r.shape == rewards["loop"].shape}
     kern = sections.get("kernels", {})
     goal("fla kernels are what transformers calls for Qwen3.5", kern.get("fla_kernels_used"), True,
          kern.get("fla_kernels_used") is True, kern.get("why_not_judged", ""))
     errors = {k: v["error"][-400:] for k, v in sections.items() if isinstance(v, dict) and "error" in v}
     exits = [json.loads(p.read_text()) for p in sorted(run_dir.glob("exit-*.txt"))]  # written by gpu_check.sh
     return {**base, "judged": judged, "goals": goals, "engines_not_measured": missing, "section_errors": errors,
-            "section_exits": exits,
+            "section_exits": exits, "es_member_rewards_max_abs_diff_vs_loop": es_vs_loop,
             "all_pass": all(g["pass"] for g in goals) if judged else None,
             "note": "" if judged else "CPU dry run: the script ran end to end; these are not GPU figures"}
 
@@ -589,7 +595,7 @@ def main() -> int:
         else:
             tokenizer = make_tokenizer()
             if args.section == "kernels":
-                result = {**base, **kernels(device)}
+                result = {**base, **kernels(device, args.size)}
             elif args.section == "equality":
                 result = {**base, **equality(device, tokenizer, min(args.batch, 8), args.population)}
             else:
