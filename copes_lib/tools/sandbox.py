@@ -617,7 +617,7 @@ def _make_audit_hook(tmp_dir: str, read_roots: tuple[str, ...], importable: froz
         if not path.startswith("/"):
             if ".." in path.split("/"):
                 return None
-            if dir_fd is None or dir_fd == AT_FDCWD:
+            if dir_fd is None or dir_fd in (-1, AT_FDCWD):  # (-1: the audit events' "no dir_fd")
                 base = getcwd()
             elif type(dir_fd) is exact_int:
                 try:
