@@ -292,3 +292,49 @@ def test_a_success_needs_the_exit_status_and_the_secret():
     assert not ok and error.startswith("MemoryError")
     ok, error = sbx._verdict(signal.SIGSYS, True, None, settings)  # the seccomp filter
     assert not ok and error.startswith("PermissionError: sandbox:")
+
+
+# ---------------------------------------------------------------------------- isolation layers
+def test_the_sandbox_records_the_kernel_layers_this_host_offers(box):
+    assert set(box.layers) == set(isolation.host_layers())
+    line = box.describe_layers()
+    assert line.endswith("rlimits + audit hook") or "; missing: " in line
+    for name in box.layers:
+        assert name in line
+
+
+def test_missing_layers_are_named_in_a_warning_never_silently():
+    with pytest.warns(isolation.IsolationWarning) as caught:
+        message = isolation.warn_missing({})
+    assert message == str(caught[0].message)
+    assert "audit hook and rlimits only" in message
+    for name in isolation.KERNEL_LAYERS:
+        assert f"without {name}, {isolation.MISSING_MEANS[name]}" in message
+    with pytest.warns(isolation.IsolationWarning, match="without private_tmpfs"):
+        isolation.warn_missing({name: "" for name in isolation.KERNEL_LAYERS if name != "private_tmpfs"})
+    assert isolation.warn_missing({name: "" for name in isolation.KERNEL_LAYERS}) is None
+    with pytest.raises(ConfigError, match="layers"):
+        CodeSandboxConfig(layers="docker")
+
+
+def test_hook_only_runs_without_kernel_layers():
+    with PythonSandbox(dataclasses.replace(FAST, layers="hook-only", workers=1)) as sandbox:
+        assert sandbox.run("print(1)").output == "1\n"
+        assert sandbox.layers == {}
+        assert "hook-only" in sandbox.describe_layers()
+
+
+def test_a_call_may_use_its_quota_and_files_vanish_afterwards(box):
+    code = ("import os\nfor i in range(6):\n    open(f'f{i}', 'wb').write(b'x' * 8 * 2**20)\n"
+            "print(sum(os.path.getsize(f'f{i}') for i in range(6)) // 2**20)")
+    result = box.run(code)
+    assert result.ok and result.output == "48\n", result
+    assert box.run("import os\nprint(os.listdir('.'))").output == "[]\n"
+
+
+def test_dir_fd_inside_the_working_directory_still_works(box):
+    code = ("import os, shutil\nos.makedirs('a/b')\nopen('a/b/x', 'w').write('1')\nfd = os.open('a', os.O_RDONLY)\n"
+            "os.rename('b/x', 'b/y', src_dir_fd=fd, dst_dir_fd=fd)\nos.remove('b/y', dir_fd=fd)\nos.close(fd)\n"
+            "shutil.rmtree('a')\nprint(os.listdir('.'))")
+    result = box.run(code)
+    assert result.ok and result.output == "[]\n", result
