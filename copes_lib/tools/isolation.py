@@ -82,13 +82,19 @@ class IsolationWarning(UserWarning):
     """A kernel isolation layer is unavailable: the sandbox runs with fewer layers (it says which)."""
 
 
-def _libc():
-    import ctypes
+_LIBC: tuple | None = None  # (ctypes, libc), made once per process (a worker's children inherit it)
 
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    return ctypes, libc
+
+def _libc():
+    global _LIBC
+    if _LIBC is None:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall.restype = ctypes.c_long
+        libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+        _LIBC = ctypes, libc
+    return _LIBC
 
 
 def _fail(ctypes, what: str) -> OSError:
@@ -117,6 +123,15 @@ def seccomp_supported() -> bool:
     except OSError:
         return False
     return libc.prctl(_PR_GET_SECCOMP, 0, 0, 0, 0) >= 0
+
+
+def set_no_new_privs() -> bool:
+    """prctl(PR_SET_NO_NEW_PRIVS) on this process (inherited by its children); False where unsupported."""
+    try:
+        _ctypes, libc = _libc()
+    except OSError:
+        return False
+    return libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
 
 
 def enter_namespaces(temp_dir: str, quota_mb: int, max_files: int) -> dict[str, str]:
@@ -161,12 +176,8 @@ def probe() -> dict[str, str]:
         found["landlock"] = f"ABI {abi}"
     if seccomp_supported():
         found["seccomp"] = "filter (x86_64)"
-    try:
-        _ctypes, libc = _libc()
-        if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0:
-            found["no_new_privs"] = "prctl"
-    except OSError:
-        pass
+    if set_no_new_privs():
+        found["no_new_privs"] = "prctl"
     folder = tempfile.mkdtemp(prefix="copes-probe-")
     try:
         found.update(enter_namespaces(folder, 1, 16))
@@ -272,22 +283,25 @@ def landlock_restrict(abi: int, read_fds: list[int], read_write_fds: list[int], 
         os.close(ruleset)
 
 
+def _op(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
+    return struct.pack("<HBBI", code, jt, jf, k)
+
+
+_LD, _JEQ, _JGE, _RET = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
+# the part of the program that does not depend on the child's pid, built once
+_SECCOMP_HEAD = b"".join(
+    [_op(_LD, 4), _op(_JEQ, _AUDIT_ARCH_X86_64, 1, 0), _op(_RET, _RET_KILL_PROCESS),
+     _op(_LD, 0), _op(_JGE, _X32_BIT, 0, 1), _op(_RET, _RET_KILL_PROCESS)]
+    + [_op(_JEQ, n, 0, 1) + _op(_RET, _RET_KILL_PROCESS) for n in sorted(_DENIED_SYSCALLS_X86_64.values())])
+
+
 def _seccomp_program(pid: int) -> bytes:
     """BPF: kill on a foreign architecture, x32 calls, the denied calls, and signals to anyone else."""
-    ld, jeq, ret = 0x20, 0x15, 0x06  # BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_RET|BPF_K
-    jge = 0x35  # BPF_JMP|BPF_JGE|BPF_K
-
-    def op(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
-        return struct.pack("<HBBI", code, jt, jf, k)
-
-    program = [op(ld, 4), op(jeq, _AUDIT_ARCH_X86_64, 1, 0), op(ret, _RET_KILL_PROCESS),
-               op(ld, 0), op(jge, _X32_BIT, 0, 1), op(ret, _RET_KILL_PROCESS)]
-    for number in sorted(_DENIED_SYSCALLS_X86_64.values()):
-        program += [op(jeq, number, 0, 1), op(ret, _RET_KILL_PROCESS)]
-    for number in sorted(_SELF_SIGNAL_SYSCALLS_X86_64.values()):
-        program += [op(jeq, number, 0, 6), op(ld, 16), op(jeq, pid, 0, 3), op(ld, 20), op(jeq, 0, 0, 1),
-                    op(ret, _RET_ALLOW), op(ret, _RET_KILL_PROCESS)]
-    program.append(op(ret, _RET_ALLOW))
+    program = [_SECCOMP_HEAD]
+    for number in sorted(_SELF_SIGNAL_SYSCALLS_X86_64.values()):  # allowed only when arg 0 is this pid
+        program += [_op(_JEQ, number, 0, 6), _op(_LD, 16), _op(_JEQ, pid, 0, 3), _op(_LD, 20),
+                    _op(_JEQ, 0, 0, 1), _op(_RET, _RET_ALLOW), _op(_RET, _RET_KILL_PROCESS)]
+    program.append(_op(_RET, _RET_ALLOW))
     return b"".join(program)
 
 
@@ -304,12 +318,8 @@ def harden_child(pid: int, use_seccomp: bool) -> None:
     if use_seccomp:
         program = _seccomp_program(pid)
         filters = ctypes.create_string_buffer(program, len(program))
-
-        class SockFprog(ctypes.Structure):
-            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
-        fprog = SockFprog(len(program) // 8, ctypes.addressof(filters))
-        libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
+        # struct sock_fprog {unsigned short len; struct sock_filter *filter;}: 2 bytes, padding, a pointer
+        fprog = ctypes.create_string_buffer(struct.pack("<H6xQ", len(program) // 8, ctypes.addressof(filters)), 16)
         if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.addressof(fprog), 0, 0) != 0:
             raise _fail(ctypes, "prctl(PR_SET_SECCOMP)")
 

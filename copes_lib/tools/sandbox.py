@@ -1085,13 +1085,8 @@ def _zygote_layers(settings: dict) -> tuple[dict, dict]:
         active["landlock"] = f"ABI {abi}"
     if iso.seccomp_supported():
         active["seccomp"] = "filter (x86_64)"
-    try:  # the zygote itself runs with no_new_privs too: it never needs more privileges
-        import ctypes
-
-        if ctypes.CDLL(None, use_errno=True).prctl(38, 1, 0, 0, 0) == 0:
-            active["no_new_privs"] = "prctl"
-    except OSError:
-        pass
+    if iso.set_no_new_privs():  # the zygote too: it never needs more privileges
+        active["no_new_privs"] = "prctl"
     if "no_new_privs" not in active:  # unprivileged Landlock and seccomp need it
         active.pop("landlock", None)
         active.pop("seccomp", None)
