@@ -154,7 +154,7 @@ def enter_namespaces(temp_dir: str, quota_mb: int, max_files: int) -> dict[str, 
         for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
             with open(f"/proc/self/{name}", "w") as handle:
                 handle.write(text)
-    active["network_namespace"] = "new network namespace, no interfaces" + ("" if root else " (in a user namespace)")
+    active["network_namespace"] = "no interfaces" + ("" if root else ", in a user namespace")
     if not flags & _CLONE_NEWNS:
         return active
     libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
@@ -164,7 +164,7 @@ def enter_namespaces(temp_dir: str, quota_mb: int, max_files: int) -> dict[str, 
     options = f"size={quota_mb * 1024}k,nr_inodes={max_files},mode=0711".encode()
     if libc.mount(b"copes-sandbox", os.fsencode(temp_dir), b"tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
                   options) == 0:
-        active["private_tmpfs"] = f"tmpfs of {quota_mb} MiB, {max_files} files for the call's folder"
+        active["private_tmpfs"] = f"{quota_mb} MiB, {max_files} files"
     return active
 
 
@@ -175,12 +175,14 @@ def probe() -> dict[str, str]:
     if abi:
         found["landlock"] = f"ABI {abi}"
     if seccomp_supported():
-        found["seccomp"] = "filter (x86_64)"
+        found["seccomp"] = "x86_64 filter"
     if set_no_new_privs():
-        found["no_new_privs"] = "prctl"
+        found["no_new_privs"] = "set"
     folder = tempfile.mkdtemp(prefix="copes-probe-")
     try:
         found.update(enter_namespaces(folder, 1, 16))
+        if "private_tmpfs" in found:
+            found["private_tmpfs"] = "temp_quota_mb per worker"
     except OSError:
         pass
     finally:
@@ -305,8 +307,8 @@ def _seccomp_program(pid: int) -> bytes:
     return b"".join(program)
 
 
-def harden_child(pid: int, use_seccomp: bool) -> None:
-    """Drop every capability, set no_new_privs, and (optionally) install the seccomp filter."""
+def harden_child() -> None:
+    """Drop every capability and set no_new_privs (irreversible; needed before Landlock and seccomp)."""
     ctypes, libc = _libc()
     header = ctypes.create_string_buffer(struct.pack("<Ii", _CAPABILITY_VERSION_3, 0), 8)
     data = ctypes.create_string_buffer(bytes(24), 24)  # effective, permitted, inheritable: all empty
@@ -315,13 +317,17 @@ def harden_child(pid: int, use_seccomp: bool) -> None:
     libc.prctl(_PR_CAP_AMBIENT, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL (EINVAL on old kernels: nothing to clear)
     if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise _fail(ctypes, "prctl(PR_SET_NO_NEW_PRIVS)")
-    if use_seccomp:
-        program = _seccomp_program(pid)
-        filters = ctypes.create_string_buffer(program, len(program))
-        # struct sock_fprog {unsigned short len; struct sock_filter *filter;}: 2 bytes, padding, a pointer
-        fprog = ctypes.create_string_buffer(struct.pack("<H6xQ", len(program) // 8, ctypes.addressof(filters)), 16)
-        if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.addressof(fprog), 0, 0) != 0:
-            raise _fail(ctypes, "prctl(PR_SET_SECCOMP)")
+
+
+def install_seccomp(pid: int) -> None:
+    """Install the seccomp filter of :func:`_seccomp_program` (after :func:`harden_child`)."""
+    ctypes, libc = _libc()
+    program = _seccomp_program(pid)
+    filters = ctypes.create_string_buffer(program, len(program))
+    # struct sock_fprog {unsigned short len; struct sock_filter *filter;}: 2 bytes, padding, a pointer
+    fprog = ctypes.create_string_buffer(struct.pack("<H6xQ", len(program) // 8, ctypes.addressof(filters)), 16)
+    if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.addressof(fprog), 0, 0) != 0:
+        raise _fail(ctypes, "prctl(PR_SET_SECCOMP)")
 
 
 if __name__ == "__main__":  # the throwaway process of host_layers()

@@ -1,43 +1,56 @@
-"""A Python sandbox for model-generated code: warm fork servers, rlimits and an audit hook.
+"""A Python sandbox for model-generated code: warm fork servers, kernel isolation, rlimits and an audit hook.
 
 The CoPES agent calls a Python tool (up to 5 calls per math trajectory; an ES step runs 40 members x
-64 prompts, so thousands of short calls). The paper does not describe its sandbox; this one is built
-for many short calls.
+64 prompts, so thousands of short calls). The paper's agent stack runs it in Docker; this sandbox is
+built for many short calls on any Linux host, as root or not, without a container.
 
 How a call runs::
 
     PythonSandbox (host) --pipe--> W zygotes: interpreters started once, allowed modules imported;
-                                   each runs one call at a time
+                                   each enters its own network namespace and a mount namespace in
+                                   which its temp folder is a private tmpfs (the calls' storage quota)
                                    --fork()--> a child, prepared BEFORE the call arrives: drops
-                                   privileges (when root), sets rlimits, enters its own temp dir,
-                                   then waits for the code; installs the audit hook, exec()s the
-                                   code, reports (ok, output, error) and exits; the zygote
-                                   judges by the exit status
+                                   privileges (when root), sets rlimits, drops every capability, sets
+                                   no_new_privs, restricts itself with Landlock (read the Python
+                                   installation, write only its own folder) and a seccomp filter, then
+                                   waits for the call's secret and code; installs the audit hook,
+                                   exec()s the code; the zygote reads the child's stdout and status
+                                   pipes and its exit status itself
 
 The zygote forks the next child right after replying, while the host is busy, so a call does not pay
-for starting an interpreter (tens of ms) nor, mostly, for the fork. ``benchmarks/bench_sandbox.py``
-measures calls/s against ``subprocess.run([python, "-c", code])``. Every call starts from the same
-zygote state: calls cannot see each other's variables or module changes, and one bad call cannot
-damage the next.
+for starting an interpreter (tens of ms) nor, mostly, for the fork or the kernel set-up (under 1 ms).
+``benchmarks/bench_sandbox.py`` measures calls/s against ``subprocess.run([python, "-c", code])`` and
+against the sandbox before kernel isolation. Every call starts from the same zygote state: calls cannot
+see each other's variables, files or module changes, and one bad call cannot damage the next.
 
-Limits of each call: wall-clock timeout (the zygote kills the child's process group), RLIMIT_CPU,
-RLIMIT_AS (``memory_mb`` on top of the warm interpreter), RLIMIT_NPROC = 0 (no new processes or
-threads; the kernel ignores it for root, so a root host runs the children as ``nobody``),
-RLIMIT_FSIZE, RLIMIT_NOFILE, no core files, captured and truncated output, and a hard stop after
-``max_printed_chars`` printed characters. The audit hook (``sys.addaudithook``; it cannot be removed)
-denies sockets, subprocesses, exec/spawn/fork, signals (os.kill, killpg, pthread_kill), ctypes calls,
-rlimit changes, tracing, gc introspection and traceback / generator frames (the ways to the hook's own
-state; ``sys._getframe`` stays allowed for namedtuple, enum and logging), reads outside the Python
-installation and the call's temp dir, writes outside the temp dir, symlinks and hard links, and
-imports of modules outside the standard library and the preloaded packages. os functions that have no
-audit event (pidfd_open, mkfifo, ...) are deleted in the child, together with ``_imp.create_builtin``
-/ ``create_dynamic`` so that no fresh copy of a builtin module brings them back (a consequence: the code
-can import pure-Python modules and what is preloaded, but no extension module that is not). A denied
-action ends the call at once, from inside the audit hook (the code cannot catch it, and no line of it
-runs afterwards), and the zygote takes the verdict from the child's exit status, not from the child's
-report: the report pipe is open while the code runs, so a report is only text the code could have
-printed, and a forged "ok" report does not turn a denied action into a success. Errors come back as Python's last
-traceback line (``NameError: name 'x' is not defined``), so a small model can learn from them.
+Layers (``CodeSandboxConfig.layers``; :mod:`copes_lib.tools.isolation` probes which the kernel
+offers, the sandbox records them in ``PythonSandbox.layers`` and warns naming any that is missing):
+
+1. kernel: Landlock (file reads and writes, whatever path, ``dir_fd`` or descriptor trick; TCP and
+   signals on ABI >= 4 / 6), seccomp (sockets, processes, exec, ptrace, memfd, signals to others,
+   namespaces, mounts: the child is killed), no_new_privs and no capabilities, a network namespace
+   without interfaces, a private tmpfs of ``temp_quota_mb`` per worker. Unprivileged hosts get them
+   through a user namespace that maps only their own uid.
+2. rlimits: wall-clock timeout (the zygote kills the child's process group), RLIMIT_CPU, RLIMIT_AS
+   (``memory_mb`` on top of the warm interpreter), RLIMIT_NPROC = 0, RLIMIT_FSIZE, RLIMIT_NOFILE, no
+   core files, and a hard stop after ``max_printed_chars`` printed characters (counted by the zygote).
+3. the audit hook (``sys.addaudithook``; it cannot be removed), which gives Python-level errors a small
+   model can learn from and covers what the kernel layers leave open: it denies sockets, subprocesses,
+   exec/spawn/fork, signals, ctypes calls, rlimit changes, tracing, gc introspection and traceback /
+   generator frames (the ways to the hook's own state), reads outside the Python installation and the
+   call's folder, writes outside the folder (relative paths resolved against their ``dir_fd``), folder
+   descriptors outside the call's folder, symlinks and hard links, and imports of modules outside the
+   standard library and the preloaded packages. os functions without audit events (pidfd_open,
+   memfd_create, mkfifo, ...) are deleted in the child, with ``_imp.create_builtin`` /
+   ``create_dynamic`` so that no fresh copy of a builtin module brings them back. A denied action
+   ends the call at once, from inside the hook (the code cannot catch it).
+
+Results the code cannot forge: the zygote reads the code's prints from the child's stdout pipe (text,
+never parsed), and the verdict from the exit status plus a per-call secret that only the audit hook
+holds (the child reads it in a frame that ends before the code runs) and writes after exec() returned.
+A success needs both, so a forged record, an ``os._exit(0)`` or a caught denial is a failure, and
+failures are never memoised. Errors come back as Python's last traceback line
+(``NameError: name 'x' is not defined``).
 
 Determinism: PYTHONHASHSEED=0, ``random`` (and numpy's global RNG when preloaded) are reseeded with 0
 before each call, and object addresses in the output (``<... at 0x7f...>``) are masked. The same code
@@ -45,28 +58,21 @@ therefore gives the same output on any worker; this is what makes the memo sound
 ``memo_size > 0`` (the default) a successful call's result is reused for identical code (ES members
 often emit the same code). Code that reads the clock or ``os.urandom`` would get a stale value.
 
-Linux only (fork, /proc, rlimits; pidfd when the kernel has it, else polling).
+Linux only (fork, /proc, rlimits; pidfd when the kernel has it, else polling; seccomp on x86_64).
 
 The value of a final expression is NOT printed (unlike a REPL): the agent protocol asks the model to
 ``print`` what it wants to see, and an empty output is reported as ``(no output)``.
 
-What this does not protect against -- read before running untrusted models on shared machines. This
-is a best-effort research sandbox, not a security boundary against a determined adversary. The audit
-hook runs inside the same interpreter as the untrusted code: an interpreter bug, a C extension that
-does its work without audit events, or an introspection path not listed above can bypass it. Known
-examples: ``_posixsubprocess.fork_exec`` has no audit event (it cannot be imported, and RLIMIT_NPROC /
-the uid drop stop it if a preloaded package such as sympy has loaded it); preloading numpy or sympy
-loads ctypes, whose already-resolved function pointers (``ctypes.memmove``) call C without audit
-events and can rewrite the interpreter's memory. ``os.stat`` and friends have no audit event, so the
-code can learn whether a path exists. Files are not quota'd beyond RLIMIT_FSIZE per file (the temp dir
-is on /dev/shm when possible, so files use RAM until the call ends). When the host is not root, the
-children run as the host's user: the kernel would let them signal the host or write the host's files,
-and only the audit hook stops that. When the host is root, the children run as ``nobody``, and only
-preloaded modules and files that ``nobody`` may read can be imported. On a GPU cluster or any shared
-machine, add OS isolation: run the suite (or at least the sandbox workers) in a container
-(Docker/Podman/Apptainer) with ``--network none``, a read-only root file system, an unprivileged user,
-seccomp and cgroup memory/pids limits, or use gVisor, nsjail or bubblewrap with network and user
-namespaces.
+What this does not protect against (the threat-model table is in README.md#the-python-tool-sandbox).
+The kernel layers confine what the process can reach, not what it computes: code that gets native
+execution (the preloaded numpy or sympy load ctypes; an interpreter bug) can forge its own result --
+the secret is in its memory -- and can catch a Landlock PermissionError, but it still cannot read or
+write outside the allowed folders, open a socket, start a process or signal the host. ``os.stat``
+and friends have no audit event, and Landlock does not restrict them: the code can learn whether a
+path exists. With ``layers='hook-only'`` or on a kernel without these features, only the audit hook
+and the rlimits remain, and CPython documents audit hooks as no security boundary: there, run the
+workers in a container (``--network none``, read-only root, unprivileged user, seccomp, cgroup limits)
+or under gVisor, nsjail or bubblewrap.
 """
 
 from __future__ import annotations
@@ -755,14 +761,14 @@ def _isolate_child(state: dict, tmp_dir: str) -> None:
     """The kernel layers of one child: no capabilities, no_new_privs, Landlock, seccomp (in this order:
     unprivileged Landlock and seccomp need no_new_privs, and the filter would kill Landlock's set-up)."""
     iso, active = state["isolation"], state["layers"]
-    iso.harden_child(os.getpid(), use_seccomp=False)
+    iso.harden_child()
     if "landlock" in active:
         call_fd = os.open(tmp_dir, os.O_PATH | os.O_DIRECTORY)
         iso.landlock_restrict(state["landlock_abi"], state["read_fds"], [call_fd], state["device_fds"],
                               state["null_fds"])
         os.close(call_fd)
     if "seccomp" in active:
-        iso.harden_child(os.getpid(), use_seccomp=True)
+        iso.install_seccomp(os.getpid())
 
 
 def _read_call(code_fd: int) -> bytearray | None:
@@ -1084,9 +1090,9 @@ def _zygote_layers(settings: dict) -> tuple[dict, dict]:
     if abi:
         active["landlock"] = f"ABI {abi}"
     if iso.seccomp_supported():
-        active["seccomp"] = "filter (x86_64)"
+        active["seccomp"] = "x86_64 filter"
     if iso.set_no_new_privs():  # the zygote too: it never needs more privileges
-        active["no_new_privs"] = "prctl"
+        active["no_new_privs"] = "set"
     if "no_new_privs" not in active:  # unprivileged Landlock and seccomp need it
         active.pop("landlock", None)
         active.pop("seccomp", None)
