@@ -6,6 +6,7 @@ As root, the test creates the user with ``useradd`` and removes it afterwards; i
 where it cannot (no useradd, or the user cannot read the venv or the repo). Run as non-root, it skips:
 tests/test_sandbox.py then already runs every attack unprivileged."""
 
+import fcntl
 import json
 import os
 import pwd
@@ -74,7 +75,11 @@ def _restore(changed: list[tuple[str, int]]) -> None:
 
 
 @pytest.fixture(scope="module")
-def user():
+def nonroot_runs():
+    """{layers: results or a skip reason} of the attack runs as a throwaway user, made and removed here.
+
+    The o+x grants of :func:`_grant_traverse` last only while the runs do, under a lock (pytest-xdist
+    workers or other checkouts on this machine would otherwise restore the modes under each other)."""
     if os.geteuid() != 0:
         pytest.skip("already running as a non-root user: tests/test_sandbox.py runs every attack unprivileged")
     useradd, userdel = shutil.which("useradd"), shutil.which("userdel")
@@ -86,30 +91,41 @@ def user():
     if made.returncode:
         pytest.skip(f"useradd {name} failed: {made.stderr.strip()}")
     entry = pwd.getpwnam(name)
-    changed = []
+    runs, changed = {}, []
     try:
-        changed = _grant_traverse([os.path.realpath(sys.executable), sys.prefix, REPO])
-        check = _run_as(entry, [sys.executable, "-c", "import copes_lib.tools.sandbox"], timeout_s=60)
-        if check.returncode:
-            pytest.skip(f"user {name} cannot read the venv ({sys.executable}) or the repo ({REPO}): "
-                        f"{check.stderr.strip()[-300:]}")
-        yield entry
+        # the lock: the interpreter itself, shared by every checkout using it (no lock file is left)
+        with open(os.path.realpath(sys.executable), "rb") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                changed = _grant_traverse([os.path.realpath(sys.executable), sys.prefix, REPO])
+                check = _run_as(entry, [sys.executable, "-c", "import copes_lib.tools.sandbox"], timeout_s=60)
+                if check.returncode:
+                    pytest.skip(f"user {name} cannot read the venv ({sys.executable}) or the repo ({REPO}): "
+                                f"{check.stderr.strip()[-300:]}")
+                for layers in LAYERS:
+                    done = _run_as(entry, [sys.executable, "-m", "tests.sandbox_attacks", "--layers", layers])
+                    if done.returncode and "lacks" in done.stderr:
+                        runs[layers] = done.stderr.strip().splitlines()[-1]
+                        continue
+                    assert done.returncode == 0, done.stderr[-2000:]
+                    report = json.loads(done.stdout)
+                    assert report["uid"] == entry.pw_uid != 0
+                    runs[layers] = report["results"]
+            finally:
+                _restore(changed)
         assert _processes_of(entry.pw_uid) == [], "processes of the throwaway user survived"
         assert _owned_leftovers(entry.pw_uid) == [], "the throwaway user's runs left files behind"
     finally:
-        _restore(changed)
         subprocess.run([userdel, name], capture_output=True)
+    return runs
 
 
-@pytest.fixture(scope="module", params=LAYERS)
-def nonroot_run(request, user):
-    done = _run_as(user, [sys.executable, "-m", "tests.sandbox_attacks", "--layers", request.param])
-    if done.returncode and "lacks" in done.stderr:
-        pytest.skip(f"layers={request.param!r} as a non-root user: {done.stderr.strip().splitlines()[-1]}")
-    assert done.returncode == 0, done.stderr[-2000:]
-    report = json.loads(done.stdout)
-    assert report["uid"] == user.pw_uid != 0
-    return request.param, report["results"]
+@pytest.fixture(params=LAYERS)
+def nonroot_run(request, nonroot_runs):
+    results = nonroot_runs[request.param]
+    if isinstance(results, str):
+        pytest.skip(f"layers={request.param!r} as a non-root user: {results}")
+    return request.param, results
 
 
 def test_the_non_root_run_has_the_kernel_layers_of_this_host(nonroot_run):
