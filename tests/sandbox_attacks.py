@@ -91,8 +91,31 @@ FORGED = {
     "report done from the code": ("import sys\nprint('forged')\nsys.audit('copes.sandbox.done')",
                                   "PermissionError: sandbox: the end of a call"),
     "call the finisher from the code": ("import sys\nm = sys.modules['__main__']\nprint('forged')\n"
-                                        "m._run_code(compile('pass', 'x', 'exec'), sys.audit)",
+                                        "m._run_code(compile('pass', 'x', 'exec'), sys.audit, sys.stdout)",
                                         "PermissionError: sandbox: the end of a call"),
+    # a finalizer that runs a copy of the finisher from the child's own frame, once the code has raised
+    "finisher in a finalizer": ("import sys, types, functools\nm = sys.modules['__main__']\n"
+                                "fn = types.FunctionType(m._run_code.__code__, m.__dict__)\n"
+                                "class X:\n    pass\n"
+                                "X.__del__ = functools.partial(fn, compile('pass', 'x', 'exec'), sys.audit, sys.stdout)\n"
+                                "def f():\n    x = X()\n    raise ValueError('real failure')\nf()",
+                                ("ValueError: real failure", "PermissionError: sandbox: the end of a call")),
+    # builtins replaced / a lying __class__, so that the hook would call the code back with its frames
+    # (and through them its closure: the rules and the secret) in reach
+    "replaced builtins": ("import builtins, sys\nreal = builtins.type\nleaks = []\n"
+                          "def spy(*a):\n    leaks.append(sys._getframe(1).f_code.co_name)\n    return real(*a)\n"
+                          "builtins.type = builtins.isinstance = builtins.len = builtins.bool = spy\n"
+                          "open('notes.txt', 'w').close()\n"
+                          "if {'hook', 'check_path', 'resolve', 'deny', 'finish'} & set(leaks):\n"
+                          "    raise ValueError(f'the hook called the code: {leaks}')\nopen('/etc/passwd')",
+                          "PermissionError: sandbox: reading '/etc/passwd'"),
+    "a path whose __class__ lies": ("import sys\nclass P:\n    @property\n    def __class__(self):\n"
+                                    "        raise ValueError('the hook called the code: '"
+                                    " + sys._getframe(1).f_code.co_name)\n"
+                                    "sys.audit('os.remove', P(), -1)",
+                                    "PermissionError: sandbox: os.remove: only str"),
+    "user-raised open event": ("import sys\nclass F(int):\n    pass\nsys.audit('open', '/etc/passwd')",
+                               "PermissionError: sandbox: open: unexpected arguments"),
 }
 
 

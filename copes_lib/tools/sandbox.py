@@ -155,6 +155,7 @@ _HEADER = struct.Struct(">I")
 # call's secret on the status pipe (see _verdict).
 FINISHED_EXIT, FAILED_EXIT, DENIED_EXIT, SETUP_EXIT = 0, 1, 86, 87
 DONE_EVENT = "copes.sandbox.done"  # raised by _run_code after exec() returned; handled by the audit hook
+FAILED_EVENT = "copes.sandbox.failed"  # raised by _run_code when the code raised: no success afterwards
 TOKEN_BYTES = 16  # the per-call secret
 _STATUS_KEEP = 65536  # bytes of the status pipe kept (its tail: the last record)
 TEMP_MAX_FILES = 4096  # inodes of the private tmpfs of a worker
@@ -562,14 +563,21 @@ def _load_isolation():
     return module
 
 
-def _run_code(program, audit) -> None:
+def _run_code(program, audit, out) -> None:
     """Run the code, then ask the audit hook to end the call as a success. The hook accepts the request
-    only from this function's frame called by the child's own frame, i.e. after exec() returned."""
-    exec(program, {"__name__": "__main__", "__builtins__": __builtins__})
+    only from this function's frame called by the child's own frame, i.e. after exec() returned, and
+    never after FAILED_EVENT: a failure is settled before any object of the code can be freed (a
+    finalizer of the code could otherwise call a copy of this function from the child's frame)."""
+    try:
+        exec(program, {"__name__": "__main__", "__builtins__": __builtins__})
+        out.flush()  # the code's prints (a failure here, e.g. a stdout the code broke, is the code's)
+    except BaseException:
+        audit(FAILED_EVENT)
+        raise
     audit(DONE_EVENT)
 
 
-def _make_audit_hook(tmp_dir: str, read_roots: tuple[str, ...], importable: frozenset, out, status_fd: int,
+def _make_audit_hook(tmp_dir: str, read_roots: tuple[str, ...], importable: frozenset, status_fd: int,
                      max_output_chars: int, call: bytearray, enforce: bool, write_opens: int | None):
     """The audit hook of one child. Every helper it uses is bound here, before the untrusted code runs,
     so rebinding module attributes (``os.path.realpath = ...``) cannot change its decisions.
@@ -585,13 +593,16 @@ def _make_audit_hook(tmp_dir: str, read_roots: tuple[str, ...], importable: froz
     the files a call may open for writing: with RLIMIT_FSIZE per file, a total quota."""
     import posix
 
+    # Builtins are bound here too: the code can replace builtins.type & co., and a replacement called
+    # from inside the hook would run the code with the hook's frames (and closure) in reach.
+    exact_type, is_subclass, length, boolean = type, issubclass, len, bool
+    import_error, os_error, value_error = ImportError, OSError, ValueError
     token = bytes(call[:TOKEN_BYTES])
     call[:TOKEN_BYTES] = bytes(TOKEN_BYTES)
     getcwd, readlink, write, exit_now, stat = posix.getcwd, posix.readlink, posix.write, posix._exit, posix.stat
     getframe = sys._getframe
     child_frame = getframe(1)  # the frame of _child, which called this factory
     run_code = _run_code.__code__
-    flush = out.flush
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
     dir_flags = os.O_DIRECTORY | os.O_PATH
     exact_str, exact_bytes, exact_int = str, bytes, int
@@ -600,13 +611,13 @@ def _make_audit_hook(tmp_dir: str, read_roots: tuple[str, ...], importable: froz
     dir_fd_index = DIR_FD_INDEX
     devices = ("/dev/null", "/dev/urandom", "/dev/random", "/dev/zero")
     opens_left = [write_opens]
+    failed = [False]
 
     def finish(record: bytes, status: int):
+        # No flush of the code's stdout in here: TextIOWrapper.flush calls methods of its buffer, which
+        # the code can replace, and would run them with this frame in reach. _run_code flushes before
+        # DONE_EVENT; output still buffered when a denial stops the code is lost.
         try:
-            try:
-                flush()
-            except BaseException:  # noqa: BLE001 - the code closed or detached its stdout
-                pass
             while record:
                 record = record[write(status_fd, record):]
         finally:
@@ -623,12 +634,12 @@ def _make_audit_hook(tmp_dir: str, read_roots: tuple[str, ...], importable: froz
         if not path.startswith("/"):
             if ".." in path.split("/"):
                 return None
-            if dir_fd is None or dir_fd in (-1, AT_FDCWD):  # (-1: the audit events' "no dir_fd")
+            if dir_fd is None or (exact_type(dir_fd) is exact_int and dir_fd in (-1, AT_FDCWD)):  # -1: none
                 base = getcwd()
-            elif type(dir_fd) is exact_int:
+            elif exact_type(dir_fd) is exact_int:
                 try:
                     base = readlink(f"/proc/self/fd/{dir_fd}")
-                except (OSError, ValueError):
+                except (os_error, value_error):
                     return None
                 if not base.startswith("/"):
                     return None
@@ -647,7 +658,7 @@ def _make_audit_hook(tmp_dir: str, read_roots: tuple[str, ...], importable: froz
             here = "/" + "/".join(parts + [part])
             try:
                 target = readlink(here)
-            except (OSError, ValueError):
+            except (os_error, value_error):
                 parts.append(part)
                 continue
             links += 1
@@ -667,17 +678,17 @@ def _make_audit_hook(tmp_dir: str, read_roots: tuple[str, ...], importable: froz
     def is_dir(path: str) -> bool:
         try:
             return stat(path).st_mode & 0o170000 == 0o040000
-        except (OSError, ValueError):
+        except (os_error, value_error):
             return False
 
     def check_path(path, writing: bool, event: str, dir_fd=None, flags: int = 0) -> None:
         # No user code may run in here (no repr or str of the argument, no method of a subclass): a
         # frame of this function would hand out its closure and with it the rules.
-        if type(path) is exact_int:  # an already open descriptor: only ones made inside the call's folder
+        if exact_type(path) is exact_int:  # an already open descriptor: only ones made inside the call's folder
             return
-        if type(path) is exact_bytes:
+        if exact_type(path) is exact_bytes:
             path = path.decode("utf-8", "surrogateescape")
-        elif isinstance(path, exact_str):
+        elif is_subclass(exact_type(path), exact_str):  # (isinstance would ask the object's __class__)
             path = "".join([path])  # an exact str copy: a subclass cannot change what is checked
         else:
             deny(f"{event}: only str, bytes or file-descriptor paths are allowed")
@@ -704,36 +715,41 @@ def _make_audit_hook(tmp_dir: str, read_roots: tuple[str, ...], importable: froz
     def hook(event: str, args: tuple) -> None:
         if event == DONE_EVENT:
             caller = getframe(1)
-            if caller.f_code is run_code and caller.f_back is child_frame:
+            if caller.f_code is run_code and caller.f_back is child_frame and not failed[0]:
                 finish(b"\0" + token, FINISHED_EXIT)
             deny("the end of a call may only be reported by the sandbox itself")
+        if event == FAILED_EVENT:  # anyone may settle a call as failed; nobody can undo it
+            failed[0] = True
+            return
         if not enforce:
             return
         if event == "open":
+            if length(args) != 3:  # (sys.audit lets the code raise any event with any arguments)
+                deny("open: unexpected arguments")
             path, _mode, flags = args
-            if type(flags) is not exact_int:  # the OS flags computed by C decide, never a str mode
+            if exact_type(flags) is not exact_int:  # the OS flags computed by C decide, never a str mode
                 deny("open: unexpected flags")
-            check_path(path, bool(flags & write_flags), "open", None, flags)
+            check_path(path, boolean(flags & write_flags), "open", None, flags)
         elif event == "import":
-            if type(args[0]) is not exact_str:  # a str subclass could lie to the check below
+            if exact_type(args[0]) is not exact_str:  # a str subclass could lie to the check below
                 deny("import: module names must be plain str")
             top = args[0].partition(".")[0]
             if top not in importable or top in denied_imports:
                 # an ordinary ImportError (not a violation): the code may fall back to something else
-                raise ImportError(f"sandbox: module {args[0]!r} is not available")
+                raise import_error(f"sandbox: module {args[0]!r} is not available")
         elif event.startswith(denied_events):
             deny(f"{event} is not allowed")
         elif event in write_events:
-            if event == "os.chdir" and type(args[0]) is not exact_str:
+            if event == "os.chdir" and exact_type(args[0]) is not exact_str:
                 deny("os.fchdir is not allowed")
             index = dir_fd_index.get(event)
-            check_path(args[0], True, event, args[index] if index is not None and len(args) > index else None)
+            check_path(args[0], True, event, args[index] if index is not None and length(args) > index else None)
             if event == "os.rename":
-                check_path(args[1], True, event, args[3] if len(args) > 3 else None)
+                check_path(args[1], True, event, args[3] if length(args) > 3 else None)
         elif event in read_events:
             if args and args[0] is not None:
                 check_path(args[0], False, event)
-        elif event == "object.__getattr__" and args[1] in frame_attributes:
+        elif event == "object.__getattr__" and exact_type(args[1]) is exact_str and args[1] in frame_attributes:
             deny(f"reading .{args[1]} is not allowed (tracebacks and generator frames are closed)")
 
     return hook
@@ -844,11 +860,11 @@ def _child(settings: dict, state: dict, tmp_dir: str, code_fd: int, out_fd: int,
             write_opens = max(1, -(-settings["temp_quota_mb"] // max(1, settings["file_size_mb"])))
         audit = sys.audit
         sys.stdout = sys.stderr = out
-        sys.addaudithook(_make_audit_hook(tmp_dir, state["read_roots"], state["importable"], out, 2,
+        sys.addaudithook(_make_audit_hook(tmp_dir, state["read_roots"], state["importable"], 2,
                                           settings["max_output_chars"], call, enforce, write_opens))
         program = compile(bytes(call[TOKEN_BYTES:]).decode("utf-8", "replace"), "<sandbox>", "exec")
         del call
-        _run_code(program, audit)
+        _run_code(program, audit, out)
         error = "RuntimeError: the code did not finish"  # not reached: the hook ends the process
     except BaseException as exc:  # noqa: BLE001 - every failure of the code becomes its observation
         try:
