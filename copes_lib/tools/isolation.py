@@ -40,7 +40,7 @@ MISSING_MEANS = {
     "no_new_privs": "seccomp and unprivileged Landlock cannot be used",
     "network_namespace": "the network is closed only by the audit hook and, where present, seccomp",
     "private_tmpfs": "a call's files have no total quota beyond RLIMIT_FSIZE per file and the audit "
-                     "hook's count of files opened for writing",
+                     "hook's count of the files a call creates",
 }
 
 # ---------------------------------------------------------------------------- kernel constants

@@ -578,7 +578,7 @@ def _run_code(program, audit, out) -> None:
 
 
 def _make_audit_hook(tmp_dir: str, read_roots: tuple[str, ...], importable: frozenset, status_fd: int,
-                     max_output_chars: int, call: bytearray, enforce: bool, write_opens: int | None):
+                     max_output_chars: int, call: bytearray, enforce: bool, max_files: int | None):
     """The audit hook of one child. Every helper it uses is bound here, before the untrusted code runs,
     so rebinding module attributes (``os.path.realpath = ...``) cannot change its decisions.
 
@@ -589,8 +589,8 @@ def _make_audit_hook(tmp_dir: str, read_roots: tuple[str, ...], importable: froz
     from inside the hook, with exit status ``DENIED_EXIT``: no line of the code runs after it.
 
     ``enforce=False`` (layers='kernel-only') keeps only the secret and the done check: the kernel
-    layers alone then stand between the code and the host. ``write_opens`` (no private tmpfs) bounds
-    the files a call may open for writing: with RLIMIT_FSIZE per file, a total quota."""
+    layers alone then stand between the code and the host. ``max_files`` (no private tmpfs) bounds the
+    distinct files a call may create or rename to: with RLIMIT_FSIZE per file, a total quota."""
     import posix
 
     # Builtins are bound here too: the code can replace builtins.type & co., and a replacement called
@@ -604,13 +604,13 @@ def _make_audit_hook(tmp_dir: str, read_roots: tuple[str, ...], importable: froz
     child_frame = getframe(1)  # the frame of _child, which called this factory
     run_code = _run_code.__code__
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
-    dir_flags = os.O_DIRECTORY | os.O_PATH
+    dir_flags, os_creat = os.O_DIRECTORY | os.O_PATH, os.O_CREAT
     exact_str, exact_bytes, exact_int = str, bytes, int
     denied_imports, denied_events = DENIED_IMPORTS, DENIED_EVENTS
     write_events, read_events, frame_attributes = WRITE_EVENTS, READ_EVENTS, FRAME_ATTRIBUTES
     dir_fd_index = DIR_FD_INDEX
     devices = ("/dev/null", "/dev/urandom", "/dev/random", "/dev/zero")
-    opens_left = [write_opens]
+    created: set[str] = set()  # files the call created or renamed to (only counted without a private tmpfs)
     failed = [False]
 
     def finish(record: bytes, status: int):
@@ -681,7 +681,7 @@ def _make_audit_hook(tmp_dir: str, read_roots: tuple[str, ...], importable: froz
         except (os_error, value_error):
             return False
 
-    def check_path(path, writing: bool, event: str, dir_fd=None, flags: int = 0) -> None:
+    def check_path(path, writing: bool, event: str, dir_fd=None, flags: int = 0, creates: bool = False) -> None:
         # No user code may run in here (no repr or str of the argument, no method of a subclass): a
         # frame of this function would hand out its closure and with it the rules.
         if exact_type(path) is exact_int:  # an already open descriptor: only ones made inside the call's folder
@@ -699,10 +699,10 @@ def _make_audit_hook(tmp_dir: str, read_roots: tuple[str, ...], importable: froz
         if writing:
             if not (mine or real == "/dev/null"):
                 deny(f"writing {path!r} is not allowed; write only inside the working directory")
-            if event == "open" and mine and opens_left[0] is not None:
-                opens_left[0] -= 1
-                if opens_left[0] < 0:
-                    deny(f"more than {write_opens} files opened for writing: the call's storage quota "
+            if creates and mine and max_files is not None:
+                created.add(real)
+                if length(created) > max_files:
+                    deny(f"more than {max_files} files created: the call's storage quota "
                          "(temp_quota_mb) is enforced by counting here, as no private tmpfs is available")
         elif not (mine or inside(real, read_roots) or real in devices):
             deny(f"reading {path!r} is not allowed; only the working directory and the Python "
@@ -729,7 +729,7 @@ def _make_audit_hook(tmp_dir: str, read_roots: tuple[str, ...], importable: froz
             path, _mode, flags = args
             if exact_type(flags) is not exact_int:  # the OS flags computed by C decide, never a str mode
                 deny("open: unexpected flags")
-            check_path(path, boolean(flags & write_flags), "open", None, flags)
+            check_path(path, boolean(flags & write_flags), "open", None, flags, boolean(flags & os_creat))
         elif event == "import":
             if exact_type(args[0]) is not exact_str:  # a str subclass could lie to the check below
                 deny("import: module names must be plain str")
@@ -745,7 +745,7 @@ def _make_audit_hook(tmp_dir: str, read_roots: tuple[str, ...], importable: froz
             index = dir_fd_index.get(event)
             check_path(args[0], True, event, args[index] if index is not None and length(args) > index else None)
             if event == "os.rename":
-                check_path(args[1], True, event, args[3] if length(args) > 3 else None)
+                check_path(args[1], True, event, args[3] if length(args) > 3 else None, 0, True)
         elif event in read_events:
             if args and args[0] is not None:
                 check_path(args[0], False, event)
@@ -855,13 +855,13 @@ def _child(settings: dict, state: dict, tmp_dir: str, code_fd: int, out_fd: int,
         call = _read_call(code_fd)
         if call is None:  # the zygote went away without a call for this child
             os._exit(0)
-        write_opens = None
+        max_files = None
         if "private_tmpfs" not in state["layers"]:
-            write_opens = max(1, -(-settings["temp_quota_mb"] // max(1, settings["file_size_mb"])))
+            max_files = max(1, -(-settings["temp_quota_mb"] // max(1, settings["file_size_mb"])))
         audit = sys.audit
         sys.stdout = sys.stderr = out
         sys.addaudithook(_make_audit_hook(tmp_dir, state["read_roots"], state["importable"], 2,
-                                          settings["max_output_chars"], call, enforce, write_opens))
+                                          settings["max_output_chars"], call, enforce, max_files))
         program = compile(bytes(call[TOKEN_BYTES:]).decode("utf-8", "replace"), "<sandbox>", "exec")
         del call
         _run_code(program, audit, out)
