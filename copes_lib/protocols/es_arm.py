@@ -63,9 +63,11 @@ def load_agent(profile: str | NotebookParams, kind: str = "math", *, seed: int =
     rollout_config = warm_rollout_config(substrate)
     objective = AgentObjective(tokenizer, env, load_tasks(profile, kind, "train"), val, rollout_config,
                                batch_size, batch_seed)
-    objective.engine = engine  # greedy trajectories are the same on every engine: not part of the cache key
+    objective.engine = engine
+    # the engine is part of a run's identity: no test shows the engines' trajectories equal, so a run
+    # under ENGINE slots must not silently reuse one made under loop (or the reverse)
     key = {"profile": profile, "kind": kind, "substrate_checksum": checksum(model), "batch_size": batch_size,
-           "batch_seed": batch_seed, "rollout": rollout_config.to_dict()}
+           "batch_seed": batch_seed, "rollout": rollout_config.to_dict(), "engine": engine}
     worker_args = dict(profile=profile, kind=kind, seed=seed, batch_size=batch_size, batch_seed=batch_seed,
                        val_problems=val_problems, engine=engine)
     return AgentSetup(model, objective, key, worker_args)
