@@ -21,9 +21,9 @@ import numpy as np
 from torch import nn
 
 from copes_lib import runs
-from copes_lib.config import ConfigError, NotebookParams
+from copes_lib.config import ConfigError
 from copes_lib.es import AgentObjective, ESConfig, cached_es_run, checksum, ensure_ray, run_key
-from copes_lib.protocols.params import StandardESNotebookParams, sweep_values
+from copes_lib.protocols.params import ESSettings, StandardESNotebookParams, sweep_values
 from copes_lib.protocols.substrate_setup import substrate_config
 
 
@@ -39,22 +39,20 @@ class AgentSetup:
     forced: set[str] = field(default_factory=set)  # runs already recomputed under FORCE
 
 
-def load_agent(profile: str | NotebookParams, kind: str = "math", *, seed: int = 0, batch_size: int = 64,
+def load_agent(profile: str | ESSettings, kind: str = "math", *, seed: int = 0, batch_size: int = 64,
                batch_seed: int = 1088, val_problems: int = 0, engine: str = "loop") -> AgentSetup:
     """The profile's warm-started substrate (cached by ``copes_lib.substrate``), its tools, the
     training tasks and the first ``val_problems`` validation tasks (0: all), with the substrate's
-    rollout settings. ``profile`` may be a notebook's parameters instead: then PROFILE, TASK_KIND,
-    SEED, BATCH_SIZE, BATCH_SEED and VAL_PROBLEMS are read from it (notebooks 02, 03, 05, 06)."""
+    rollout settings. ``profile`` may be the ES settings of a notebook instead (02, 03, 05, 06, 07):
+    then PROFILE, TASK_KIND, SEED, BATCH_SIZE, BATCH_SEED, VAL_PROBLEMS and ENGINE are read from them."""
     from copes_lib.rollout import make_env
     from copes_lib.substrate import warm_rollout_config, warm_start
     from copes_lib.tasks import load_tasks
 
-    if isinstance(profile, NotebookParams):
+    if isinstance(profile, ESSettings):
         p = profile
-        profile, kind, seed = p.PROFILE, getattr(p, "TASK_KIND", kind), p.SEED
-        batch_size, batch_seed = getattr(p, "BATCH_SIZE", batch_size), getattr(p, "BATCH_SEED", batch_seed)
-        val_problems = getattr(p, "VAL_PROBLEMS", val_problems)
-        engine = getattr(p, "ENGINE", engine)
+        profile, kind, seed, engine = p.PROFILE, p.TASK_KIND, p.SEED, p.ENGINE
+        batch_size, batch_seed, val_problems = p.BATCH_SIZE, p.BATCH_SEED, p.VAL_PROBLEMS
     substrate = substrate_config(profile)
     model, tokenizer, _ = warm_start(profile, kind, seed=seed, config=substrate)
     env = make_env(kind, profile)
@@ -128,7 +126,7 @@ def run_sweep(params: StandardESNotebookParams, agent: AgentSetup, subspaces: in
     rows = []
     for sigma in sweep_values(params.SWEEP_SIGMAS, "SWEEP_SIGMAS"):
         alpha = params.SWEEP_ALPHA_RATIO * sigma
-        config = es_config_from(params, subspaces=subspaces, sigma=sigma, alpha=alpha)
+        config = params.es_config(subspaces=subspaces, sigma=sigma, alpha=alpha)
         history = run_arm(agent, config, steps=params.SWEEP_STEPS, val_every=params.SWEEP_STEPS,
                           force=params.FORCE, val_problems=params.SWEEP_VAL_PROBLEMS,
                           prefix=f"sweep K={subspaces} sigma={sigma:g}")
@@ -183,18 +181,6 @@ def binomial_se(accuracy: float, n: int) -> float:
     return math.sqrt(max(accuracy * (1 - accuracy), 0.0) / max(n, 1))
 
 
-def es_config_from(params: NotebookParams, *, seed_index: int = 0, **overrides: Any) -> ESConfig:
-    """The ESConfig of a notebook's run: its main run by default (K = 1 for 02, SUBSPACES for 03),
-    changed by ``overrides`` (subspaces, sigma, alpha, zscore, ...). Seed i of notebooks 05-07 uses
-    noise seed ES_SEED + i."""
-    values = dict(population=params.POPULATION, subspaces=getattr(params, "SUBSPACES", 1),
-                  sigma=params.SIGMA, alpha=params.ALPHA, chunk_size=params.CHUNK_SIZE,
-                  noise=params.NOISE, zscore=getattr(params, "ZSCORE", "joint"), backend=params.BACKEND,
-                  ray_workers=params.RAY_WORKERS, seed=params.ES_SEED + seed_index)
-    values.update(overrides)
-    return ESConfig(**values)
-
-
 # =========================================================================== paired seeds (05, 06, 07)
 def seeded_agent(agent: AgentSetup, batch_seed: int) -> AgentSetup:
     """The same substrate and tasks with another prompt-batch seed (a new cache identity)."""
@@ -228,7 +214,7 @@ def _run_identity(agent: AgentSetup) -> dict[str, Any]:
     return {**agent.key, "val_ids": [t.id for t in agent.objective.val_tasks]}
 
 
-def es_run(params: NotebookParams, agent, config, *, steps: int, val_every: int, label: str,
+def es_run(params: ESSettings, agent, config, *, steps: int, val_every: int, label: str,
            continue_from: ESRun | None = None, force: bool | None = None) -> ESRun:
     """One cached ES/CoPES run on a copy of the warm start. With ``continue_from`` (a shorter run of the
     same config), the new run starts from its checkpoint: all randomness is a function of the step, so
@@ -252,23 +238,22 @@ def es_run(params: NotebookParams, agent, config, *, steps: int, val_every: int,
                                     config, steps=steps, val_every=val_every, key_extra=_run_identity(agent),
                                     force=force, log_prefix=label,
                                     worker_factory=ray_worker_factory(config, agent))
-    return ESRun(label, config, history, folder, config.seed - getattr(params, "ES_SEED", config.seed))
+    return ESRun(label, config, history, folder, config.seed - params.ES_SEED)
 
 
-def seed_runs(params: NotebookParams, agent, *, subspaces: int, sigma: float, alpha: float, steps: int,
+def seed_runs(params: ESSettings, agent, *, subspaces: int, sigma: float, alpha: float, steps: int,
               label: str, zscore: str = "joint", seeds: int | None = None) -> list[ESRun]:
     """One arm over seeds 0..SEEDS-1: seed i = noise seed ES_SEED + i and batch seed BATCH_SEED + i, so
     arms of the same seed are paired (same prompt batches)."""
     out = []
     for i in range(params.SEEDS if seeds is None else seeds):
-        config = es_config_from(params, subspaces=subspaces, sigma=sigma, alpha=alpha, seed_index=i,
-                                zscore=zscore)
+        config = params.es_config(subspaces=subspaces, sigma=sigma, alpha=alpha, seed_index=i, zscore=zscore)
         out.append(es_run(params, seeded_agent(agent, params.BATCH_SEED + i), config, steps=steps,
                           val_every=params.VAL_EVERY, label=f"{label} seed {i}"))
     return out
 
 
-def continue_runs(params: NotebookParams, agent, budget_runs: Sequence[ESRun], steps: int) -> list[ESRun]:
+def continue_runs(params: ESSettings, agent, budget_runs: Sequence[ESRun], steps: int) -> list[ESRun]:
     """The given budget runs continued to ``steps`` (only the extra steps are trained)."""
     return [es_run(params, seeded_agent(agent, params.BATCH_SEED + r.seed_index), r.config, steps=steps,
                    val_every=params.VAL_EVERY, label=r.label.replace("seed", "long, seed"), continue_from=r)
