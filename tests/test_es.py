@@ -12,16 +12,10 @@ import pytest
 import torch
 
 from copes_lib.config import ConfigError
-from copes_lib.es import (
-    ES,
-    ESConfig,
-    QuadraticObjective,
-    es_step,
-    make_backend,
-    random_partition,
-    toy_quadratic,
-    train_es,
-)
+from copes_lib.es import ES, ESConfig, es_step, random_partition
+from copes_lib.es_backends import make_backend
+from copes_lib.es_objective import QuadraticObjective, toy_quadratic
+from copes_lib.es_training import train_es
 from copes_lib.protocols.histories import summarize
 
 torch.set_num_threads(1)

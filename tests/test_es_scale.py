@@ -16,7 +16,9 @@ import torch
 from torch import nn
 
 from copes_lib.config import ConfigError
-from copes_lib.es import ES, ESConfig, QuadraticObjective, es_step, toy_quadratic, train_es
+from copes_lib.es import ES, ESConfig, es_step
+from copes_lib.es_objective import QuadraticObjective, toy_quadratic
+from copes_lib.es_training import train_es
 
 torch.set_num_threads(1)
 

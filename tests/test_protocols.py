@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from copes_lib import config, es, runs, stats
+from copes_lib import config, es, es_objective, runs, stats
 from copes_lib.config import ConfigError
 from copes_lib.protocols import (
     ablations,
@@ -174,20 +174,20 @@ def test_ablation_family_is_the_claims_family():
 
 
 # --------------------------------------------------------------------------- cached runs on a toy objective
-class _ToyObjective(es.QuadraticObjective):
+class _ToyObjective(es_objective.QuadraticObjective):
     val_tasks = []
 
 
 def test_es_run_continuation_equals_uninterrupted_run(tmp_path, monkeypatch):
     monkeypatch.setattr(runs, "CACHE_ROOT", tmp_path)
-    model, objective = es.toy_quadratic(seed=3)
+    model, objective = es_objective.toy_quadratic(seed=3)
     toy = _ToyObjective(objective.target)
     agent = es_arm.AgentSetup(model, toy, {"kind": "toy", "substrate_checksum": 0.0})
     nb_params = params.FixedBudgetParams(PROFILE="smoke", BACKEND="sequential", POPULATION=8, SUBSPACES=2)
     config = nb_params.es_config(subspaces=2, sigma=0.1, alpha=0.05)
     seeded = es_arm.seeded_agent(agent, nb_params.BATCH_SEED)  # what seed_runs / continue_runs use for seed 0
     short = es_arm.es_run(nb_params, seeded, config, steps=2, val_every=2, label="short")
-    assert short.folder == es_arm.es_run_folder("smoke", seeded, config, 2, 2)  # same key as es.cached_es_run
+    assert short.folder == es_arm.es_run_folder("smoke", seeded, config, 2, 2)  # same key as es_training.cached_es_run
     longer = es_arm.continue_runs(nb_params, agent, [short], 4)[0]
     fresh = es_arm.es_run(nb_params, seeded, config, steps=4, val_every=1, label="fresh")
     assert longer.folder != fresh.folder and len(longer.history) == 5
@@ -206,7 +206,7 @@ def _fake_agent_stack(monkeypatch, n_train: int = 16):
 
     from copes_lib import rollout, substrate, tasks
 
-    model, _ = es.toy_quadratic(seed=0)
+    model, _ = es_objective.toy_quadratic(seed=0)
     monkeypatch.setattr(substrate, "warm_start", lambda *a, **k: (model, None, None))
     monkeypatch.setattr(rollout, "make_env", lambda *a, **k: None)
     monkeypatch.setattr(tasks, "load_tasks", lambda profile, kind, split: [

@@ -1,8 +1,8 @@
 """The ES arm every paper-A notebook shares: the warm-started agent, one cached ES / CoPES run, the
 sigma sweep of notebooks 02 / 03, runs over paired seeds and their continuation (05, 06, 07).
 
-A run is ``copes_lib.es.cached_es_run`` on a copy of the warm-started model, cached under
-``cache/<profile>/es_runs-<key>/`` with key ``es.run_key`` (config, steps, validation cadence, the
+A run is ``copes_lib.es_training.cached_es_run`` on a copy of the warm-started model, cached under
+``cache/<profile>/es_runs-<key>/`` with key ``es_training.run_key`` (config, steps, validation cadence, the
 agent's identity): two notebooks that ask for the same run share it, and an interrupted run resumes.
 """
 
@@ -22,7 +22,10 @@ from torch import nn
 
 from copes_lib import runs
 from copes_lib.config import ConfigError
-from copes_lib.es import AgentObjective, ESConfig, cached_es_run, checksum, ensure_ray, run_key
+from copes_lib.es import ESConfig, checksum
+from copes_lib.es_backends import ensure_ray
+from copes_lib.es_objective import AgentObjective
+from copes_lib.es_training import cached_es_run, run_key
 from copes_lib.protocols.params import ESSettings, StandardESNotebookParams, sweep_values
 from copes_lib.protocols.substrate_setup import substrate_config
 
