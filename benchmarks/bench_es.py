@@ -64,7 +64,7 @@ class GreedyObjective:
         return [float((t == 3).float().mean()) for t in tokens.split(len(self.prompts))]
 
     def validate(self, model):
-        return {"accuracy": self.fitness(model, 0)}
+        return {"score": self.fitness(model, 0)}
 
 
 def _fallback(batch: int):

@@ -32,7 +32,7 @@ def _history(points, step_s=2.0):
         if step:
             row.update({"time/step_s": step_s, "es/update_norm": 0.5 * step})
         if step in points:
-            row["eval/val_accuracy"] = points[step]
+            row["eval/val_accuracy"] = row["eval/val_score"] = points[step]
         rows.append(row)
     return rows
 
@@ -182,20 +182,20 @@ def test_es_run_continuation_equals_uninterrupted_run(tmp_path, monkeypatch):
     monkeypatch.setattr(runs, "CACHE_ROOT", tmp_path)
     model, objective = es_objective.toy_quadratic(seed=3)
     toy = _ToyObjective(objective.target)
-    agent = es_arm.AgentSetup(model, toy, {"kind": "toy", "substrate_checksum": 0.0})
+    agent = es_arm.AgentSetup(model, toy, {"profile": "smoke", "kind": "toy", "substrate_checksum": 0.0})
     nb_params = params.FixedBudgetParams(PROFILE="smoke", BACKEND="sequential", POPULATION=8, SUBSPACES=2)
     config = nb_params.es_config(subspaces=2, sigma=0.1, alpha=0.05)
     seeded = es_arm.seeded_agent(agent, nb_params.BATCH_SEED)  # what seed_runs / continue_runs use for seed 0
-    short = es_arm.es_run(nb_params, seeded, config, steps=2, val_every=2, label="short")
-    assert short.folder == es_arm.es_run_folder("smoke", seeded, config, 2, 2)  # same key as es_training.cached_es_run
+    short = es_arm.es_run(seeded, config, steps=2, val_every=2, label="short")
+    assert short.folder == es_arm.es_run_folder(seeded, config, 2, 2)  # same key as es_training.cached_es_run
     longer = es_arm.continue_runs(nb_params, agent, [short], 4)[0]
-    fresh = es_arm.es_run(nb_params, seeded, config, steps=4, val_every=1, label="fresh")
+    fresh = es_arm.es_run(seeded, config, steps=4, val_every=1, label="fresh")
     assert longer.folder != fresh.folder and len(longer.history) == 5
     for name, value in longer.weights("final").items():
         assert torch.equal(value, fresh.weights("final")[name]), name
     assert histories.val_at(longer.history, 4) == pytest.approx(histories.val_at(fresh.history, 4))
     assert histories.val_at(longer.history, 4) > histories.val_at(longer.history, 0)  # ES improves the toy fitness
-    again = es_arm.es_run(nb_params, seeded, config, steps=4, val_every=nb_params.VAL_EVERY, label="again")  # cached: no training
+    again = es_arm.es_run(seeded, config, steps=4, val_every=nb_params.VAL_EVERY, label="again")  # cached: no training
     assert again.history == longer.history
     assert math.isfinite(histories.mean_update_norm(longer.history))
 
@@ -219,7 +219,7 @@ def test_the_rollout_engine_is_part_of_an_es_runs_identity(monkeypatch):
     loop, slots = es_arm.load_agent(p), es_arm.load_agent(dataclasses.replace(p, ENGINE="slots"))
     assert (loop.objective.engine, slots.objective.engine) == ("loop", "slots")
     config = p.es_config()
-    assert es_arm.es_run_folder("smoke", loop, config, 4, 2) != es_arm.es_run_folder("smoke", slots, config, 4, 2)
+    assert es_arm.es_run_folder(loop, config, 4, 2) != es_arm.es_run_folder(slots, config, 4, 2)
 
 
 def test_a_grpo_agent_needs_only_grpo_s_prompt_batch(monkeypatch):

@@ -23,6 +23,7 @@ from copes_lib.config import build, profile_params
 from copes_lib.grpo import GRPOConfig
 from copes_lib.grpo_sharded import ShardingConfig
 from copes_lib.protocols.params import GRPONotebookParams
+from copes_lib.training_run import BEST, LAST, SCORE
 
 
 @dataclass
@@ -36,6 +37,7 @@ class GRPORun:
     result: Any  # grpo.GRPOResult (its .policy holds the final weights)
 
     def curve(self) -> tuple[list[int], list[float]]:
+        """(validated steps, their ``eval/val_score``), as ``ESRun.curve``."""
         steps = sorted(self.val_by_step)
         return steps, [self.val_by_step[s] for s in steps]
 
@@ -80,13 +82,13 @@ def grpo_run(profile: str, agent: Any, config: GRPOConfig, *, label: str, force:
     folder = run_folder(profile, agent, config, sharding)
     forced = set() if forced is None else forced
     if force and folder not in forced:
-        for name in ("last.pt", "best.pt"):
+        for name in (LAST, BEST):
             (folder / name).unlink(missing_ok=True)
         forced.add(folder)
 
     def on_step(step: int, row: dict[str, Any]) -> None:
-        if step == 0 or "eval/val_accuracy" in row:
-            shown = {k: row[k] for k in ("reward/mean", "eval/val_accuracy", "grpo/kl", "grpo/clip_frac",
+        if step == 0 or SCORE in row:
+            shown = {k: row[k] for k in ("reward/mean", SCORE, "grpo/kl", "grpo/clip_frac",
                                          "grpo/entropy", "time/step_s") if k in row}
             runs.summary_line(label, step, shown)
 

@@ -244,7 +244,7 @@ def es_arm(params: ScaleStudyParams, sub: Substrate, arm: str, seed_index: int, 
         history = train_es(copy.deepcopy(sub.model), sub.objective, config, steps=params.STEPS,
                            val_every=params.STEPS, run_dir=folder, resume=False,
                            base_validation={"score": base_accuracy, "accuracy": base_accuracy},
-                           log_prefix=f"{sub.size} {arm} seed {seed_index}")
+                           log_prefix=f"{sub.size} {arm} seed {seed_index}").history
         trained = history[1:]
         return {"scores": list(sub.objective.last_scores), "accuracy": history[-1]["eval/val_accuracy"],
                 "mean_update_norm": float(np.mean([r["es/update_norm"] for r in trained])),
