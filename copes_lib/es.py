@@ -6,7 +6,8 @@ One training step, read next to docs/paper_a_copes.md#a2-copes (Algorithm 1):
    the step's partition seed (``ES.plan``);
 2. members: N_k = N / K per subspace, each with its own noise seed; sigma_k = sqrt(K) * sigma;
 3. evaluate: member (k, i) is theta + sigma_k * P_k eps_{k,i}; every member answers the same prompt
-   batch, fitness r_{k,i} = mean reward (``evaluate_*`` backends; the model is restored after each);
+   batch, fitness r_{k,i} = mean reward (``member_rewards`` or a backend of ``es_backends``; the model
+   is restored after each);
 4. z-score the N rewards jointly (one mean, population std), or per subspace (the ablation);
 5. update: g_k = (1/N_k) sum_i r_hat_{k,i} eps_{k,i};  theta <- theta + alpha * sum_k P_k g_k
    (``ES.update``), zero when the std is 0.
@@ -364,8 +365,6 @@ def check_rewards(rewards: np.ndarray) -> None:
         )
 
 
-
-
 # =========================================================================== objectives
 class Objective(Protocol):
     """What ES optimises. ``fitness`` sees the model as it is (one member); ``population_fitness``
@@ -380,7 +379,6 @@ class Objective(Protocol):
     def rows_per_member(self, step: int) -> int: ...
 
     def validate(self, model: nn.Module) -> dict[str, float]: ...
-
 
 
 # =========================================================================== one step

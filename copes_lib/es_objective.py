@@ -1,9 +1,9 @@
 """What an ES member is scored on: the agent objective of paper A (mean reward over the step's
 shared prompt batch, docs/paper_a_copes.md#a1-standard-es) and a toy quadratic for tests and benchmarks.
 
-Both follow ``es.Objective``. How it departs from the paper: the rollouts of a member are greedy
-(temperature 0), as in Qiu et al.'s ES; the batch of step s depends on (batch seed, s) only, so every
-method and every sigma sees the same batches (paired comparisons).
+Both follow ``es.Objective``. A member's rollouts are greedy, as the paper's ES decodes
+(docs/paper_a_copes.md#a3-hyperparameters); the batch of step s depends on (batch seed, s) only, so
+every method and every sigma sees the same batches (paired comparisons).
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ def toy_quadratic(seed: int = 0, shapes: Sequence[tuple[int, ...]] = ((16, 16), 
     gen = torch.Generator().manual_seed(seed)
     model = _ToyModel(shapes)
     return model, QuadraticObjective([torch.randn(s, generator=gen) for s in shapes])
-
 
 
 class AgentObjective:

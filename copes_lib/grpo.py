@@ -869,7 +869,7 @@ def load_best(policy: torch.nn.Module, result: GRPOResult) -> torch.nn.Module:
 def pick_learning_rate(train: Callable[[float, int], GRPOResult], candidates: Sequence[float],
                        sweep_steps: int) -> tuple[float, list[dict[str, Any]]]:
     """A small learning-rate sweep: ``train(lr, stop_after)`` runs each candidate for ``sweep_steps``
-    steps; the highest validation accuracy at that step wins (ties: higher mean training reward, then
+    steps; the highest validation score (``eval/val_score``) at that step wins (ties: higher mean training reward, then
     the smaller rate). Returns (best rate, one row per candidate). With the runs' checkpoints kept,
     the winner continues to its ``total_steps`` by resuming, so only the losers cost extra steps.
     """
