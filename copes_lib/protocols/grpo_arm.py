@@ -58,10 +58,13 @@ def grpo_config(profile: str, use_lora: bool, lr: float | None = None, steps: in
 def run_folder(profile: str, agent: Any, config: GRPOConfig, sharding: ShardingConfig | None = None) -> Path:
     """The cache folder of a GRPO run: its configuration, the substrate's weights, the rollout settings
     and the validation problems identify it, not the notebook that asked for it. A sharded update
-    equals the in-process one only to float tolerance (tests/test_grpo_sharded.py), so it is its own run."""
+    equals the in-process one only to float tolerance (tests/test_grpo_sharded.py), so it is its own run.
+    ``metric``: the name its history validates under, so a folder written before histories carried
+    ``eval/val_score`` (they had ``eval/val_accuracy`` only, F1 on QA) is not reused. The rollout engine
+    is not in the key: GRPO always rolls out with ``copes_lib.rollout.rollout``, whatever ENGINE says."""
     objective = agent.objective
     identity = {"grpo": config.to_dict(), "rollout": objective.rollout_config.to_dict(),
-                "substrate_checksum": agent.key["substrate_checksum"], "kind": agent.key["kind"]}
+                "substrate_checksum": agent.key["substrate_checksum"], "kind": agent.key["kind"], "metric": SCORE}
     if sharding is not None:
         identity["sharding"] = sharding.to_dict()
     key = runs.cache_key(identity, [t.id for t in objective.val_tasks])
