@@ -195,6 +195,7 @@ def test_es_run_continuation_equals_uninterrupted_run(tmp_path, monkeypatch):
         assert torch.equal(value, fresh.weights("final")[name]), name
     assert histories.val_at(longer.history, 4) == pytest.approx(histories.val_at(fresh.history, 4))
     assert histories.val_at(longer.history, 4) > histories.val_at(longer.history, 0)  # ES improves the toy fitness
+    assert longer.curve() == ([0, 2, 4], [histories.val_at(longer.history, s) for s in (0, 2, 4)])  # as GRPORun.curve
     again = es_arm.es_run(seeded, config, steps=4, val_every=nb_params.VAL_EVERY, label="again")  # cached: no training
     assert again.history == longer.history
     assert math.isfinite(histories.mean_update_norm(longer.history))
