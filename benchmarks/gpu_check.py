@@ -33,7 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from copes_lib.engines import QWEN35_SIZES, LoopEngine, SlotEngine, build_qwen35, check_gpu_engine  # noqa: E402
-from copes_lib.es import ES, AgentObjective, ESConfig, es_step  # noqa: E402
+from copes_lib.es import ES, ESConfig, es_step  # noqa: E402
+from copes_lib.es_objective import AgentObjective  # noqa: E402
 from copes_lib.protocols.substrate_setup import substrate_config  # noqa: E402
 from copes_lib.rollout import RolloutConfig, encode, make_env, rollout  # noqa: E402
 from copes_lib.substrate import get_tokenizer  # noqa: E402
