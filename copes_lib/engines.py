@@ -36,7 +36,15 @@ import torch
 from torch import nn
 
 from copes_lib.config import ConfigError
-from copes_lib.rollout import AgentEnv, RolloutBatch, RolloutConfig, Trajectories, rollout, static_cache
+from copes_lib.rollout import (
+    AgentEnv,
+    RolloutBatch,
+    RolloutConfig,
+    Trajectories,
+    rollout,
+    run_loop,
+    static_cache,
+)
 from copes_lib.tasks import Task
 
 ENGINES = ("loop", "slots", "static")
@@ -155,46 +163,47 @@ class SlotEngine:
         return state.to_batch()
 
 
-class StaticEngine(SlotEngine):
-    """The slots scheduler on a fast decode path: a preallocated fixed-width cache
-    (:func:`copes_lib.rollout.static_cache`, transformers' StaticLayer written at a device-side column,
-    re-packed in place when a chunk would not fit), a decode step whose inputs are built on the device
-    (the last tokens, positions, one mask column: no host-built tensor), compiled with
-    ``torch.compile`` (``mode="reduce-overhead"``, i.e. CUDA graphs, on a GPU), sampling on the device
-    with a seeded device generator. Per token the host syncs once: the picked tokens, for the stop
-    check. Prompts, observations and joins run eagerly (other shapes).
+class StaticEngine:
+    """The plain loop's scheduler (:func:`copes_lib.rollout.run_loop`: the same tokens as ``loop``,
+    greedy and sampled, for the same seed) on a fast decode path: a preallocated fixed-width cache
+    (:func:`copes_lib.rollout.static_cache`: transformers' StaticLayer, written at a device-side
+    column, re-packed in place when a chunk would not fit), decode steps whose inputs are built on
+    the device (the last tokens, positions, one mask column), run by ``torch.compile`` (on a GPU
+    ``mode="reduce-overhead"``: CUDA graphs), sampling on the device with a seeded device generator.
+    Per token the host syncs once, on the picked tokens (the stop check). Prompts and observations
+    run eagerly (other shapes), and so do a hybrid model's steps in which some rows wait (the
+    row-exact groups); a decode step of a hybrid model feeds one real token to every row, which the
+    row-exact path leaves to the plain model.
 
-    ``columns``: the cache width (default: ``config.max_context`` + the longest prompt, grown if a
-    chunk ever does not fit). ``compile``: None = on CUDA only (on the CPU a first compile takes
-    minutes; tests run it in benchmarks/bench_rollout.py). Hybrid Qwen3.5 keeps row exactness: a
-    decode step feeds one real token to every row (the row-exact path runs as the plain model), the
-    other steps go through the row-exact groups eagerly.
+    ``columns``: the cache width (default: ``config.max_context`` + the longest prompt; widened if a
+    chunk ever does not fit after re-packing). ``compile``: None = on CUDA only (a CPU compile takes
+    a minute; ``benchmarks/bench_rollout.py`` runs it, the tests run the uncompiled static path).
     """
 
     name = "static"
 
-    def __init__(self, model: nn.Module, tokenizer, slots: int = 64, require_gpu: bool = False,
-                 join_at: int | None = None, slack: float = 0.25, columns: int | None = None,
-                 compile: bool | None = None, compile_mode: str | None = None):
-        super().__init__(model, tokenizer, slots, require_gpu, join_at, slack)
+    def __init__(self, model: nn.Module, tokenizer, columns: int | None = None, compile: bool | None = None,
+                 compile_mode: str | None = None, require_gpu: bool = False):
         if columns is not None and columns < 8:
             raise ConfigError(f"StaticEngine: columns = {columns} must be >= 8 (or None: from the config)")
-        self.columns = columns
+        if require_gpu:
+            check_gpu_engine(model)
+        self.model, self.tokenizer, self.columns = model, tokenizer, columns
         device = next(model.parameters()).device
         self.compile = device.type == "cuda" if compile is None else compile
         self.compile_mode = compile_mode or ("reduce-overhead" if device.type == "cuda" else "default")
         self.step = torch.compile(model, mode=self.compile_mode) if self.compile else model
         self.exact = None  # made at the first generate, then kept: the compiled step guards on it
 
-    def _state(self, tasks, env, config, seed, row_hook, logits_hook) -> Trajectories:
+    @torch.no_grad()
+    def generate(self, tasks, env, config, seed=0, row_hook=None, logits_hook=None) -> RolloutBatch:
         def cache(prompt_ids):
             return static_cache(self.model, self.columns or config.max_context + max(map(len, prompt_ids)))
 
         state = Trajectories(self.model, self.tokenizer, tasks, env, config, seed, row_hook, logits_hook,
                              cache=cache, exact=self.exact)
-        self.exact = state.exact
-        state.step_model = self.step
-        return state
+        self.exact, state.step_model = state.exact, self.step
+        return run_loop(state)
 
 # --------------------------------------------------------------------------- Qwen3.5 models built here
 QWEN35_SIZES = {

@@ -703,7 +703,7 @@ class Trajectories:
         self.real += [0] * len(tasks)
         self.seen = torch.cat([self.seen, self.seen.new_zeros(len(tasks))])
         self.attention = torch.cat([self.attention, self.attention.new_zeros(len(tasks), self.attention.shape[1])])
-        self.decoding = False
+        self.decoding, self.last = False, None
 
     def keep(self, index: list[int]) -> None:
         """Keep (in this order) the batch rows ``index``; the others leave the batch and the cache."""
@@ -713,7 +713,7 @@ class Trajectories:
         for name in ("rows", "pending", "generating", "fresh", "real"):
             values = getattr(self, name)
             setattr(self, name, [values[i] for i in index])
-        self.decoding = False
+        self.decoding, self.last = False, None
 
     @property
     def width(self) -> int:
@@ -738,10 +738,18 @@ class Trajectories:
         """One pass over every row's pending tokens; the next-token logits (float32, pad excluded,
         ``logits_hook`` applied) of every batch row."""
         lengths = [len(p) for p in self.pending]
-        if self.decoding:  # one token per row: inputs from the device, nothing built on the host
-            chunk = self.last[:, None]
-            chunk_mask = torch.ones_like(chunk)
-            positions = self.seen[:, None]
+        # one token per generating row, the others waiting (a hybrid model's waiting rows need the row-exact
+        # groups): inputs from the device, the same values as the general case below
+        decoding = self.decoding or (self.last is not None and max(lengths) == 1 and self.exact is None
+                                     and not any(self.fresh))
+        if decoding:
+            if self.decoding:
+                chunk_mask = torch.ones(len(lengths), 1, dtype=torch.long, device=self.device)
+                chunk = self.last[:, None]
+            else:
+                chunk_mask = torch.tensor(lengths, dtype=torch.long, device=self.device)[:, None]
+                chunk = torch.where(chunk_mask.bool(), self.last[:, None], self.pad_id)
+            positions = (self.seen[:, None] + chunk_mask - 1).clamp_min(0)
         else:
             width = max(lengths)
             # left-pad, so the last column is every feeding row's newest token
@@ -758,7 +766,7 @@ class Trajectories:
                     if isinstance(layer, StaticRowLayer):
                         layer.grow(self.columns)
         self.attention = torch.cat([self.attention, chunk_mask], dim=1)
-        self.seen = self.seen + chunk_mask.sum(1) if not self.decoding else self.seen + 1
+        self.seen = self.seen + chunk_mask.sum(1)
         self.real = [r + n for r, n in zip(self.real, lengths)]
         if self.row_hook is not None:
             self.row_hook(list(self.rows))
@@ -766,7 +774,7 @@ class Trajectories:
             self.exact.prepare(lengths, self.rows, self.device, self.fresh)
         attention = self.attention if self.columns is None else \
             torch.nn.functional.pad(self.attention, (0, self.columns - self.width))
-        model = self.step_model if self.decoding else self.model
+        model = self.step_model if decoding else self.model
         out = model(input_ids=chunk, attention_mask=attention, position_ids=positions, use_cache=True,
                     logits_to_keep=1, **{self.cache_arg: self.cache})
         self.forwards += 1
@@ -835,7 +843,7 @@ class Trajectories:
                 self.pending[i] = self.pending[i] + obs_ids
                 self.generating[i] = True
                 going_on.append(i)
-        self.decoding = False
+        self.decoding, self.last = False, None
         return going_on
 
     def to_batch(self) -> RolloutBatch:
@@ -861,10 +869,15 @@ def rollout(model, tokenizer, tasks: list[Task], env: AgentEnv, config: RolloutC
     generating, logits)`` sees each pass's next-token logits (float32, one row per batch row) before a
     token is picked; it may change them in place (tests force tool calls this way).
 
-    The scheduler of the plain loop: one batch, a row that stops waits for the others, then the
-    batch's tool calls run together and the rows that go on are kept (:class:`Trajectories`)."""
-    with Trajectories(model, tokenizer, tasks, env, config, seed, row_hook, logits_hook) as state:
-        state.add(list(range(len(tasks))))
+    The plain loop: :func:`run_loop` on a :class:`Trajectories` with a growing cache."""
+    return run_loop(Trajectories(model, tokenizer, tasks, env, config, seed, row_hook, logits_hook))
+
+
+def run_loop(state: Trajectories) -> RolloutBatch:
+    """The plain loop's scheduler: one batch, a row that stops waits for the others, then the
+    batch's tool calls run together and the rows that go on are kept."""
+    with state:
+        state.add(list(range(len(state.tasks))))
         while state.rows:
             state.feed(state.pick(state.forward()))
             if any(state.generating):
