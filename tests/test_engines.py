@@ -6,8 +6,8 @@ engine runs the hybrid-cache guard; clear errors."""
 import pytest
 import torch
 
-from copes_lib.config import ConfigError
 from copes_lib import rollout as rollout_module
+from copes_lib.config import ConfigError
 from copes_lib.engines import (
     ENGINES,
     LoopEngine,
@@ -20,9 +20,9 @@ from copes_lib.engines import (
 )
 from copes_lib.protocols.substrate_setup import substrate_config
 from copes_lib.rollout import AgentEnv, RolloutConfig, encode, make_env
-from copes_lib.tasks.protocol import python_observation
 from copes_lib.substrate import build_agent_model, get_tokenizer
 from copes_lib.tasks import load_tasks
+from copes_lib.tasks.protocol import python_observation
 
 SCRIPTS = ["<python>print(1+2)</python>", "<answer>\\boxed{3}</answer>", "<python>x = 5\nprint(x * 7 + 1)</python>",
            "", "<python>print(2*2)</python>"]
@@ -144,7 +144,7 @@ def test_slot_cache_width_stays_near_the_longest_live_row(tokenizer):
     model = _model(tokenizer, "qwen3", max_positions=2048)
     env = LongOutputs("math")
     tasks = load_tasks("smoke", "math", "val")[:12]
-    scripts = ["<python>print(%d)</python>" % r * (1 + r % 3) + "<answer>\\boxed{1}</answer>" for r in range(12)]
+    scripts = [f"<python>print({r})</python>" * (1 + r % 3) + "<answer>\\boxed{1}</answer>" for r in range(12)]
     config = RolloutConfig(max_new_tokens=160, max_context=1600)
     loop = _loop(model, tokenizer, tasks, env, config, _forcing(tokenizer, scripts))
     engine = SlotEngine(model, tokenizer, slots=8)
