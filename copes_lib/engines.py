@@ -17,13 +17,17 @@ keeping it; see docs/engines.md):
   indices of the rows in it (the population-batched ES backend needs it; an engine that cannot
   offer it raises ``ConfigError`` when given one).
 
-Engines here: ``loop`` (the plain batched loop of ``rollout.rollout``: CPU and any device) and
-``slots`` (continuous batching: a fixed number of slots, a finished trajectory frees its slot for
-the next task, a row whose turn ends runs its tool and continues without waiting for the rest of
-the batch; hybrid Qwen3.5 models supported through the row-exact linear-attention path). On a GPU
-the ``slots`` engine needs the Triton kernels of Qwen3.5's linear attention
+Engines here, all on one trajectory state (:class:`copes_lib.rollout.Trajectories`), each only a
+scheduler: ``loop`` (the plain batched loop of ``rollout.rollout``: CPU and any device), ``slots``
+(continuous batching: a fixed number of slots, a finished trajectory frees its slot for the next
+task, a row whose turn ends runs its tool and continues without waiting for the rest of the batch;
+its cache is re-packed so its width stays near the longest live row) and ``static`` (the loop's
+scheduler on a fast decode path: a fixed-width static cache, decode inputs built on the device, a
+``torch.compile``-d decode step, CUDA graphs on a GPU; the loop's tokens, sampled ones included).
+Hybrid Qwen3.5 models are supported through the row-exact linear-attention path. On a GPU an
+engine built with ``require_gpu=True`` needs the Triton kernels of Qwen3.5's linear attention
 (``flash-linear-attention``, requirements-gpu.txt): without them transformers falls back to a slow
-PyTorch loop, so :func:`make_engine` refuses with what to install.
+PyTorch loop, so it refuses with what to install.
 """
 
 from __future__ import annotations
@@ -177,7 +181,9 @@ class StaticEngine:
 
     ``columns``: the cache width (default: ``config.max_context`` + the longest prompt; widened if a
     chunk ever does not fit after re-packing). ``compile``: None = on CUDA only (a CPU compile takes
-    a minute; ``benchmarks/bench_rollout.py`` runs it, the tests run the uncompiled static path).
+    minutes; ``benchmarks/bench_rollout.py --check-compiled`` runs it, the tests run the uncompiled
+    static path). With a ``row_hook`` (ES's population batching patches per-row weights in Python)
+    the decode steps run eagerly. ES perturbs the weights in place: the compiled step reads them.
     """
 
     name = "static"
@@ -202,7 +208,8 @@ class StaticEngine:
 
         state = Trajectories(self.model, self.tokenizer, tasks, env, config, seed, row_hook, logits_hook,
                              cache=cache, exact=self.exact)
-        self.exact, state.step_model = state.exact, self.step
+        # a row_hook (ES's population batching) swaps per-row weights in Python: eager decode steps
+        self.exact, state.step_model = state.exact, self.step if row_hook is None else self.model
         return run_loop(state)
 
 # --------------------------------------------------------------------------- Qwen3.5 models built here

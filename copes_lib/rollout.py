@@ -16,6 +16,11 @@ and shift its conv window, so every linear-attention layer runs each group of ro
 tokens only, on a copy of their states that is written back; and turn boundaries select rows of
 every cache layer type (``select_rows``).
 
+One trajectory state serves every engine (:class:`Trajectories`: prompts, per-row feeding, turn
+ends with their tool calls, the batch); :func:`rollout` is its plain scheduler (:func:`run_loop`),
+``copes_lib/engines.py`` holds the others. Sampling draws on the logits' device from a seeded
+generator on that device (on the CPU the same draws as before this was so; docs/engines.md).
+
 Departures from the paper (docs/paper_a_copes.md#a4-task-agent-reward-and-data): an invalid call (no opening tag, empty body, over its
 limit) gets an error observation instead of a retry; the tool budget is per trajectory; the
 reward is computed on the model-written text only (observations removed).
@@ -96,6 +101,7 @@ class RolloutBatch:
     details: list[dict[str, float]] = dataclasses.field(default_factory=list)  # acc/em/f1 (QA), correct (math)
     elapsed_s: float = 0.0
     forward_calls: int = 0
+    model_s: float = 0.0  # host clock inside the model's forward calls (on a GPU: launches, not kernels)
 
     @property
     def new_tokens(self) -> int:
@@ -674,7 +680,7 @@ class Trajectories:
             self.exact = exact if exact is not None else RowExactLinearAttention(model, self.cache, row_hook)
             self.exact.rows_hook = row_hook
         check_hybrid_cache(model, self.cache)
-        self.forwards = 0
+        self.forwards, self.model_s = 0, 0.0
         self.step_model = model  # what runs a decode step (an engine may put a compiled model here)
 
     def __enter__(self):
@@ -775,8 +781,10 @@ class Trajectories:
         attention = self.attention if self.columns is None else \
             torch.nn.functional.pad(self.attention, (0, self.columns - self.width))
         model = self.step_model if decoding else self.model
+        began = time.perf_counter()
         out = model(input_ids=chunk, attention_mask=attention, position_ids=positions, use_cache=True,
                     logits_to_keep=1, **{self.cache_arg: self.cache})
+        self.model_s += time.perf_counter() - began
         self.forwards += 1
         self.fresh = [False] * len(self.rows)
         logits = out.logits[:, -1, :].float()
@@ -857,7 +865,7 @@ class Trajectories:
             rewards=self.env.reward(prompts, model_texts, answers, self.calls),
             scores=[d[self.env.score_key()] for d in details], tool_calls=self.calls, model_texts=model_texts,
             finish_reasons=self.finish, details=details, elapsed_s=time.perf_counter() - self.start_time,
-            forward_calls=self.forwards)
+            forward_calls=self.forwards, model_s=self.model_s)
 
 
 @torch.no_grad()
