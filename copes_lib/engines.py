@@ -118,7 +118,8 @@ class SlotEngine:
     step the cache is re-packed (each row keeps its real columns, :meth:`Trajectories.compact`) once
     its width exceeds the longest live row by more than ``slack`` (a fraction of that row): the
     width stays <= (1 + slack) x the longest live row between forwards (a forward adds at most one
-    chunk). ``widths`` holds (width, longest live row) after each step of the last ``generate``.
+    chunk). ``widths`` holds (width, longest live row) after each step of the last ``generate``,
+    ``compactions`` how often it re-packed.
 
     Greedy results equal the loop's (tested on the CPU); sampled results are seeded but use the
     random stream in another order than the loop does. ``row_hook`` gets original task indices.
@@ -141,6 +142,7 @@ class SlotEngine:
             check_gpu_engine(model)
         self.model, self.tokenizer, self.slots, self.slack = model, tokenizer, slots, slack
         self.widths: list[tuple[int, int]] = []
+        self.compactions = 0
 
     def _state(self, tasks, env, config, seed, row_hook, logits_hook) -> Trajectories:
         return Trajectories(self.model, self.tokenizer, tasks, env, config, seed, row_hook, logits_hook)
@@ -148,7 +150,7 @@ class SlotEngine:
     @torch.no_grad()
     def generate(self, tasks, env, config, seed=0, row_hook=None, logits_hook=None) -> RolloutBatch:
         queue = deque(range(len(tasks)))
-        self.widths = []
+        self.widths, self.compactions = [], 0
         with self._state(tasks, env, config, seed, row_hook, logits_hook) as state:
             while queue or state.rows:
                 free = self.slots - len(state.rows)
@@ -163,6 +165,7 @@ class SlotEngine:
                 longest = max(state.real, default=0)
                 if state.width > longest * (1 + self.slack):
                     state.compact()
+                    self.compactions += 1
                 self.widths.append((state.width, longest))
         return state.to_batch()
 
@@ -179,8 +182,10 @@ class StaticEngine:
     row-exact groups); a decode step of a hybrid model feeds one real token to every row, which the
     row-exact path leaves to the plain model.
 
-    ``columns``: the cache width (default: ``config.max_context`` + the longest prompt; widened if a
-    chunk ever does not fit after re-packing). ``compile``: None = on CUDA only (a CPU compile takes
+    ``columns``: the cache width to start with (default: the longest prompt + 256, at most
+    ``config.max_context``); a chunk that does not fit after re-packing widens it (by a quarter
+    more: a new shape, so a new compiled graph; a few per rollout at most). Every decode step
+    attends over all of it (masked), as a static cache does. ``compile``: None = on CUDA only (a CPU compile takes
     minutes; ``benchmarks/bench_rollout.py --check-compiled`` runs it, the tests run the uncompiled
     static path). With a ``row_hook`` (ES's population batching patches per-row weights in Python)
     the decode steps run eagerly. ES perturbs the weights in place: the compiled step reads them.
@@ -204,7 +209,7 @@ class StaticEngine:
     @torch.no_grad()
     def generate(self, tasks, env, config, seed=0, row_hook=None, logits_hook=None) -> RolloutBatch:
         def cache(prompt_ids):
-            return static_cache(self.model, self.columns or config.max_context + max(map(len, prompt_ids)))
+            return static_cache(self.model, self.columns or min(config.max_context, max(map(len, prompt_ids)) + 256))
 
         state = Trajectories(self.model, self.tokenizer, tasks, env, config, seed, row_hook, logits_hook,
                              cache=cache, exact=self.exact)

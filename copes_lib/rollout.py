@@ -297,10 +297,6 @@ class GrowingLayer(DynamicLayer):
         self._set(self._k, self._v, self._n + new)
         return self.keys, self.values
 
-    @property
-    def width(self) -> int:
-        return self._n if self.is_initialized else 0
-
     def batch_select_indices(self, indices) -> None:
         if self.is_initialized and self._n:
             self._set(self._k[indices], self._v[indices], self._n)
@@ -333,10 +329,6 @@ class StaticRowLayer(StaticLayer):
         if not torch.compiler.is_compiling():
             torch._dynamo.mark_static_address(self.keys)
             torch._dynamo.mark_static_address(self.values)
-
-    @property
-    def width(self) -> int:
-        return int(self.cumulative_length) if self.is_initialized else 0
 
     def batch_select_indices(self, indices) -> None:
         if self.is_initialized:
@@ -383,11 +375,6 @@ def static_cache(model, columns: int):
         raise ConfigError(f"static cache: layer types {sorted(set(unsupported))} are not supported "
                           "(full attention and linear attention are)")
     return cache
-
-
-def cache_width(cache) -> int:
-    """Columns of the attention layers of ``cache`` in use (0 for a cache without attention)."""
-    return max((layer.width for layer in cache.layers if hasattr(layer, "width")), default=0)
 
 
 def add_rows(cache, count: int) -> None:
