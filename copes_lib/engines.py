@@ -32,6 +32,7 @@ PyTorch loop, so it refuses with what to install.
 
 from __future__ import annotations
 
+import inspect
 from collections import deque
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
@@ -82,9 +83,12 @@ def make_engine(name: str, model: nn.Module, tokenizer, **options) -> RolloutEng
     """The engine ``name`` (one of ENGINES) for ``model``; clear errors for what a machine lacks."""
     if name not in ENGINES:
         raise ConfigError(f"engine = {name!r} is not valid; valid values: {list(ENGINES)}")
-    if name == "loop":
-        return LoopEngine(model, tokenizer)
-    return (SlotEngine if name == "slots" else StaticEngine)(model, tokenizer, **options)
+    cls = {"loop": LoopEngine, "slots": SlotEngine, "static": StaticEngine}[name]
+    valid = [p for p in inspect.signature(cls).parameters if p not in ("model", "tokenizer")]
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise ConfigError(f"engine {name!r}: options {unknown} are not valid; valid options: {valid}")
+    return cls(model, tokenizer, **options)
 
 
 def check_gpu_engine(model: nn.Module) -> None:

@@ -105,6 +105,8 @@ def test_bad_engine_and_missing_gpu_say_what_to_do(tokenizer):
     model = build_qwen35("tiny", len(tokenizer), seed=0, tokenizer=tokenizer)
     with pytest.raises(ConfigError, match="valid values"):
         make_engine("vllm", model, tokenizer)
+    with pytest.raises(ConfigError, match="valid options"):
+        make_engine("static", model, tokenizer, slots=4)
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="requirements-gpu.txt"):
             check_gpu_engine(model)
