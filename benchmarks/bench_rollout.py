@@ -17,9 +17,11 @@ Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_rollout.py --profile 
 loop of ``copes_lib/rollout.py`` at ``--before`` read from git, run in this process) against the
 engines now: ``loop``, ``static`` uncompiled and ``static`` compiled (``torch.compile`` on the
 CPU; compile time reported, excluded from the timed runs). Host time = wall time minus the time
-inside the model's forward calls; per decoded token = over the batch's model-written tokens.
-Single-turn greedy and sampled rollouts of ``--batch`` prompts, medians over repeats after a
-warm-up. Saved to ``results/bench/rollout_host_overhead.json``.
+inside the model's forward calls; per decoded token = over the batch's model-written tokens. The
+time inside a forward (``model_ms_per_forward``) is itself mostly dispatch overhead for the smoke
+profile's tiny model (what compiling removes), mostly compute for the cpu profile's. Single-turn
+greedy and sampled rollouts of ``--batch`` prompts, medians over repeats after a warm-up (the
+engines take turns within each repeat). Saved to ``results/bench/rollout_host_overhead_<profile>.json``.
 
 ``--check-compiled``: the compiled ``static`` engine against the loop on the CPU (too slow to
 compile for ``make test``): the smoke Qwen3 and a tiny random Qwen3.5, tool calls forced, greedy
@@ -131,13 +133,15 @@ def host_overhead(args, model, tokenizer, tasks, env) -> dict:
                 out, forward_s = run()
                 tokens[name] = out.completion_ids
                 stats[name].append(((out.elapsed_s - forward_s) / out.new_tokens * 1e3,
-                                    out.elapsed_s / out.new_tokens * 1e3, out.new_tokens / out.elapsed_s))
+                                    out.elapsed_s / out.new_tokens * 1e3, out.new_tokens / out.elapsed_s,
+                                    forward_s / out.forward_calls * 1e3))
         key = "greedy" if temperature == 0 else "sampled"
         base = statistics.median(s[0] for s in stats["before_loop"][1:])
         result["runs"][key] = {
             name: {"host_ms_per_token": statistics.median(s[0] for s in values[1:]),
                    "wall_ms_per_token": statistics.median(s[1] for s in values[1:]),
                    "tokens_per_s": statistics.median(s[2] for s in values[1:]),
+                   "model_ms_per_forward": statistics.median(s[3] for s in values[1:]),
                    "host_overhead_ratio_vs_before": statistics.median(s[0] for s in values[1:]) / base,
                    "same_tokens_as_before": tokens[name] == tokens["before_loop"]}
             for name, values in stats.items()}
@@ -216,7 +220,7 @@ def main() -> None:
         with make_env("math", args.profile) as env:
             result = {"profile": args.profile, "model": "warm" if use_warm else "fresh",
                       "threads": torch.get_num_threads(), **host_overhead(args, model, tokenizer, tasks, env)}
-        runs.atomic_write_json(runs.RESULTS_ROOT / "bench" / "rollout_host_overhead.json", result)
+        runs.atomic_write_json(runs.RESULTS_ROOT / "bench" / f"rollout_host_overhead_{args.profile}.json", result)
         print(result)
         return
     with make_env("math", args.profile) as env:
