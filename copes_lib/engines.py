@@ -148,14 +148,11 @@ class SlotEngine:
         self.widths: list[tuple[int, int]] = []
         self.compactions = 0
 
-    def _state(self, tasks, env, config, seed, row_hook, logits_hook) -> Trajectories:
-        return Trajectories(self.model, self.tokenizer, tasks, env, config, seed, row_hook, logits_hook)
-
     @torch.no_grad()
     def generate(self, tasks, env, config, seed=0, row_hook=None, logits_hook=None) -> RolloutBatch:
         queue = deque(range(len(tasks)))
         self.widths, self.compactions = [], 0
-        with self._state(tasks, env, config, seed, row_hook, logits_hook) as state:
+        with Trajectories(self.model, self.tokenizer, tasks, env, config, seed, row_hook, logits_hook) as state:
             while queue or state.rows:
                 free = self.slots - len(state.rows)
                 if queue and free >= min(self.join_at, len(queue)):
@@ -186,8 +183,8 @@ class StaticEngine:
     row-exact groups); a decode step of a hybrid model feeds one real token to every row, which the
     row-exact path leaves to the plain model.
 
-    ``columns``: the cache width to start with (default: the longest prompt + 256, at most
-    ``config.max_context``); a chunk that does not fit after re-packing widens it (by a quarter
+    ``columns``: the cache width to start with (default: the longest prompt + ``max_new_tokens`` + 8,
+    at most ``config.max_context``: a single-turn rollout fits); a chunk that does not fit after re-packing widens it (by a quarter
     more: a new shape, so a new compiled graph; a few per rollout at most). Every decode step
     attends over all of it (masked), as a static cache does. ``compile``: None = on CUDA only (a CPU compile takes
     minutes; ``benchmarks/bench_rollout.py --check-compiled`` runs it, the tests run the uncompiled
@@ -213,7 +210,8 @@ class StaticEngine:
     @torch.no_grad()
     def generate(self, tasks, env, config, seed=0, row_hook=None, logits_hook=None) -> RolloutBatch:
         def cache(prompt_ids):
-            return static_cache(self.model, self.columns or min(config.max_context, max(map(len, prompt_ids)) + 256))
+            width = min(config.max_context, max(map(len, prompt_ids)) + config.max_new_tokens + 8)
+            return static_cache(self.model, self.columns or width)
 
         state = Trajectories(self.model, self.tokenizer, tasks, env, config, seed, row_hook, logits_hook,
                              cache=cache, exact=self.exact)
