@@ -16,6 +16,7 @@ from typing import Any
 
 from copes_lib.budget import SubstrateSizes
 from copes_lib.config import ConfigError, NotebookParams, param
+from copes_lib.engines import ENGINES
 from copes_lib.es import ESConfig
 from copes_lib.grpo import GRPOConfig
 from copes_lib.grpo_sharded import ShardingConfig
@@ -163,8 +164,8 @@ class ESSettings(NotebookParams):
                              "prompts in one rollout) or ray (same updates)")
     RAY_WORKERS: int = _es_param("ray_workers", 2, "BACKEND ray: workers (one per GPU on a GPU cluster; "
                                  "RAY_ADDRESS joins one)")
-    ENGINE: str = param("loop", "rollout engine: loop, or slots (continuous batching; for GPUs)",
-                        choices=("loop", "slots"))
+    ENGINE: str = param("loop", "rollout engine: loop, slots (continuous batching) or static (preallocated "
+                        "cache, decode step compiled on CUDA); docs/engines.md", choices=ENGINES)
     NOISE: str = _es_param("noise", "iid", "noise seeding (iid or paper_correlated)")
     ES_SEED: int = _es_param("seed", 33, "seed of noise and partitions; seed i of a multi-seed notebook uses "
                              "ES_SEED + i (paper: 33)")
