@@ -26,7 +26,8 @@ import numpy as np
 import torch
 
 from copes_lib import runs
-from copes_lib.es import ES, ESConfig, es_step, make_backend
+from copes_lib.es import ES, ESConfig, es_step
+from copes_lib.es_backends import make_backend
 
 
 class GreedyObjective:
@@ -63,7 +64,7 @@ class GreedyObjective:
         return [float((t == 3).float().mean()) for t in tokens.split(len(self.prompts))]
 
     def validate(self, model):
-        return {"accuracy": self.fitness(model, 0)}
+        return {"score": self.fitness(model, 0)}
 
 
 def _fallback(batch: int):
@@ -86,7 +87,7 @@ def setup(profile: str, batch: int, untrained: bool):
     try:
         import zlib
 
-        from copes_lib.es import AgentObjective
+        from copes_lib.es_objective import AgentObjective
         from copes_lib.protocols.substrate_setup import substrate_config
         from copes_lib.rollout import make_env
         from copes_lib.substrate import build_agent_model, get_tokenizer, warm_rollout_config, warm_start

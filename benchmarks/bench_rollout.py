@@ -12,13 +12,33 @@ initialised model of the profile's shape (``--model fresh``; timing depends litt
 but a fresh model rarely stops early).
 
 Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_rollout.py --profile cpu``.
+
+``--host-overhead``: host time per decoded token (ms) of the rollout before this fast path (the
+loop of ``copes_lib/rollout.py`` at ``--before`` read from git, run in this process) against the
+engines now: ``loop``, ``static`` uncompiled and ``static`` compiled (``torch.compile`` on the
+CPU; compile time reported, excluded from the timed runs). Host time = wall time minus the time
+inside the model's forward calls; per decoded token = over the batch's model-written tokens. The
+time inside a forward (``model_ms_per_forward``) is itself mostly dispatch overhead for the smoke
+profile's tiny model (what compiling removes), mostly compute for the cpu profile's. Single-turn
+greedy and sampled rollouts of ``--batch`` prompts, medians over repeats after a warm-up (the
+engines take turns within each repeat). Saved to ``results/bench/rollout_host_overhead_<profile>.json``.
+
+``--check-compiled``: the compiled ``static`` engine against the loop on the CPU (too slow to
+compile for ``make test``): the smoke Qwen3 and a tiny random Qwen3.5, tool calls forced, greedy
+and sampled; saved to ``results/bench/rollout_compiled_equality.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib.util
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -46,6 +66,127 @@ def generate_tokens(model, tokenizer, tasks, max_new_tokens: int) -> int:
     return count
 
 
+def rollout_at(rev: str):
+    """``copes_lib/rollout.py`` as it was at git revision ``rev``, imported as its own module."""
+    root = Path(__file__).resolve().parents[1]
+    text = subprocess.run(["git", "show", f"{rev}:copes_lib/rollout.py"], cwd=root, check=True,
+                          capture_output=True, text=True).stdout
+    path = Path(tempfile.mkdtemp()) / "rollout_before.py"
+    path.write_text(text)
+    spec = importlib.util.spec_from_file_location("rollout_before", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["rollout_before"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def timed_forward(model):
+    """Wrap ``model.forward`` to add its wall time to ``model.forward_s`` (the old loop has no clock)."""
+    original = model.forward
+
+    @functools.wraps(original)
+    def forward(*args, **kwargs):
+        began = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            model.forward_s += time.perf_counter() - began
+
+    model.forward, model.forward_s = forward, 0.0
+    return lambda: delattr(model, "forward")
+
+
+def run_once(before, engine, model, tokenizer, tasks, env, config):
+    """(batch, seconds inside the model's forward) of ``engine``, or of the old loop when None."""
+    if engine is not None:
+        out = engine.generate(tasks, env, config, seed=0)
+        return out, out.model_s
+    undo = timed_forward(model)
+    try:
+        out = before.rollout(model, tokenizer, tasks, env, config, seed=0)
+    finally:
+        undo()
+    return out, model.forward_s
+
+
+def host_overhead(args, model, tokenizer, tasks, env) -> dict:
+    from copes_lib.engines import StaticEngine, make_engine
+
+    before = rollout_at(args.before)
+    result = {"before": args.before, "batch": len(tasks), "max_new_tokens": args.max_new_tokens, "runs": {}}
+    t0 = time.perf_counter()
+    compiled = StaticEngine(model, tokenizer, compile=True)
+    compiled.generate(tasks[:2], env, RolloutConfig(max_new_tokens=4, max_turns=1, prompt_style="plain"))
+    result["compile_s"] = time.perf_counter() - t0
+    for temperature in (0.0, 1.0):
+        config = RolloutConfig(max_new_tokens=args.max_new_tokens, max_turns=1, temperature=temperature,
+                               prompt_style="plain")
+
+        engines = {"before_loop": None, "loop": make_engine("loop", model, tokenizer),
+                   "static": StaticEngine(model, tokenizer, compile=False), "static_compiled": compiled}
+        runs = {name: functools.partial(run_once, before, engine, model, tokenizer, tasks, env, config)
+                for name, engine in engines.items()}
+        stats = {name: [] for name in runs}
+        tokens = {}
+        for _ in range(args.repeats + 1):  # the first round is a warm-up
+            for name, run in runs.items():
+                out, forward_s = run()
+                tokens[name] = out.completion_ids
+                stats[name].append(((out.elapsed_s - forward_s) / out.new_tokens * 1e3,
+                                    out.elapsed_s / out.new_tokens * 1e3, out.new_tokens / out.elapsed_s,
+                                    forward_s / out.forward_calls * 1e3))
+        key = "greedy" if temperature == 0 else "sampled"
+        base = statistics.median(s[0] for s in stats["before_loop"][1:])
+        result["runs"][key] = {
+            name: {"host_ms_per_token": statistics.median(s[0] for s in values[1:]),
+                   "wall_ms_per_token": statistics.median(s[1] for s in values[1:]),
+                   "tokens_per_s": statistics.median(s[2] for s in values[1:]),
+                   "model_ms_per_forward": statistics.median(s[3] for s in values[1:]),
+                   "host_overhead_ratio_vs_before": statistics.median(s[0] for s in values[1:]) / base,
+                   "same_tokens_as_before": tokens[name] == tokens["before_loop"]}
+            for name, values in stats.items()}
+    return result
+
+
+def check_compiled() -> dict:
+    """Tokens of the compiled static engine == the loop's (dense and hybrid, forced tool calls)."""
+    from copes_lib.engines import StaticEngine, build_qwen35
+    from copes_lib.rollout import encode
+
+    tokenizer = get_tokenizer("smoke", substrate_config("smoke").vocab_size)
+    scripts = [encode(tokenizer, s) for s in ("<python>print(1+2)</python>", "<answer>\\boxed{3}</answer>",
+                                              "<python>print(2*2)</python>")]
+
+    def forcing():
+        count = {}
+
+        def force(rows, generating, logits):  # row r writes scripts[r % 3] first
+            for i, (r, wants) in enumerate(zip(rows, generating)):
+                t = count[r] = count.get(r, -1) + wants
+                if wants and t < len(scripts[r % 3]):
+                    logits[i] = float("-inf")
+                    logits[i, scripts[r % 3][t]] = 0.0
+        return force
+
+    tasks = load_tasks("smoke", "math", "val")[:6]
+    result = {}
+    with make_env("math", "smoke") as env:
+        for family in ("qwen3", "qwen3_5"):
+            model = build_agent_model("smoke", len(tokenizer), 0, tokenizer=tokenizer) if family == "qwen3" \
+                else build_qwen35("tiny", len(tokenizer), 0, tokenizer=tokenizer)
+            engine = StaticEngine(model, tokenizer, compile=True)
+            for temperature in (0.0, 1.0):
+                config = RolloutConfig(max_new_tokens=24, temperature=temperature)
+                t0 = time.perf_counter()
+                fast = engine.generate(tasks, env, config, seed=3, logits_hook=forcing())
+                seconds = time.perf_counter() - t0
+                loop = rollout(model, tokenizer, tasks, env, config, seed=3, logits_hook=forcing())
+                result[f"{family}_{'greedy' if temperature == 0 else 'sampled'}"] = {
+                    "same_tokens": fast.completion_ids == loop.completion_ids, "seconds_with_compile": seconds,
+                    "python_calls": sum(c["python"] for c in loop.tool_calls)}
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--profile", default="cpu", choices=["smoke", "cpu"])
@@ -53,7 +194,15 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--host-overhead", action="store_true", help="host ms per decoded token, before vs now")
+    parser.add_argument("--before", default="863d599", help="git revision of the rollout before the fast path")
+    parser.add_argument("--check-compiled", action="store_true", help="compiled static engine == loop (CPU)")
     args = parser.parse_args()
+    if args.check_compiled:
+        result = {"threads": torch.get_num_threads(), **check_compiled()}
+        runs.atomic_write_json(runs.RESULTS_ROOT / "bench" / "rollout_compiled_equality.json", result)
+        print(result)
+        return
 
     config = substrate_config(args.profile)
     tokenizer = get_tokenizer(args.profile, config.vocab_size)
@@ -67,6 +216,13 @@ def main() -> None:
     single = RolloutConfig(max_new_tokens=args.max_new_tokens, max_turns=1, max_context=config.max_context,
                            prompt_style="plain")
     multi = RolloutConfig(max_new_tokens=args.max_new_tokens * 2, max_context=config.max_context, prompt_style="plain")
+    if args.host_overhead:
+        with make_env("math", args.profile) as env:
+            result = {"profile": args.profile, "model": "warm" if use_warm else "fresh",
+                      "threads": torch.get_num_threads(), **host_overhead(args, model, tokenizer, tasks, env)}
+        runs.atomic_write_json(runs.RESULTS_ROOT / "bench" / f"rollout_host_overhead_{args.profile}.json", result)
+        print(result)
+        return
     with make_env("math", args.profile) as env:
         rollout(model, tokenizer, tasks[:4], env, single, seed=0)  # warm-up
         with torch.no_grad():

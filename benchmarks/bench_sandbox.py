@@ -13,17 +13,28 @@ Measures (saved to results/bench/sandbox.json):
 The codes are short agent-style snippets (arithmetic and a print). Every number is a ratio against
 the baseline measured in this run, because absolute timings depend on the machine and its load.
 
+Before / after kernel isolation (issue 24), measured in the same run, in alternating rounds (the best
+round of each counts, as the machine is shared): ``before`` is the sandbox of ``--before-ref`` (main's
+``copes_lib/tools/sandbox.py``, loaded from git), ``hook_only`` is this sandbox with
+``layers='hook-only'``, ``after`` is this sandbox with its default layers (Landlock, seccomp,
+namespaces, private tmpfs, then the hook). The headline keys (``sandbox_run_calls_per_s`` ...) are
+``after``; ``after_vs_before_run`` and ``after_vs_before_run_many`` are the ratios the goal
+(>= 0.5) is judged by.
+
 Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_sandbox.py [--calls 300] [--workers 2]``
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 from copes_lib import runs
@@ -59,34 +70,74 @@ def bench_baseline(n: int) -> tuple[float, float]:
     return n / (time.perf_counter() - start), 1000 * (children_cpu_s() - cpu0) / n
 
 
+def load_before(ref: str):
+    """The sandbox module of git ``ref`` (its zygote file lives in a temp folder; PYTHONPATH finds copes_lib)."""
+    source = subprocess.run(["git", "show", f"{ref}:copes_lib/tools/sandbox.py"], cwd=runs.REPO_ROOT,
+                            capture_output=True, text=True, check=True).stdout
+    folder = tempfile.mkdtemp(prefix="copes-bench-")
+    path = os.path.join(folder, "sandbox_before.py")
+    with open(path, "w") as handle:
+        handle.write(source)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(runs.REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    spec = importlib.util.spec_from_file_location("copes_sandbox_before", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module, folder
+
+
+def bench_sandbox(make_box, calls: int, workers: int) -> dict:
+    """Serial and pooled calls/s, latency and CPU per call of one sandbox implementation, memo off."""
+    with make_box() as box:
+        box.run_many([agent_code(i) for i in range(2 * workers)])  # warm up
+        latencies = []
+        cpu0 = sum(process_cpu_s(pid) for pid in box.worker_pids())
+        start = time.perf_counter()
+        for i in range(calls):
+            t0 = time.perf_counter()
+            result = box.run(agent_code(i))
+            latencies.append(time.perf_counter() - t0)
+            assert result.output == expected_output(i), result
+        serial_cps = calls / (time.perf_counter() - start)
+        cpu_ms = 1000 * (sum(process_cpu_s(pid) for pid in box.worker_pids()) - cpu0) / calls
+        start = time.perf_counter()
+        results = box.run_many([agent_code(i) for i in range(calls)])
+        parallel_cps = calls / (time.perf_counter() - start)
+        assert [r.output for r in results] == [expected_output(i) for i in range(calls)]
+    latencies_ms = sorted(1000 * t for t in latencies)
+    return {"run_calls_per_s": serial_cps, "run_many_calls_per_s": parallel_cps, "cpu_ms_per_call": cpu_ms,
+            "latency_ms_p50": statistics.median(latencies_ms),
+            "latency_ms_p95": latencies_ms[int(0.95 * (len(latencies_ms) - 1))]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, default=300, help="sandbox calls per measurement")
     parser.add_argument("--baseline-calls", type=int, default=40, help="subprocess calls for the baseline")
     parser.add_argument("--workers", type=int, default=2, help="sandbox workers (CodeSandboxConfig.workers)")
     parser.add_argument("--repeat", type=int, default=8, help="copies of each code in the ES-like batch")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of before / hook_only / after")
+    parser.add_argument("--before-ref", default="main", help="git ref whose sandbox is 'before'")
     args = parser.parse_args()
 
     baseline_cps, baseline_cpu_ms = bench_baseline(args.baseline_calls)
 
-    config = CodeSandboxConfig(workers=args.workers, memo_size=0)
-    with PythonSandbox(config) as box:
-        box.run_many([agent_code(i) for i in range(2 * args.workers)])  # warm up
-        latencies = []
-        cpu0 = sum(process_cpu_s(pid) for pid in box.worker_pids())
-        start = time.perf_counter()
-        for i in range(args.calls):
-            t0 = time.perf_counter()
-            result = box.run(agent_code(i))
-            latencies.append(time.perf_counter() - t0)
-            assert result.output == expected_output(i), result
-        serial_cps = args.calls / (time.perf_counter() - start)
-        sandbox_cpu_ms = 1000 * (sum(process_cpu_s(pid) for pid in box.worker_pids()) - cpu0) / args.calls
-
-        start = time.perf_counter()
-        results = box.run_many([agent_code(i) for i in range(args.calls)])
-        parallel_cps = args.calls / (time.perf_counter() - start)
-        assert [r.output for r in results] == [expected_output(i) for i in range(args.calls)]
+    before, folder = load_before(args.before_ref)
+    makers = {
+        "before": lambda: before.PythonSandbox(before.CodeSandboxConfig(workers=args.workers, memo_size=0)),
+        "hook_only": lambda: PythonSandbox(CodeSandboxConfig(workers=args.workers, memo_size=0, layers="hook-only")),
+        "after": lambda: PythonSandbox(CodeSandboxConfig(workers=args.workers, memo_size=0)),
+    }
+    rounds = {name: [] for name in makers}
+    for _ in range(args.rounds):
+        for name, make in makers.items():
+            rounds[name].append(bench_sandbox(make, args.calls, args.workers))
+    best = {name: {key: (min if key.startswith(("cpu", "latency")) else max)(r[key] for r in rs) for key in rs[0]}
+            for name, rs in rounds.items()}
+    with PythonSandbox(CodeSandboxConfig(workers=1)) as box:
+        layers = box.describe_layers()
+    serial_cps, parallel_cps = best["after"]["run_calls_per_s"], best["after"]["run_many_calls_per_s"]
+    sandbox_cpu_ms = best["after"]["cpu_ms_per_call"]
 
     distinct = max(1, args.calls // args.repeat)
     batch = [agent_code(i % distinct) for i in range(distinct * args.repeat)]
@@ -98,7 +149,6 @@ def main() -> None:
         hit_rate = sum(r.cached for r in results) / len(results)
         assert [r.output for r in results] == [expected_output(i % distinct) for i in range(len(batch))]
 
-    latencies_ms = sorted(1000 * t for t in latencies)
     record = {
         "baseline_subprocess_calls_per_s": baseline_cps,
         "sandbox_run_calls_per_s": serial_cps,
@@ -111,8 +161,13 @@ def main() -> None:
         "baseline_cpu_ms_per_call": baseline_cpu_ms,
         "sandbox_cpu_ms_per_call": sandbox_cpu_ms,
         "cpu_ratio_baseline_vs_sandbox": baseline_cpu_ms / sandbox_cpu_ms,
-        "run_latency_ms_p50": statistics.median(latencies_ms),
-        "run_latency_ms_p95": latencies_ms[int(0.95 * (len(latencies_ms) - 1))],
+        "run_latency_ms_p50": best["after"]["latency_ms_p50"],
+        "run_latency_ms_p95": best["after"]["latency_ms_p95"],
+        "before": best["before"], "hook_only": best["hook_only"], "after": best["after"],
+        "rounds": rounds, "before_ref": args.before_ref, "after_layers": layers,
+        "after_vs_before_run": serial_cps / best["before"]["run_calls_per_s"],
+        "after_vs_before_run_many": parallel_cps / best["before"]["run_many_calls_per_s"],
+        "after_vs_before_cpu": sandbox_cpu_ms / best["before"]["cpu_ms_per_call"],
         "calls": args.calls,
         "baseline_calls": args.baseline_calls,
         "workers": args.workers,
@@ -121,6 +176,7 @@ def main() -> None:
         "device": runs.device_info(),
         **runs.git_state(),
     }
+    shutil.rmtree(folder, ignore_errors=True)
     path = runs.RESULTS_ROOT / "bench" / "sandbox.json"
     runs.atomic_write_json(path, record)
     for key, value in record.items():

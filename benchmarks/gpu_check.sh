@@ -23,7 +23,7 @@ for a in "$@"; do
     if [ "$a" = "--dry-run" ]; then dry=1; else args+=("$a"); fi
 done
 # per-section limits (seconds): kernels, equality, all engines together, GRPO, summary
-T_KERNELS=${T_KERNELS:-30} T_EQUALITY=${T_EQUALITY:-45} T_ENGINES=${T_ENGINES:-200} T_GRPO=${T_GRPO:-40} T_SUMMARY=${T_SUMMARY:-15}
+T_KERNELS=${T_KERNELS:-25} T_EQUALITY=${T_EQUALITY:-40} T_ENGINES=${T_ENGINES:-215} T_GRPO=${T_GRPO:-40} T_SUMMARY=${T_SUMMARY:-15}
 if [ "$dry" = 1 ]; then
     args=(--allow-cpu --size tiny --batch 4 --new-tokens 32 "${args[@]}")
     # CPU limits are generous (a shared 2-core machine); the GPU limits above are what must hold
@@ -52,9 +52,18 @@ check=("$PY" benchmarks/gpu_check.py --dir "$DIR" "${args[@]}")
 section kernels "$T_KERNELS" "${check[@]}" --section kernels
 section equality "$T_EQUALITY" "${check[@]}" --section equality
 engines=$("$PY" -c "from copes_lib.engines import ENGINES; print(' '.join(ENGINES))" 2>/dev/null || echo "loop slots")
+# In ENGINES' order, each engine gets what is left of T_ENGINES less 40 s for each one still to come,
+# so a fast engine leaves its time to the next (a compiled one spends it compiling).
 n=$(wc -w <<< "$engines")
+left=$T_ENGINES
+i=0
 for engine in $engines; do
-    section "engine-$engine" $((T_ENGINES / n)) "${check[@]}" --section engine --engine "$engine"
+    i=$((i + 1))
+    limit=$((left - 40 * (n - i)))
+    [ "$limit" -lt 40 ] && limit=40
+    t0=$SECONDS
+    section "engine-$engine" "$limit" "${check[@]}" --section engine --engine "$engine"
+    left=$((left - (SECONDS - t0)))
 done
 grpo_args=()
 [ "$dry" = 1 ] && grpo_args=(--allow-cpu)

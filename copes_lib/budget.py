@@ -476,7 +476,8 @@ def measure_agent_step_costs(method: str, model: Any, tokenizer: Any, env: Any, 
 
     import torch
 
-    from copes_lib.es import ES, ESConfig, SequentialBackend, es_step
+    from copes_lib.es import ES, ESConfig, es_step
+    from copes_lib.es_backends import SequentialBackend
     from copes_lib.grpo import GRPOConfig, Reference, group_advantages, grpo_update
     from copes_lib.rollout import rollout
 

@@ -17,17 +17,23 @@ keeping it; see docs/engines.md):
   indices of the rows in it (the population-batched ES backend needs it; an engine that cannot
   offer it raises ``ConfigError`` when given one).
 
-Engines here: ``loop`` (the plain batched loop of ``rollout.rollout``: CPU and any device) and
-``slots`` (continuous batching: a fixed number of slots, a finished trajectory frees its slot for
-the next task, a row whose turn ends runs its tool and continues without waiting for the rest of
-the batch; hybrid Qwen3.5 models supported through the row-exact linear-attention path). On a GPU
-the ``slots`` engine needs the Triton kernels of Qwen3.5's linear attention
+Engines here, all on one trajectory state (:class:`copes_lib.rollout.Trajectories`), each only a
+scheduler: ``loop`` (the plain batched loop of ``rollout.rollout``: CPU and any device), ``slots``
+(continuous batching: a fixed number of slots, a finished trajectory frees its slot for the next
+task, a row whose turn ends runs its tool and continues without waiting for the rest of the batch;
+its cache is re-packed so its width stays near the longest live row) and ``static`` (the loop's
+scheduler on a fast decode path: a fixed-width static cache, decode inputs built on the device, a
+``torch.compile``-d decode step, CUDA graphs on a GPU; the loop's tokens, sampled ones included).
+Hybrid Qwen3.5 models are supported through the row-exact linear-attention path. On a GPU an
+engine built with ``require_gpu=True`` needs the Triton kernels of Qwen3.5's linear attention
 (``flash-linear-attention``, requirements-gpu.txt): without them transformers falls back to a slow
-PyTorch loop, so :func:`make_engine` refuses with what to install.
+PyTorch loop, so it refuses with what to install.
 """
 
 from __future__ import annotations
 
+import inspect
+from collections import deque
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
@@ -35,10 +41,18 @@ import torch
 from torch import nn
 
 from copes_lib.config import ConfigError
-from copes_lib.rollout import AgentEnv, RolloutBatch, RolloutConfig, rollout
+from copes_lib.rollout import (
+    AgentEnv,
+    RolloutBatch,
+    RolloutConfig,
+    Trajectories,
+    rollout,
+    run_loop,
+    static_cache,
+)
 from copes_lib.tasks import Task
 
-ENGINES = ("loop", "slots")
+ENGINES = ("loop", "slots", "static")
 
 
 @runtime_checkable
@@ -69,9 +83,12 @@ def make_engine(name: str, model: nn.Module, tokenizer, **options) -> RolloutEng
     """The engine ``name`` (one of ENGINES) for ``model``; clear errors for what a machine lacks."""
     if name not in ENGINES:
         raise ConfigError(f"engine = {name!r} is not valid; valid values: {list(ENGINES)}")
-    if name == "loop":
-        return LoopEngine(model, tokenizer)
-    return SlotEngine(model, tokenizer, **options)
+    cls = {"loop": LoopEngine, "slots": SlotEngine, "static": StaticEngine}[name]
+    valid = [p for p in inspect.signature(cls).parameters if p not in ("model", "tokenizer")]
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise ConfigError(f"engine {name!r}: options {unknown} are not valid; valid options: {valid}")
+    return cls(model, tokenizer, **options)
 
 
 def check_gpu_engine(model: nn.Module) -> None:
@@ -97,211 +114,110 @@ class SlotEngine:
     task at once, and a row whose turn ends with a tool call runs the call (together with the rows
     that stopped at the same token) and feeds its observation in the next forward while the others
     keep decoding: no row waits for the slowest row of its batch. One forward per token, as the loop;
-    rows join with fresh cache rows (attention: masked columns; linear attention: fresh states), and
-    leading cache columns no row uses any more are dropped.
+    rows join with fresh cache rows (attention: masked columns; linear attention: fresh states).
+    The trajectory state is the loop's (:class:`copes_lib.rollout.Trajectories`); this class is only
+    the scheduler.
+
+    Memory: a prompt or observation fed to some rows adds masked columns to every row. After every
+    step the cache is re-packed (each row keeps its real columns, :meth:`Trajectories.compact`) once
+    its width exceeds the longest live row by more than ``slack`` (a fraction of that row): the
+    width stays <= (1 + slack) x the longest live row between forwards (a forward adds at most one
+    chunk). ``widths`` holds (width, longest live row) after each step of the last ``generate``,
+    ``compactions`` how often it re-packed.
 
     Greedy results equal the loop's (tested on the CPU); sampled results are seeded but use the
     random stream in another order than the loop does. ``row_hook`` gets original task indices.
-
-    Cost of joining: a joining row's prompt is fed while the others decode, so every row's cache
-    gets that many (masked) columns; rows therefore join in groups, once ``join_at`` slots are free
-    (default: an eighth of the slots), and the masked columns stay until every row that saw them has
-    left. A paged KV cache would avoid them (transformers' paged continuous batching does not take
-    linear-attention layers in 5.24).
+    Rows join in groups, once ``join_at`` slots are free (default: an eighth of the slots), so
+    prompts are fed (and the cache re-packed) less often.
     """
 
     name = "slots"
 
     def __init__(self, model: nn.Module, tokenizer, slots: int = 64, require_gpu: bool = False,
-                 join_at: int | None = None):
+                 join_at: int | None = None, slack: float = 0.25):
         if slots < 1:
             raise ConfigError(f"SlotEngine: slots = {slots} must be >= 1")
         self.join_at = max(1, slots // 8) if join_at is None else join_at
         if not 1 <= self.join_at <= slots:
             raise ConfigError(f"SlotEngine: join_at = {join_at} must be in [1, slots = {slots}]")
+        if slack < 0:
+            raise ConfigError(f"SlotEngine: slack = {slack} must be >= 0")
         if require_gpu:
             check_gpu_engine(model)
-        self.model, self.tokenizer, self.slots = model, tokenizer, slots
+        self.model, self.tokenizer, self.slots, self.slack = model, tokenizer, slots, slack
+        self.widths: list[tuple[int, int]] = []
+        self.compactions = 0
 
     @torch.no_grad()
     def generate(self, tasks, env, config, seed=0, row_hook=None, logits_hook=None) -> RolloutBatch:
-        import contextlib
-        import time
-        from collections import deque
+        queue = deque(range(len(tasks)))
+        self.widths, self.compactions = [], 0
+        with Trajectories(self.model, self.tokenizer, tasks, env, config, seed, row_hook, logits_hook) as state:
+            while queue or state.rows:
+                free = self.slots - len(state.rows)
+                if queue and free >= min(self.join_at, len(queue)):
+                    state.add([queue.popleft() for _ in range(min(free, len(queue)))])
+                stopped = state.feed(state.pick(state.forward()))
+                if stopped:
+                    going_on = set(state.end_turns(stopped))
+                    ended = set(stopped) - going_on
+                    if ended:
+                        state.keep([i for i in range(len(state.rows)) if i not in ended])
+                longest = max(state.real, default=0)
+                if state.width > longest * (1 + self.slack):
+                    state.compact()
+                    self.compactions += 1
+                self.widths.append((state.width, longest))
+        return state.to_batch()
 
-        from copes_lib import rollout as ro
-        from copes_lib.tasks import format_prompt
 
-        start = time.perf_counter()
-        model, tok = self.model, self.tokenizer
+class StaticEngine:
+    """The plain loop's scheduler (:func:`copes_lib.rollout.run_loop`: the same tokens as ``loop``,
+    greedy and sampled, for the same seed) on a fast decode path: a preallocated fixed-width cache
+    (:func:`copes_lib.rollout.static_cache`: transformers' StaticLayer, written at a device-side
+    column, re-packed in place when a chunk would not fit), decode steps whose inputs are built on
+    the device (the last tokens, positions, one mask column), run by ``torch.compile`` (on a GPU
+    ``mode="reduce-overhead"``: CUDA graphs), sampling on the device with a seeded device generator.
+    Per token the host syncs once, on the picked tokens (the stop check). Prompts and observations
+    run eagerly (other shapes), and so do a hybrid model's steps in which some rows wait (the
+    row-exact groups); a decode step of a hybrid model feeds one real token to every row, which the
+    row-exact path leaves to the plain model.
+
+    ``columns``: the cache width to start with (default: the longest prompt + ``max_new_tokens`` + 8,
+    at most ``config.max_context``: a single-turn rollout fits); a chunk that does not fit after re-packing widens it (by a quarter
+    more: a new shape, so a new compiled graph; a few per rollout at most). Every decode step
+    attends over all of it (masked), as a static cache does. ``compile``: None = on CUDA only (a CPU compile takes
+    minutes; ``benchmarks/bench_rollout.py --check-compiled`` runs it, the tests run the uncompiled
+    static path). With a ``row_hook`` (ES's population batching patches per-row weights in Python)
+    the decode steps run eagerly. ES perturbs the weights in place: the compiled step reads them.
+    """
+
+    name = "static"
+
+    def __init__(self, model: nn.Module, tokenizer, columns: int | None = None, compile: bool | None = None,
+                 compile_mode: str | None = None, require_gpu: bool = False):
+        if columns is not None and columns < 8:
+            raise ConfigError(f"StaticEngine: columns = {columns} must be >= 8 (or None: from the config)")
+        if require_gpu:
+            check_gpu_engine(model)
+        self.model, self.tokenizer, self.columns = model, tokenizer, columns
         device = next(model.parameters()).device
-        was_training = model.training
-        model.eval()
-        stops = ro.StopMatcher(tok)
-        pad_id = tok.pad_token_id if tok.pad_token_id is not None else ro._as_list(tok.eos_token_id)[0]
-        limits = {"python": env.limits["python"] if config.max_python_calls is None else config.max_python_calls,
-                  "search": env.limits["search"] if config.max_search_calls is None else config.max_search_calls}
-        style = ro.prompt_style(tok, config)
-        max_turns = config.max_turns or limits["python"] + limits["search"] + 1
-        prompt_ids = [ro.encode(tok, format_prompt(t, style, tok, limits["python"], limits["search"],
-                                                   config.enable_thinking)) for t in tasks]
-        n = len(tasks)
-        completion, mask, segment, parts = ([[] for _ in range(n)] for _ in range(4))
-        calls = [{"python": 0, "search": 0} for _ in range(n)]
-        finish, turns, n_model = [""] * n, [0] * n, [0] * n
-        generator = torch.Generator().manual_seed(seed)
-        queue = deque(range(n))
-        rows: list[int] = []
-        pending: list[list[int]] = []
-        fresh: list[bool] = []
-        seen = torch.zeros(0, dtype=torch.long, device=device)
-        attention = torch.zeros(0, 0, dtype=torch.long, device=device)
-        cache = ro._growing_cache(model)
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        cache_arg = "cache" if "cache" in ro.inspect.signature(base.forward).parameters else "past_key_values"
-        exact = ro._RowExactLinearAttention(model, cache, row_hook) if ro.linear_attention_layers(cache) else None
-        forwards = 0
-        with exact if exact is not None else contextlib.nullcontext():
-            while queue or rows:
-                joining = []
-                free = self.slots - len(rows)
-                while queue and free >= min(self.join_at, len(queue)) and len(rows) + len(joining) < self.slots:
-                    joining.append(queue.popleft())
-                if joining:
-                    _add_rows(cache, len(joining))
-                    rows += joining
-                    pending += [list(prompt_ids[r]) for r in joining]
-                    fresh += [True] * len(joining)
-                    seen = torch.cat([seen, seen.new_zeros(len(joining))])
-                    attention = torch.cat([attention, attention.new_zeros(len(joining), attention.shape[1])])
-                width = max(len(p) for p in pending)
-                chunk = torch.tensor([[pad_id] * (width - len(p)) + p for p in pending], dtype=torch.long,
-                                     device=device)
-                chunk_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in pending],
-                                          dtype=torch.long, device=device)
-                positions = (seen[:, None] + chunk_mask.cumsum(1) - 1).clamp_min(0)
-                attention = torch.cat([attention, chunk_mask], dim=1)
-                seen = seen + chunk_mask.sum(1)
-                if row_hook is not None:
-                    row_hook(list(rows))
-                if exact is not None:
-                    exact.prepare([len(p) for p in pending], rows, device, fresh)
-                out = model(input_ids=chunk, attention_mask=attention, position_ids=positions, use_cache=True,
-                            logits_to_keep=1, **{cache_arg: cache})
-                forwards += 1
-                fresh = [False] * len(rows)
-                logits = out.logits[:, -1, :].float()
-                if pad_id not in stops.eos_ids:
-                    logits[:, pad_id] = float("-inf")
-                if logits_hook is not None:
-                    logits_hook(list(rows), [True] * len(rows), logits)
-                new_tokens = ro._pick(logits, config, generator).tolist()
+        self.compile = device.type == "cuda" if compile is None else compile
+        self.compile_mode = compile_mode or ("reduce-overhead" if device.type == "cuda" else "default")
+        self.step = torch.compile(model, mode=self.compile_mode) if self.compile else model
+        self.exact = None  # made at the first generate, then kept: the compiled step guards on it
 
-                stopped = []  # (batch row, original row) whose turn ended at this token
-                for i, r in enumerate(rows):
-                    token = new_tokens[i]
-                    completion[r].append(token)
-                    mask[r].append(1)
-                    segment[r].append(token)
-                    pending[i] = [token]
-                    n_model[r] += 1
-                    stop = ro.turn_stop(stops, segment[r], n_model[r], len(prompt_ids[r]) + len(completion[r]), config)
-                    if stop is not None:
-                        finish[r] = stop
-                        stopped.append((i, r))
-                if not stopped:
-                    continue
-                observations = _turn_end(tok, env, config, limits, stopped, finish, segment, parts, turns, calls)
-                stopped_rows = {r for _, r in stopped}
-                keep = []
-                for i, r in enumerate(rows):
-                    if r not in stopped_rows:
-                        keep.append(i)
-                    elif r in observations:
-                        obs_ids = ro.encode(tok, observations[r])
-                        if turns[r] >= max_turns:
-                            finish[r] = "turns"
-                        elif len(prompt_ids[r]) + len(completion[r]) + len(obs_ids) + 1 > config.max_context:
-                            finish[r] = "context"
-                        else:
-                            completion[r].extend(obs_ids)
-                            mask[r].extend([0] * len(obs_ids))
-                            pending[i] = pending[i] + obs_ids
-                            keep.append(i)
-                if len(keep) < len(rows):
-                    index = torch.tensor(keep, dtype=torch.long, device=device)
-                    ro.select_rows(cache, index)
-                    attention, seen = attention[index], seen[index]
-                    rows, pending = [rows[i] for i in keep], [pending[i] for i in keep]
-                    fresh = [fresh[i] for i in keep]
-                    attention = _drop_unused_columns(cache, attention)
-        if was_training:
-            model.train()
-        model_texts = ["".join(p) for p in parts]
-        answers = [t.answers for t in tasks]
-        prompts = [ro.decode(tok, p) for p in prompt_ids]
-        details = env.details(prompts, model_texts, answers)
-        return RolloutBatch(
-            tasks=list(tasks), prompt_ids=prompt_ids, completion_ids=completion, model_mask=mask,
-            texts=[ro.decode(tok, c) for c in completion], rewards=env.reward(prompts, model_texts, answers, calls),
-            scores=[d[env.score_key()] for d in details], tool_calls=calls, model_texts=model_texts,
-            finish_reasons=finish, details=details, elapsed_s=time.perf_counter() - start, forward_calls=forwards)
+    @torch.no_grad()
+    def generate(self, tasks, env, config, seed=0, row_hook=None, logits_hook=None) -> RolloutBatch:
+        def cache(prompt_ids):
+            width = min(config.max_context, max(map(len, prompt_ids)) + config.max_new_tokens + 8)
+            return static_cache(self.model, self.columns or width)
 
-
-def _turn_end(tokenizer, env, config, limits, stopped, finish, segment, parts, turns, calls) -> dict[int, str]:
-    """The turn boundary of ``rollout.rollout`` for the rows ``stopped``: keep the turn's text, run
-    their valid tool calls in one batch per tool; returns {original row: observation}."""
-    from copes_lib.rollout import decode, run_tool_calls
-
-    tool_rows = {"python": [], "search": []}
-    for _i, r in stopped:
-        text = decode(tokenizer, segment[r])
-        parts[r].append(text)
-        segment[r] = []
-        turns[r] += 1
-        if finish[r] in ("python", "search"):
-            tool_rows[finish[r]].append((r, text))
-    return run_tool_calls(env, tool_rows, calls, limits)
-
-
-def _add_rows(cache, count: int) -> None:
-    """Append ``count`` empty rows to every initialised layer of ``cache`` (attention: zero keys and
-    values under masked columns; linear attention: zero states, marked fresh by the caller)."""
-    from transformers.cache_utils import LinearAttentionCacheLayerMixin
-
-    from copes_lib.rollout import GrowingLayer
-
-    for layer in cache.layers:
-        if isinstance(layer, LinearAttentionCacheLayerMixin):
-            for s in range(layer.number_of_states):
-                for kind in ("conv", "recurrent"):
-                    states = getattr(layer, f"{kind}_states")
-                    if getattr(layer, f"is_{kind}_states_initialized")[s]:
-                        old = states[s]
-                        states[s] = torch.cat([old, old.new_zeros(count, *old.shape[1:])])
-        if isinstance(layer, GrowingLayer) and layer.is_initialized and layer._k is not None:
-            layer._k = torch.cat([layer._k, layer._k.new_zeros(count, *layer._k.shape[1:])])
-            layer._v = torch.cat([layer._v, layer._v.new_zeros(count, *layer._v.shape[1:])])
-            layer.keys, layer.values = layer._k[..., :layer._n, :], layer._v[..., :layer._n, :]
-        elif not isinstance(layer, (GrowingLayer, LinearAttentionCacheLayerMixin)):
-            raise ConfigError(f"SlotEngine: cache layer type {type(layer).__name__} is not supported")
-
-
-def _drop_unused_columns(cache, attention: torch.Tensor) -> torch.Tensor:
-    """Drop the leading cache columns that no remaining row attends to (rows that used them left)."""
-    from copes_lib.rollout import GrowingLayer
-
-    used = attention.any(0).nonzero()
-    first = int(used[0]) if len(used) else attention.shape[1]
-    if first < 64:  # not worth a copy
-        return attention
-    for layer in cache.layers:
-        if isinstance(layer, GrowingLayer) and layer.is_initialized and layer._n:
-            layer._k = layer._k[..., first:, :].contiguous()
-            layer._v = layer._v[..., first:, :].contiguous()
-            layer._n -= first
-            layer.keys, layer.values = layer._k[..., :layer._n, :], layer._v[..., :layer._n, :]
-    return attention[:, first:]
+        state = Trajectories(self.model, self.tokenizer, tasks, env, config, seed, row_hook, logits_hook,
+                             cache=cache, exact=self.exact)
+        # a row_hook (ES's population batching) swaps per-row weights in Python: eager decode steps
+        self.exact, state.step_model = state.exact, self.step if row_hook is None else self.model
+        return run_loop(state)
 
 # --------------------------------------------------------------------------- Qwen3.5 models built here
 QWEN35_SIZES = {

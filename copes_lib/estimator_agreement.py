@@ -26,7 +26,7 @@ it; at equal norm what differs is the step along the reference direction, ||u|| 
 Departures, and why: the ES objective is the GREEDY reward (the paper's ES fitness) while the GRPO
 gradient is that of the reward of SAMPLED trajectories (temperature 1, the paper's GRPO rollouts), so
 the two directions need not coincide even without noise; the GRPO direction is the raw gradient, not
-the AdamW step GRPO would take (AdamW rescales coordinates). On the toy quadratic (``es.toy_quadratic``)
+the AdamW step GRPO would take (AdamW rescales coordinates). On the toy quadratic (``es_objective.toy_quadratic``)
 the true gradient is known and ``true_gradient_quadratic`` gives it.
 """
 
@@ -44,6 +44,8 @@ from torch import nn
 
 from copes_lib import es as es_engine
 from copes_lib import grpo as grpo_engine
+from copes_lib.es_backends import make_backend
+from copes_lib.es_objective import QuadraticObjective
 
 
 # --------------------------------------------------------------------------- vectors
@@ -69,7 +71,7 @@ def es_update_vector(model: nn.Module, objective: Any, config: es_engine.ESConfi
     then ``ES.update`` writes the step into zero tensors instead of theta (its master copy).
     """
     engine = es_engine.ES(model, config)
-    backend = backend or es_engine.make_backend(engine)
+    backend = backend or make_backend(engine)
     try:
         plan = engine.plan(step)
         rewards = backend.evaluate(engine, plan, objective)
@@ -133,7 +135,7 @@ def grpo_direction(model: nn.Module, tokenizer: Any, env: Any, tasks: Sequence[A
                        "zero_std_group_frac": float((group_std == 0).float().mean())}
 
 
-def true_gradient_quadratic(model: nn.Module, objective: es_engine.QuadraticObjective) -> torch.Tensor:
+def true_gradient_quadratic(model: nn.Module, objective: QuadraticObjective) -> torch.Tensor:
     """The exact ascent direction of ``QuadraticObjective``: d/dtheta -mean((theta - t)^2)."""
     n = sum(t.numel() for t in objective.target)
     return torch.cat([(2.0 / n) * (t.float() - p.detach().float()).reshape(-1)

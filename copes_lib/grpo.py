@@ -49,7 +49,8 @@ How it departs from the paper / VeRL 0.8.0:
   over GPUs (FSDP2) is ``copes_lib.grpo_sharded``, which runs this module's update in each process;
   the memory a configuration needs per device, and a fit check, are in ``copes_lib.grpo_memory``.
 - The best checkpoint is chosen among trained steps only (step 0, the base model, is reported
-  separately), by strict improvement of validation accuracy, the earliest step winning ties.
+  separately), by strict improvement of ``eval/val_score`` (accuracy on math, F1 on QA: ``validation_row``),
+  the earliest step winning ties (``copes_lib.training_run``, shared with ES).
 - Log-probabilities are computed on left-padded prompts with explicit position ids; logits are
   divided by the sampling temperature as in VeRL.
 - Peak memory: ``torch.cuda.max_memory_allocated`` on GPU; on CPU the process's peak resident set
@@ -74,6 +75,7 @@ import torch.utils.checkpoint
 
 from copes_lib import runs
 from copes_lib.config import Config, ConfigError, param
+from copes_lib.training_run import LAST, SCORE, RunBook, TrainingRun
 
 KL_ESTIMATORS = ("low_var_kl", "k3", "k1", "k2")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
@@ -617,31 +619,11 @@ def _group_sum(values: list[float], process_group: Any) -> list[float]:
 
 # --------------------------------------------------------------------------- training loop
 @dataclasses.dataclass
-class GRPOResult:
-    """What :func:`train_grpo` returns. ``history`` holds one metrics dict per step (step 0 = base)."""
+class GRPOResult(TrainingRun):
+    """What :func:`train_grpo` returns: the run (``copes_lib.training_run.TrainingRun``: history, the
+    ``eval/val_score`` of every validated step, the best checkpoint, ``.curve()``) and the trained policy."""
 
-    policy: torch.nn.Module
-    history: list[dict[str, Any]]
-    val_by_step: dict[int, float]
-    base_val: float
-    best_step: int | None
-    best_val: float | None
-    best_path: Path | None
-    last_path: Path
-    stopped_early: bool = False  # early_stop_patience validations without a new best ended the run
-
-    @property
-    def last_step(self) -> int:
-        return int(self.history[-1]["step"])
-
-    @property
-    def peak_censored(self) -> bool:
-        """The best validation is the last trained step and the run did not stop on its own: the peak
-        may lie beyond the run (a reference gain measured here may be underestimated)."""
-        return self.best_step is not None and self.best_step == self.last_step and not self.stopped_early
-
-    def val_at(self, step: int) -> float | None:
-        return self.val_by_step.get(step)
+    policy: torch.nn.Module | None = None
 
 
 def prompt_batch(tasks: Sequence[Any], step: int, batch_size: int, seed: int) -> list[Any]:
@@ -657,13 +639,6 @@ def prompt_batch(tasks: Sequence[Any], step: int, batch_size: int, seed: int) ->
     order = list(range(len(tasks)))
     random.Random(seed * 1_000_003 + epoch).shuffle(order)
     return [tasks[i] for i in order[slot * batch_size:(slot + 1) * batch_size]]
-
-
-def _val_metric(result: dict[str, Any]) -> float:
-    for key in ("accuracy", "f1"):
-        if key in result:
-            return float(result[key])
-    raise KeyError(f"evaluate() returned {sorted(result)}; expected an 'accuracy' or 'f1' entry")
 
 
 def _default_rollout_fns() -> tuple[Callable, Callable]:
@@ -735,13 +710,66 @@ def _pad_id(tokenizer: Any) -> int:
     return int(pad) if pad is not None else 0
 
 
+def grpo_step(step: int, train_tasks: Sequence[Any], config: GRPOConfig, rollout: Callable[[list, int], Any],
+              update: Callable[[Any, torch.Tensor], dict[str, float]], push: Callable[[], None],
+              device: torch.device) -> dict[str, Any]:
+    """One GRPO training step, numbered as the module docstring; returns its metrics row.
+
+    ``rollout(tasks, seed)`` samples trajectories (temperature ``config.temperature``) from the weights
+    the rollout engine holds, ``update(batch, advantages)`` is steps 3-5 (:func:`grpo_update`, or a
+    sharded one) and ``push()`` gives the rollout engine the new weights (:class:`RolloutWeights`).
+    Prompts and sampling seeds depend only on (``config.seed``, ``step``).
+    """
+    t0 = time.perf_counter()
+    tasks = prompt_batch(train_tasks, step, config.prompt_batch_size, config.seed)   # 1. B prompts,
+    batch = rollout([t for t in tasks for _ in range(config.group_size)],            #    G trajectories each
+                    config.seed * 1_000_003 + step)
+    t1 = time.perf_counter()
+    rewards = torch.tensor(batch.rewards, dtype=torch.float32)
+    advantages = group_advantages(rewards, config.group_size,                        # 2. A_i = (r_i - mean_g)
+                                  norm_by_std=config.norm_adv_by_std, eps=config.adv_eps)  # / (std_g + eps)
+    stats = update(batch, advantages)                                                # 3-5. rho_t, clip, k3 KL,
+    push()                                                                           #      AdamW; new weights out
+    t2 = time.perf_counter()
+    group_std = rewards.view(-1, config.group_size).std(dim=1)
+    return {
+        "step": step,
+        "reward/mean": float(rewards.mean()),
+        "reward/std": float(rewards.std()),
+        "score/mean": float(sum(batch.scores) / len(batch.scores)) if getattr(batch, "scores", None) else math.nan,
+        "grpo/kl": stats["kl"],
+        "grpo/clip_frac": stats["clip_frac"],
+        "grpo/entropy": stats["entropy"],
+        "grpo/ratio_mean": stats["ratio_mean"],
+        "grpo/loss": stats["loss"],
+        "grpo/grad_norm": stats["grad_norm"],
+        "grpo/zero_std_group_frac": float((group_std == 0).float().mean()),
+        "grpo/model_tokens_mean": sum(map(sum, batch.model_mask)) / len(batch.model_mask),
+        "mem/peak_gib": runs.peak_memory_gib(device),
+        "time/rollout_s": t1 - t0,
+        "time/update_s": t2 - t1,
+        "time/step_s": t2 - t0,
+    }
+
+
+def validation_row(result: dict[str, Any]) -> dict[str, float]:
+    """An ``evaluate`` result as metrics: ``eval/val_score`` (what checkpoints are selected on:
+    accuracy on math, F1 on QA) and, where the result has them, ``eval/val_accuracy`` / ``eval/val_f1``."""
+    if "score" not in result:
+        raise KeyError(f"evaluate() returned {sorted(result)}; expected a 'score' entry (the selected metric)")
+    row = {SCORE: float(result["score"])}
+    row.update({f"eval/val_{k}": float(result[k]) for k in ("accuracy", "f1") if k in result})
+    return row
+
+
 def train_grpo(model: torch.nn.Module, tokenizer: Any, env: Any, train_tasks: Sequence[Any],
                val_tasks: Sequence[Any], config: GRPOConfig, run_dir: str | Path, *,
                rollout_config: Any = None, resume: bool = True, stop_after: int | None = None,
                on_step: Callable[[int, dict[str, Any]], None] | None = None,
                rollout_fn: Callable | None = None, evaluate_fn: Callable | None = None,
                update_fn: Callable | None = None) -> GRPOResult:
-    """Train ``model`` with GRPO and return its history; checkpoints live in ``run_dir``.
+    """Train ``model`` with GRPO (:func:`grpo_step` repeated) and return the run; checkpoints live in
+    ``run_dir``.
 
     ``model`` is trained in place (full) or wrapped with LoRA adapters (``config.use_lora``); the
     trained policy is ``result.policy``. ``rollout_config`` is a ``copes_lib.rollout.RolloutConfig``
@@ -749,32 +777,30 @@ def train_grpo(model: torch.nn.Module, tokenizer: Any, env: Any, train_tasks: Se
     rollouts and by temperature 0 for validation. ``rollout_fn(model, tokenizer, tasks, env, cfg, seed)``
     and ``evaluate_fn`` default to ``copes_lib.rollout.rollout`` / ``evaluate``; tests pass stand-ins.
 
-    Validation (temperature 0) runs at step 0 (the base model), every ``val_every`` steps and at the
-    last step; the best validated step's trainable weights go to ``run_dir/best.pt``. ``run_dir/last.pt``
-    (weights, optimizer, history) is written every ``save_every`` steps, and with ``resume`` a rerun
-    continues from it; prompts and sampling seeds depend only on (seed, step), so a resumed run
-    equals an uninterrupted one. ``stop_after`` ends the run after that step (validated and
-    checkpointed), so a learning-rate sweep can continue its winner to ``total_steps`` by resuming.
-    ``config.early_stop_patience`` = P > 0 ends the run after P validations in a row without a new best
-    (``result.stopped_early``; the checkpoint records it, so a resumed run stays stopped); otherwise
-    ``total_steps`` is reached and ``best_step == total_steps`` means the peak may lie beyond it.
+    Validation (temperature 0; ``eval/val_score``, see :func:`validation_row`) runs at step 0 (the
+    base model), every ``val_every`` steps and at the last step; the best validated trained step's
+    weights go to ``run_dir/best.pt``. ``run_dir/last.pt`` (weights, optimizer, history) is written every
+    ``save_every`` steps, and with ``resume`` a rerun continues from it (``copes_lib.training_run``);
+    prompts and sampling seeds depend only on (seed, step), so a resumed run equals an uninterrupted one.
+    ``stop_after`` ends the run after that step (validated and checkpointed), so a learning-rate sweep
+    can continue its winner to ``total_steps`` by resuming. ``config.early_stop_patience`` = P > 0 ends
+    the run after P validations in a row without a new best (``result.stopped_early``; the checkpoint
+    records it, so a resumed run stays stopped); otherwise ``total_steps`` is reached and
+    ``best_step == total_steps`` means the peak may lie beyond it.
 
     ``update_fn(policy, rollouts, advantages, pad_id) -> statistics`` replaces the in-process
     :func:`grpo_update` (``copes_lib.grpo_sharded.ShardedUpdater`` runs it sharded over GPUs and
     copies the new weights into ``policy``); it keeps its own optimizer state, so ``resume`` is refused.
     """
-    if update_fn is not None and resume and (Path(run_dir) / "last.pt").exists():
-        raise ValueError(f"{Path(run_dir) / 'last.pt'} exists but an update_fn keeps its own optimizer state, "
-                         "which the checkpoint does not hold; pass resume=False or a new run_dir")
+    if update_fn is not None and resume and (Path(run_dir) / LAST).exists():
+        raise ConfigError(f"{Path(run_dir) / LAST} exists but an update_fn keeps its own optimizer state, "
+                          "which the checkpoint does not hold; pass resume=False or a new run_dir")
     if stop_after is not None and stop_after < 1:
-        raise ValueError(f"stop_after = {stop_after} must be >= 1 (or None to run all total_steps)")
+        raise ConfigError(f"stop_after = {stop_after} must be >= 1 (or None to run all total_steps)")
     if rollout_fn is None or evaluate_fn is None:
         default_rollout, default_evaluate = _default_rollout_fns()
         rollout_fn = rollout_fn or default_rollout
         evaluate_fn = evaluate_fn or default_evaluate
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    last_path, best_path = run_dir / "last.pt", run_dir / "best.pt"
     device = next(model.parameters()).device
 
     sample_cfg = eval_cfg = rollout_config
@@ -787,100 +813,55 @@ def train_grpo(model: torch.nn.Module, tokenizer: Any, env: Any, train_tasks: Se
     reference = Reference(policy, config.use_lora, needed=config.kl_coef > 0)
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=config.lr,
                                   weight_decay=config.weight_decay)
+    book = RunBook(run_dir, config, resume=resume, patience=config.early_stop_patience,
+                   map_location=str(device))
+    if book.saved is not None:
+        load_trainable_state(policy, book.saved["trainable"])
+        optimizer.load_state_dict(book.saved["optimizer"])
 
-    history: list[dict[str, Any]] = []
-    val_by_step: dict[int, float] = {}
-    best_step, best_val, start, stale, stopped = None, None, 0, 0, False
-    state = runs.load_checkpoint(last_path, map_location=str(device)) if resume else None
-    if state is not None:
-        if state["config"] != config.to_dict():
-            raise ValueError(f"{last_path} was written with a different GRPOConfig; delete it or pass resume=False")
-        load_trainable_state(policy, state["trainable"])
-        optimizer.load_state_dict(state["optimizer"])
-        history, start = state["history"], state["step"]
-        val_by_step = {int(k): v for k, v in state["val_by_step"].items()}
-        best_step, best_val = state["best_step"], state["best_val"]
-        stale, stopped = state.get("stale_validations", 0), state.get("stopped_early", False)
-
-    def validate(step: int) -> float:
-        value = _val_metric(evaluate_fn(policy, tokenizer, list(val_tasks), env, eval_cfg, config.seed))
-        val_by_step[step] = value
-        return value
+    def validate(step: int) -> dict[str, float]:
+        row = validation_row(evaluate_fn(policy, tokenizer, list(val_tasks), env, eval_cfg, config.seed))
+        book.validated(step, row[SCORE], lambda: {"trainable": trainable_state(policy), "use_lora": config.use_lora})
+        return row
 
     sampler = RolloutWeights(policy, config)  # after a resume: the rollout copy starts from the loaded weights
-    if start == 0:
-        history = [{"step": 0, "eval/val_accuracy": validate(0)}]
-        if on_step:
-            on_step(0, history[0])
     pad_id = _pad_id(tokenizer)
+
+    def rollout(tasks: list, seed: int) -> Any:
+        return rollout_in_micro_batches(rollout_fn, sampler.model, tokenizer, tasks, env, sample_cfg, seed, config)
+
+    def update(batch: Any, advantages: torch.Tensor) -> dict[str, float]:
+        if update_fn is not None:
+            return update_fn(policy, batch, advantages, pad_id)
+        return grpo_update(policy, optimizer, batch, advantages, config, reference, pad_id)
+
+    if book.step == 0:
+        book.history = [{"step": 0, **validate(0)}]
+        if on_step:
+            on_step(0, book.history[0])
     last_step = config.total_steps if stop_after is None else min(stop_after, config.total_steps)
-    for step in range(start + 1, last_step + 1):
-        if stopped:
+    for step in range(book.step + 1, last_step + 1):
+        if book.stopped:
             break
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        t0 = time.perf_counter()
-        tasks = prompt_batch(train_tasks, step, config.prompt_batch_size, config.seed)
-        grouped = [t for t in tasks for _ in range(config.group_size)]
-        rb = rollout_in_micro_batches(rollout_fn, sampler.model, tokenizer, grouped, env, sample_cfg,
-                                      config.seed * 1_000_003 + step, config)
-        t1 = time.perf_counter()
-        rewards = torch.tensor(rb.rewards, dtype=torch.float32)
-        advantages = group_advantages(rewards, config.group_size, norm_by_std=config.norm_adv_by_std,
-                                      eps=config.adv_eps)
-        if update_fn is None:
-            stats = grpo_update(policy, optimizer, rb, advantages, config, reference, pad_id)
-        else:
-            stats = update_fn(policy, rb, advantages, pad_id)
-        sampler.push()
-        t2 = time.perf_counter()
-        group_std = rewards.view(-1, config.group_size).std(dim=1)
-        metrics: dict[str, Any] = {
-            "step": step,
-            "reward/mean": float(rewards.mean()),
-            "reward/std": float(rewards.std()),
-            "score/mean": float(sum(rb.scores) / len(rb.scores)) if getattr(rb, "scores", None) else math.nan,
-            "grpo/kl": stats["kl"],
-            "grpo/clip_frac": stats["clip_frac"],
-            "grpo/entropy": stats["entropy"],
-            "grpo/ratio_mean": stats["ratio_mean"],
-            "grpo/loss": stats["loss"],
-            "grpo/grad_norm": stats["grad_norm"],
-            "grpo/zero_std_group_frac": float((group_std == 0).float().mean()),
-            "grpo/model_tokens_mean": sum(map(sum, rb.model_mask)) / len(rb.model_mask),
-            "mem/peak_gib": runs.peak_memory_gib(device),
-            "time/rollout_s": t1 - t0,
-            "time/update_s": t2 - t1,
-            "time/step_s": t2 - t0,
-        }
+        metrics = grpo_step(step, train_tasks, config, rollout, update, sampler.push, device)
         if step % config.val_every == 0 or step == last_step:
-            metrics["eval/val_accuracy"] = value = validate(step)
-            if best_val is None or value > best_val:
-                best_step, best_val, stale = step, value, 0
-                runs.save_checkpoint(best_path, {"step": step, "val": value, "trainable": trainable_state(policy),
-                                                 "use_lora": config.use_lora})
-            else:
-                stale += 1
-            stopped = 0 < config.early_stop_patience <= stale
-        history.append(metrics)
-        if step % config.save_every == 0 or step == last_step or stopped:
-            runs.save_checkpoint(last_path, {
-                "config": config.to_dict(), "step": step, "trainable": trainable_state(policy),
-                "optimizer": optimizer.state_dict(), "history": history, "val_by_step": val_by_step,
-                "best_step": best_step, "best_val": best_val, "stale_validations": stale,
-                "stopped_early": stopped})
+            metrics.update(validate(step))
+        book.step = step
+        book.history.append(metrics)
+        if step % config.save_every == 0 or step == last_step or book.stopped:
+            book.save(trainable=trainable_state(policy), optimizer=optimizer.state_dict())
         if on_step:
             on_step(step, metrics)
-    return GRPOResult(policy=policy, history=history, val_by_step=val_by_step, base_val=val_by_step[0],
-                      best_step=best_step, best_val=best_val,
-                      best_path=best_path if best_step is not None else None, last_path=last_path,
-                      stopped_early=stopped)
+    run = book.result()
+    return GRPOResult(policy=policy, **{f.name: getattr(run, f.name) for f in dataclasses.fields(TrainingRun)})
 
 
 def load_best(policy: torch.nn.Module, result: GRPOResult) -> torch.nn.Module:
     """Load the best validated weights into ``policy`` (the module ``train_grpo`` returned)."""
     if result.best_path is None:
-        raise ValueError("no validated training step, so there is no best checkpoint")
+        raise ConfigError("no validated training step, so there is no best checkpoint")
     load_trainable_state(policy, runs.load_checkpoint(result.best_path)["trainable"])
     return policy
 
@@ -888,7 +869,7 @@ def load_best(policy: torch.nn.Module, result: GRPOResult) -> torch.nn.Module:
 def pick_learning_rate(train: Callable[[float, int], GRPOResult], candidates: Sequence[float],
                        sweep_steps: int) -> tuple[float, list[dict[str, Any]]]:
     """A small learning-rate sweep: ``train(lr, stop_after)`` runs each candidate for ``sweep_steps``
-    steps; the highest validation accuracy at that step wins (ties: higher mean training reward, then
+    steps; the highest validation score (``eval/val_score``) at that step wins (ties: higher mean training reward, then
     the smaller rate). Returns (best rate, one row per candidate). With the runs' checkpoints kept,
     the winner continues to its ``total_steps`` by resuming, so only the losers cost extra steps.
     """
@@ -918,7 +899,7 @@ def device_hours_per_step(history: Sequence[dict[str, Any]], devices: int = 1) -
 
 
 __all__ = [
-    "GRPOConfig", "GRPOResult", "LogProbsModule", "PackedBatch", "Reference", "RolloutWeights", "aggregate", "attach_lora",
+    "GRPOConfig", "GRPOResult", "LogProbsModule", "grpo_step", "validation_row", "PackedBatch", "Reference", "RolloutWeights", "aggregate", "attach_lora",
     "batched_logprobs", "completion_logprobs", "concat_rollout_batches", "rollout_in_micro_batches", "device_hours_per_step", "group_advantages", "grpo_loss",
     "grpo_update", "kl_penalty", "load_best", "mini_batches", "pack", "pick_learning_rate",
     "load_trainable_state", "prompt_batch", "train_grpo", "trainable_state",

@@ -11,10 +11,15 @@ the model wrote (1) against tool observations (0): GRPO trains only on the forme
 Positions: every row keeps its own position counter and padding holes are masked, so a row's tokens
 see exactly what they would see alone (tested against single-row rollouts). Hybrid models (Qwen3.5:
 Gated-DeltaNet linear-attention layers with conv and recurrent states next to full attention) get
-two more things (``_RowExactLinearAttention``): a padding step would advance a row's recurrent state
+two more things (``RowExactLinearAttention``): a padding step would advance a row's recurrent state
 and shift its conv window, so every linear-attention layer runs each group of rows on their real
 tokens only, on a copy of their states that is written back; and turn boundaries select rows of
 every cache layer type (``select_rows``).
+
+One trajectory state serves every engine (:class:`Trajectories`: prompts, per-row feeding, turn
+ends with their tool calls, the batch); :func:`rollout` is its plain scheduler (:func:`run_loop`),
+``copes_lib/engines.py`` holds the others. Sampling draws on the logits' device from a seeded
+generator on that device (on the CPU the same draws as before this was so; docs/engines.md).
 
 Departures from the paper (docs/paper_a_copes.md#a4-task-agent-reward-and-data): an invalid call (no opening tag, empty body, over its
 limit) gets an error observation instead of a retry; the tool budget is per trajectory; the
@@ -23,15 +28,19 @@ reward is computed on the model-written text only (observations removed).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import inspect
 import time
 from collections.abc import Callable
 
 import torch
-from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin, LinearAttentionLayer
+from transformers import DynamicCache, StaticCache
+from transformers.cache_utils import (
+    DynamicLayer,
+    LinearAttentionCacheLayerMixin,
+    LinearAttentionLayer,
+    StaticLayer,
+)
 
 from copes_lib.config import Config, ConfigError, param
 from copes_lib.tasks import TOOL_LIMITS, Task, format_prompt
@@ -92,6 +101,7 @@ class RolloutBatch:
     details: list[dict[str, float]] = dataclasses.field(default_factory=list)  # acc/em/f1 (QA), correct (math)
     elapsed_s: float = 0.0
     forward_calls: int = 0
+    model_s: float = 0.0  # host clock inside the model's forward calls (on a GPU: launches, not kernels)
 
     @property
     def new_tokens(self) -> int:
@@ -243,7 +253,7 @@ def prompt_style(tokenizer, config: RolloutConfig) -> str:
     return "chat" if getattr(tokenizer, "chat_template", None) else "plain"
 
 
-def _growing_cache(model):
+def growing_cache(model):
     """HF's DynamicCache with its full-attention layers replaced by :class:`GrowingLayer`."""
     cache = DynamicCache(config=getattr(model, "config", None))
     cache.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
@@ -252,15 +262,23 @@ def _growing_cache(model):
     return cache
 
 
+_growing_cache = growing_cache  # the name tests of other modules used before it was public
+
+
 class GrowingLayer(DynamicLayer):
     """A DynamicLayer that writes into a preallocated buffer (grown by 25% when full) instead
     of concatenating the whole cache at every step: one decode step then copies one column, not
-    the cache (profiled: the concatenation was a third of a QA rollout's time)."""
+    the cache (profiled: the concatenation was a third of a QA rollout's time). Rows can be added
+    (``add_rows``: rows joining a running batch) and columns re-packed (``gather_columns``)."""
 
     def lazy_initialization(self, key_states, value_states) -> None:
         super().lazy_initialization(key_states, value_states)
         self._k = self._v = None
         self._n = 0
+
+    def _set(self, k, v, n) -> None:
+        self._k, self._v, self._n = k, v, n
+        self.keys, self.values = k[..., :n, :], v[..., :n, :]
 
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized:
@@ -276,17 +294,104 @@ class GrowingLayer(DynamicLayer):
             self._k, self._v = k, v
         self._k[..., self._n:self._n + new, :] = key_states
         self._v[..., self._n:self._n + new, :] = value_states
-        self._n += new
-        self.keys, self.values = self._k[..., :self._n, :], self._v[..., :self._n, :]
+        self._set(self._k, self._v, self._n + new)
         return self.keys, self.values
 
     def batch_select_indices(self, indices) -> None:
         if self.is_initialized and self._n:
-            self._k, self._v = self._k[indices], self._v[indices]
-            self.keys, self.values = self._k[..., :self._n, :], self._v[..., :self._n, :]
+            self._set(self._k[indices], self._v[indices], self._n)
+
+    def add_rows(self, count: int) -> None:
+        if self.is_initialized and self._k is not None:
+            self._set(torch.cat([self._k, self._k.new_zeros(count, *self._k.shape[1:])]),
+                      torch.cat([self._v, self._v.new_zeros(count, *self._v.shape[1:])]), self._n)
+
+    def gather_columns(self, order: torch.Tensor) -> None:
+        """Keep, per row, the columns ``order[row]`` (rows x new width) in that order."""
+        if not (self.is_initialized and self._n):
+            return
+        index = order[:, None, :, None]
+        k = torch.gather(self.keys, 2, index.expand(-1, self.keys.shape[1], -1, self.keys.shape[3]))
+        v = torch.gather(self.values, 2, index.expand(-1, self.values.shape[1], -1, self.values.shape[3]))
+        self._set(k, v, order.shape[1])  # the next update reallocates with slack
 
     def crop(self, tokens_to_remove: int) -> None:
         raise NotImplementedError("the rollout never crops its cache")
+
+
+class StaticRowLayer(StaticLayer):
+    """transformers' StaticLayer (a fixed ``columns``-wide buffer written at a device-side column
+    counter, so a compiled / CUDA-graph decode step keeps its shapes and addresses) with what a
+    rollout needs: select rows, add rows, re-pack columns. Changing rows makes new buffers (a new
+    graph for a new batch size); re-packing copies in place."""
+
+    def _mark(self) -> None:
+        if not torch.compiler.is_compiling():
+            torch._dynamo.mark_static_address(self.keys)
+            torch._dynamo.mark_static_address(self.values)
+
+    def batch_select_indices(self, indices) -> None:
+        if self.is_initialized:
+            self.keys, self.values = self.keys[indices], self.values[indices]
+            self.batch_size = self.keys.shape[0]
+            self._mark()
+
+    def add_rows(self, count: int) -> None:
+        if self.is_initialized:
+            self.keys = torch.cat([self.keys, self.keys.new_zeros(count, *self.keys.shape[1:])])
+            self.values = torch.cat([self.values, self.values.new_zeros(count, *self.values.shape[1:])])
+            self.batch_size = self.keys.shape[0]
+            self._mark()
+
+    def grow(self, columns: int) -> None:
+        """Widen the buffer to ``columns`` (a chunk that fits in no re-packing: new buffers)."""
+        if self.is_initialized:
+            pad = columns - self.max_cache_len
+            self.keys = torch.cat([self.keys, self.keys.new_zeros(*self.keys.shape[:2], pad, self.keys.shape[3])], 2)
+            self.values = torch.cat([self.values, self.values.new_zeros(*self.values.shape[:2], pad,
+                                                                          self.values.shape[3])], 2)
+            self._mark()
+        self.max_cache_len = columns
+
+    def gather_columns(self, order: torch.Tensor) -> None:
+        if not self.is_initialized:
+            return
+        width = order.shape[1]
+        for buffer in (self.keys, self.values):
+            index = order[:, None, :, None].expand(-1, buffer.shape[1], -1, buffer.shape[3])
+            buffer[:, :, :width] = torch.gather(buffer, 2, index)
+        self.cumulative_length.fill_(width)
+
+
+def static_cache(model, columns: int):
+    """A cache of :class:`StaticRowLayer` (full attention, ``columns`` wide) and transformers'
+    LinearAttentionLayer (already fixed-shape) for ``model``."""
+    cache = StaticCache(config=model.config, max_cache_len=columns)
+    cache.layers = [StaticRowLayer(max_cache_len=columns) if type(layer) is StaticLayer else layer
+                    for layer in cache.layers]
+    unsupported = [type(layer).__name__ for layer in cache.layers
+                   if not isinstance(layer, (StaticRowLayer, LinearAttentionCacheLayerMixin))]
+    if unsupported:
+        raise ConfigError(f"static cache: layer types {sorted(set(unsupported))} are not supported "
+                          "(full attention and linear attention are)")
+    return cache
+
+
+def add_rows(cache, count: int) -> None:
+    """Append ``count`` empty rows to every initialised layer of ``cache`` (attention: zero keys and
+    values under masked columns; linear attention: zero states, which the caller marks fresh)."""
+    for layer in cache.layers:
+        if isinstance(layer, LinearAttentionCacheLayerMixin):
+            for s in range(layer.number_of_states):
+                for kind in ("conv", "recurrent"):
+                    states = getattr(layer, f"{kind}_states")
+                    if getattr(layer, f"is_{kind}_states_initialized")[s]:
+                        old = states[s]
+                        states[s] = torch.cat([old, old.new_zeros(count, *old.shape[1:])])
+        elif hasattr(layer, "add_rows"):
+            layer.add_rows(count)
+        else:
+            raise ConfigError(f"rollout: cache layer type {type(layer).__name__} cannot take new rows")
 
 
 def select_rows(cache, index: torch.Tensor) -> None:
@@ -373,7 +478,7 @@ class _RowStates:
             layer.device, layer.dtype = part.device, part.dtype
 
 
-class _RowExactLinearAttention:
+class RowExactLinearAttention:
     """Makes the linear-attention modules of a hybrid model (Qwen3.5's Gated-DeltaNet) see only the
     real tokens of each row. The rollout left-pads rows to a common width and feeds a pad to rows that
     wait for the others; attention layers mask those, but a linear-attention layer would decay its
@@ -393,6 +498,8 @@ class _RowExactLinearAttention:
                               "supported by the row-exact rollout")
         self.rows: list[int] = []
         self.full = True  # every row feeds `width` real tokens and none is fresh
+        # made once: a compiled decode step guards on these functions, so the same ones are put back
+        self.patched = [(module, self._forward(module, module.forward)) for module in self.modules]
         self.groups: list[tuple[int, bool, list[int], torch.Tensor]] = []  # (real tokens, fresh, batch rows)
 
     def prepare(self, lengths: list[int], rows: list[int], device, fresh: list[bool] | None = None) -> None:
@@ -403,14 +510,17 @@ class _RowExactLinearAttention:
         width = max(lengths)
         self.rows = list(rows)
         self.full = all(n == width for n in lengths) and not any(fresh)
+        if self.full:  # every decode step: no groups to build
+            self.groups = []
+            return
         keys = sorted({(n, f) for n, f in zip(lengths, fresh) if n > 0})
         members = {key: [i for i, k in enumerate(zip(lengths, fresh)) if k == key] for key in keys}
         self.groups = [(n, f, members[(n, f)], torch.tensor(members[(n, f)], dtype=torch.long, device=device))
                        for n, f in keys]
 
     def __enter__(self):
-        for module in self.modules:
-            module.forward = self._forward(module, module.forward)
+        for module, forward in self.patched:
+            module.forward = forward
         return self
 
     def __exit__(self, *exc):
@@ -439,7 +549,11 @@ class _RowExactLinearAttention:
         return forward
 
 
-def _pick(logits: torch.Tensor, config: RolloutConfig, generator: torch.Generator) -> torch.Tensor:
+def pick(logits: torch.Tensor, config: RolloutConfig, generator: torch.Generator) -> torch.Tensor:
+    """The next token of every row, on the logits' device: argmax when ``config.temperature == 0``,
+    else a draw from the temperature / top-p distribution with ``generator`` (a generator on the
+    logits' device: no probability copy to the host; on the CPU this is the draw every committed
+    result used)."""
     if config.temperature == 0.0:
         return logits.argmax(-1)
     probs = torch.softmax(logits / config.temperature, dim=-1)
@@ -448,7 +562,7 @@ def _pick(logits: torch.Tensor, config: RolloutConfig, generator: torch.Generato
         outside = sorted_probs.cumsum(-1) - sorted_probs > config.top_p  # keeps at least the top token
         sorted_probs = sorted_probs.masked_fill(outside, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
-    return torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(-1).to(logits.device)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
 # --------------------------------------------------------------------------- rollout
@@ -487,137 +601,287 @@ def turn_stop(stops: StopMatcher, segment: list[int], model_tokens: int, length:
     return stop
 
 
+class Trajectories:
+    """The state of one rollout call, shared by every engine; an engine keeps only its scheduler
+    (which tasks are in the batch, when a turn boundary runs, when the cache is re-packed).
+
+    Per task: prompt ids, completion ids, model mask, the current turn's tokens, the model-written
+    text of each turn, tool calls, finish reason, turns and model tokens. Per batch row: the task it
+    runs (``rows``), the tokens it feeds next (``pending``), whether it wants a token after them
+    (``generating``), its real tokens so far (``real``) and its attention columns. The KV cache (by
+    default :func:`growing_cache`) runs behind the hybrid-cache guard (:func:`check_hybrid_cache`,
+    the row-exact linear-attention path). Use as a context manager (eval mode, the row-exact path).
+
+    The steps: :meth:`add` (rows join), :meth:`forward` (one pass over the pending tokens; a pass in
+    which every row feeds one token builds its inputs on the device), :meth:`pick` and :meth:`feed`
+    (append each generating row's token; returns the rows whose turn ended), :meth:`end_turns`
+    (texts, tool calls, observations; returns the rows that go on), :meth:`keep` (rows leave),
+    :meth:`compact` (drop each row's masked columns), :meth:`to_batch`.
+    """
+
+    def __init__(self, model, tokenizer, tasks: list[Task], env: AgentEnv, config: RolloutConfig,
+                 seed: int = 0, row_hook: Callable[[list[int]], None] | None = None,
+                 logits_hook: Callable[[list[int], list[bool], torch.Tensor], None] | None = None, cache=None,
+                 exact: RowExactLinearAttention | None = None):
+        self.start_time = time.perf_counter()
+        self.model, self.tokenizer, self.tasks, self.env, self.config = model, tokenizer, list(tasks), env, config
+        self.row_hook, self.logits_hook = row_hook, logits_hook
+        self.device = next(model.parameters()).device
+        self.stops = StopMatcher(tokenizer)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None \
+            else _as_list(tokenizer.eos_token_id)[0]
+        self.limits = {
+            "python": env.limits["python"] if config.max_python_calls is None else config.max_python_calls,
+            "search": env.limits["search"] if config.max_search_calls is None else config.max_search_calls}
+        self.max_turns = config.max_turns or self.limits["python"] + self.limits["search"] + 1
+        style = prompt_style(tokenizer, config)
+        self.prompt_ids = [encode(tokenizer, format_prompt(t, style, tokenizer, self.limits["python"],
+                                                           self.limits["search"], config.enable_thinking))
+                           for t in tasks]
+        n = len(tasks)
+        self.completion, self.mask, self.segment, self.parts = ([[] for _ in range(n)] for _ in range(4))
+        self.calls = [{"python": 0, "search": 0} for _ in range(n)]
+        self.finish, self.turns, self.n_model = [""] * n, [0] * n, [0] * n
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        # batch rows
+        self.rows: list[int] = []
+        self.pending: list[list[int]] = []
+        self.generating: list[bool] = []
+        self.fresh: list[bool] = []
+        self.real: list[int] = []
+        self.seen = torch.zeros(0, dtype=torch.long, device=self.device)
+        self.attention = torch.zeros(0, 0, dtype=torch.long, device=self.device)
+        self.last: torch.Tensor | None = None  # the tokens just picked, on the device
+        self.decoding = False  # every row feeds exactly its last picked token
+        # the KV cache: growing_cache by default; an engine passes one, or a function of the prompt ids
+        self.cache = growing_cache(model) if cache is None else cache(self.prompt_ids) if callable(cache) else cache
+        # a static cache: its fixed width (the cache is re-packed before a pass that would overflow it)
+        self.columns = max((layer.max_cache_len for layer in self.cache.layers if isinstance(layer, StaticRowLayer)),
+                           default=None)
+        # transformers 5.x names the cache argument `cache`; older model classes call it past_key_values.
+        # A peft model forwards **kwargs to its base model: ask the base model (else a FutureWarning per call).
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        self.cache_arg = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+        self.exact = None
+        if linear_attention_layers(self.cache):  # an engine may pass one it keeps (a compiled step guards on it)
+            self.exact = exact if exact is not None else RowExactLinearAttention(model, self.cache, row_hook)
+            self.exact.rows_hook = row_hook
+        check_hybrid_cache(model, self.cache)
+        self.forwards, self.model_s = 0, 0.0
+        self.step_model = model  # what runs a decode step (an engine may put a compiled model here)
+
+    def __enter__(self):
+        self.was_training = self.model.training
+        self.model.eval()
+        if self.exact is not None:
+            self.exact.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.exact is not None:
+            self.exact.__exit__(*exc)
+        if self.was_training:
+            self.model.train()
+
+    # batch rows ------------------------------------------------------------
+    def add(self, tasks: list[int]) -> None:
+        """Rows for ``tasks`` join the batch with their prompts (fresh cache rows once the batch ran)."""
+        fresh = self.forwards > 0
+        if fresh:
+            add_rows(self.cache, len(tasks))
+        self.rows += list(tasks)
+        self.pending += [list(self.prompt_ids[r]) for r in tasks]
+        self.generating += [True] * len(tasks)
+        self.fresh += [fresh] * len(tasks)
+        self.real += [0] * len(tasks)
+        self.seen = torch.cat([self.seen, self.seen.new_zeros(len(tasks))])
+        self.attention = torch.cat([self.attention, self.attention.new_zeros(len(tasks), self.attention.shape[1])])
+        self.decoding, self.last = False, None
+
+    def keep(self, index: list[int]) -> None:
+        """Keep (in this order) the batch rows ``index``; the others leave the batch and the cache."""
+        rows = torch.tensor(index, dtype=torch.long, device=self.device)
+        select_rows(self.cache, rows)
+        self.attention, self.seen = self.attention[rows], self.seen[rows]
+        for name in ("rows", "pending", "generating", "fresh", "real"):
+            values = getattr(self, name)
+            setattr(self, name, [values[i] for i in index])
+        self.decoding, self.last = False, None
+
+    @property
+    def width(self) -> int:
+        """Attention columns held per row (the cache's width)."""
+        return self.attention.shape[1]
+
+    def compact(self) -> None:
+        """Drop each row's masked columns: every row keeps its real columns (in order, right-aligned)
+        and the width becomes the longest row's. Keys are stored after their rotary positions, and
+        positions are per row, so no row's result changes (up to float summation order)."""
+        width = max(self.real, default=0)
+        if width >= self.width:
+            return
+        order = torch.argsort(self.attention, dim=1, stable=True)[:, self.width - width:]
+        for layer in self.cache.layers:
+            if hasattr(layer, "gather_columns"):
+                layer.gather_columns(order)
+        self.attention = torch.gather(self.attention, 1, order)
+
+    # one step -------------------------------------------------------------
+    def forward(self) -> torch.Tensor:
+        """One pass over every row's pending tokens; the next-token logits (float32, pad excluded,
+        ``logits_hook`` applied) of every batch row."""
+        lengths = [len(p) for p in self.pending]
+        # one token per generating row, the others waiting (a hybrid model's waiting rows need the row-exact
+        # groups): inputs from the device, the same values as the general case below
+        decoding = self.decoding or (self.last is not None and max(lengths) == 1 and self.exact is None
+                                     and not any(self.fresh))
+        if decoding:
+            if self.decoding:
+                chunk_mask = torch.ones(len(lengths), 1, dtype=torch.long, device=self.device)
+                chunk = self.last[:, None]
+            else:
+                chunk_mask = torch.tensor(lengths, dtype=torch.long, device=self.device)[:, None]
+                chunk = torch.where(chunk_mask.bool(), self.last[:, None], self.pad_id)
+            positions = (self.seen[:, None] + chunk_mask - 1).clamp_min(0)
+        else:
+            width = max(lengths)
+            # left-pad, so the last column is every feeding row's newest token
+            chunk = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in self.pending], dtype=torch.long,
+                                 device=self.device)
+            chunk_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in self.pending],
+                                      dtype=torch.long, device=self.device)
+            positions = (self.seen[:, None] + chunk_mask.cumsum(1) - 1).clamp_min(0)
+        if self.columns is not None and self.width + chunk.shape[1] > self.columns:
+            self.compact()
+            if self.width + chunk.shape[1] > self.columns:  # rare: a long chunk next to a long row
+                self.columns = self.width + chunk.shape[1] + self.columns // 4
+                for layer in self.cache.layers:
+                    if isinstance(layer, StaticRowLayer):
+                        layer.grow(self.columns)
+        self.attention = torch.cat([self.attention, chunk_mask], dim=1)
+        self.seen = self.seen + chunk_mask.sum(1)
+        self.real = [r + n for r, n in zip(self.real, lengths)]
+        if self.row_hook is not None:
+            self.row_hook(list(self.rows))
+        if self.exact is not None:
+            self.exact.prepare(lengths, self.rows, self.device, self.fresh)
+        attention = self.attention if self.columns is None else \
+            torch.nn.functional.pad(self.attention, (0, self.columns - self.width))
+        model = self.step_model if decoding else self.model
+        began = time.perf_counter()
+        out = model(input_ids=chunk, attention_mask=attention, position_ids=positions, use_cache=True,
+                    logits_to_keep=1, **{self.cache_arg: self.cache})
+        self.model_s += time.perf_counter() - began
+        self.forwards += 1
+        self.fresh = [False] * len(self.rows)
+        logits = out.logits[:, -1, :].float()
+        if self.pad_id not in self.stops.eos_ids:  # padding is never a real next token
+            logits[:, self.pad_id] = float("-inf")
+        if self.logits_hook is not None:
+            self.logits_hook(list(self.rows), list(self.generating), logits)
+        return logits
+
+    def pick(self, logits: torch.Tensor) -> list[int]:
+        """The next token of every batch row (:func:`pick`); the one host sync of a decode step."""
+        self.last = pick(logits, self.config, self.generator)
+        return self.last.tolist()
+
+    def feed(self, tokens: list[int]) -> list[int]:
+        """Append each generating row's token; returns the batch rows whose turn ended at it."""
+        stopped = []
+        for i, r in enumerate(self.rows):
+            if not self.generating[i]:
+                self.pending[i] = []
+                continue
+            token = tokens[i]
+            self.completion[r].append(token)
+            self.mask[r].append(1)
+            self.segment[r].append(token)
+            self.pending[i] = [token]
+            self.n_model[r] += 1
+            stop = turn_stop(self.stops, self.segment[r], self.n_model[r],
+                             len(self.prompt_ids[r]) + len(self.completion[r]), self.config)
+            if stop is not None:
+                self.generating[i] = False
+                self.finish[r] = stop
+                stopped.append(i)
+        self.decoding = all(self.generating)
+        return stopped
+
+    def end_turns(self, stopped: list[int]) -> list[int]:
+        """The turn boundary of the batch rows ``stopped``: keep each turn's text, run their tool calls
+        (one batch per tool, :func:`run_tool_calls`), queue each observation to be fed. Returns the
+        rows that go on (generating again); the others have finished (``finish``)."""
+        tool_rows = {"python": [], "search": []}
+        for i in stopped:
+            r = self.rows[i]
+            text = decode(self.tokenizer, self.segment[r])
+            self.parts[r].append(text)
+            self.segment[r] = []
+            self.turns[r] += 1
+            if self.finish[r] in ("python", "search"):
+                tool_rows[self.finish[r]].append((r, text))
+        observations = run_tool_calls(self.env, tool_rows, self.calls, self.limits)
+        going_on = []
+        for i in stopped:
+            r = self.rows[i]
+            if r not in observations:
+                continue
+            obs_ids = encode(self.tokenizer, observations[r])
+            if self.turns[r] >= self.max_turns:
+                self.finish[r] = "turns"
+            elif len(self.prompt_ids[r]) + len(self.completion[r]) + len(obs_ids) + 1 > self.config.max_context:
+                self.finish[r] = "context"
+            else:
+                self.completion[r].extend(obs_ids)
+                self.mask[r].extend([0] * len(obs_ids))
+                self.pending[i] = self.pending[i] + obs_ids
+                self.generating[i] = True
+                going_on.append(i)
+        self.decoding, self.last = False, None
+        return going_on
+
+    def to_batch(self) -> RolloutBatch:
+        model_texts = ["".join(parts) for parts in self.parts]
+        answers = [t.answers for t in self.tasks]
+        prompts = [decode(self.tokenizer, p) for p in self.prompt_ids]
+        details = self.env.details(prompts, model_texts, answers)
+        return RolloutBatch(
+            tasks=self.tasks, prompt_ids=self.prompt_ids, completion_ids=self.completion, model_mask=self.mask,
+            texts=[decode(self.tokenizer, c) for c in self.completion],
+            rewards=self.env.reward(prompts, model_texts, answers, self.calls),
+            scores=[d[self.env.score_key()] for d in details], tool_calls=self.calls, model_texts=model_texts,
+            finish_reasons=self.finish, details=details, elapsed_s=time.perf_counter() - self.start_time,
+            forward_calls=self.forwards, model_s=self.model_s)
+
+
+@torch.no_grad()
 def rollout(model, tokenizer, tasks: list[Task], env: AgentEnv, config: RolloutConfig = RolloutConfig(),
             seed: int = 0, row_hook: Callable[[list[int]], None] | None = None,
             logits_hook: Callable[[list[int], list[bool], torch.Tensor], None] | None = None) -> RolloutBatch:
     """Run ``tasks`` as one batch of agent trajectories. ``row_hook(rows)`` is called before every
     forward pass with the original batch-row indices of the rows in that pass. ``logits_hook(rows,
     generating, logits)`` sees each pass's next-token logits (float32, one row per batch row) before a
-    token is picked; it may change them in place (tests force tool calls this way)."""
-    start_time = time.perf_counter()
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    stops = StopMatcher(tokenizer)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else _as_list(tokenizer.eos_token_id)[0]
-    limits = {"python": env.limits["python"] if config.max_python_calls is None else config.max_python_calls,
-              "search": env.limits["search"] if config.max_search_calls is None else config.max_search_calls}
-    max_turns = config.max_turns or limits["python"] + limits["search"] + 1
-    style = prompt_style(tokenizer, config)
-    prompt_ids = [encode(tokenizer, format_prompt(t, style, tokenizer, limits["python"], limits["search"],
-                                                  config.enable_thinking)) for t in tasks]
-    n = len(tasks)
-    completion = [[] for _ in range(n)]
-    mask = [[] for _ in range(n)]
-    segment = [[] for _ in range(n)]
-    model_parts = [[] for _ in range(n)]
-    calls = [{"python": 0, "search": 0} for _ in range(n)]
-    finish = [""] * n
-    turns = [0] * n
-    n_model = [0] * n
-    generator = torch.Generator().manual_seed(seed)
+    token is picked; it may change them in place (tests force tool calls this way).
 
-    rows = list(range(n))                       # original index of each batch row
-    pending = [list(p) for p in prompt_ids]     # tokens to feed, per batch row
-    generating = [True] * n                     # per batch row: wants a new token after this feed
-    seen = torch.zeros(n, dtype=torch.long, device=device)   # real tokens fed so far, per batch row
-    attention = torch.zeros(n, 0, dtype=torch.long, device=device)
-    cache = _growing_cache(model)
-    # transformers 5.x names the cache argument `cache`; older model classes call it past_key_values.
-    # A peft model forwards **kwargs to its base model: ask the base model (else a FutureWarning per call).
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    cache_arg = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
-    forwards = 0
+    The plain loop: :func:`run_loop` on a :class:`Trajectories` with a growing cache."""
+    return run_loop(Trajectories(model, tokenizer, tasks, env, config, seed, row_hook, logits_hook))
 
-    exact = _RowExactLinearAttention(model, cache, row_hook) if linear_attention_layers(cache) else None
-    check_hybrid_cache(model, cache)
-    with exact if exact is not None else contextlib.nullcontext():
-        while rows:
-            width = max(len(p) for p in pending)
-            # left-pad, so the last column is every feeding row's newest token
-            chunk = torch.tensor([[pad_id] * (width - len(p)) + p for p in pending], dtype=torch.long, device=device)
-            chunk_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in pending], dtype=torch.long,
-                                      device=device)
-            positions = (seen[:, None] + chunk_mask.cumsum(1) - 1).clamp_min(0)
-            attention = torch.cat([attention, chunk_mask], dim=1)
-            seen = seen + chunk_mask.sum(1)
-            if row_hook is not None:
-                row_hook(list(rows))
-            if exact is not None:
-                exact.prepare([len(p) for p in pending], rows, device)
-            out = model(input_ids=chunk, attention_mask=attention, position_ids=positions, use_cache=True,
-                        logits_to_keep=1, **{cache_arg: cache})
-            forwards += 1
-            logits = out.logits[:, -1, :].float()
-            if pad_id not in stops.eos_ids:  # padding is never a real next token
-                logits[:, pad_id] = float("-inf")
-            if logits_hook is not None:
-                logits_hook(list(rows), list(generating), logits)
-            new_tokens = _pick(logits, config, generator).tolist()
 
-            pending = [[] for _ in rows]
-            for i, r in enumerate(rows):
-                if not generating[i]:
-                    continue
-                token = new_tokens[i]
-                completion[r].append(token)
-                mask[r].append(1)
-                segment[r].append(token)
-                pending[i] = [token]
-                n_model[r] += 1
-                stop = turn_stop(stops, segment[r], n_model[r], len(prompt_ids[r]) + len(completion[r]), config)
-                if stop is not None:
-                    generating[i] = False
-                    finish[r] = stop
-            if any(generating):
+def run_loop(state: Trajectories) -> RolloutBatch:
+    """The plain loop's scheduler: one batch, a row that stops waits for the others, then the
+    batch's tool calls run together and the rows that go on are kept."""
+    with state:
+        state.add(list(range(len(state.tasks))))
+        while state.rows:
+            state.feed(state.pick(state.forward()))
+            if any(state.generating):
                 continue
-
-            # every row has stopped: run the batch's tool calls, then resume or retire each row
-            tool_rows = {"python": [], "search": []}
-            for i, r in enumerate(rows):
-                text = decode(tokenizer, segment[r])
-                model_parts[r].append(text)
-                segment[r] = []
-                turns[r] += 1
-                if finish[r] in ("python", "search"):
-                    tool_rows[finish[r]].append((i, r, text))
-            observations = run_tool_calls(env, {tool: [(r, text) for _i, r, text in rows_]
-                                                for tool, rows_ in tool_rows.items()}, calls, limits)
-            keep = []
-            for i, r in enumerate(rows):
-                if r in observations:
-                    obs_ids = encode(tokenizer, observations[r])
-                    if turns[r] >= max_turns:
-                        finish[r] = "turns"
-                    elif len(prompt_ids[r]) + len(completion[r]) + len(obs_ids) + 1 > config.max_context:
-                        finish[r] = "context"
-                    else:
-                        completion[r].extend(obs_ids)
-                        mask[r].extend([0] * len(obs_ids))
-                        pending[i] = pending[i] + obs_ids
-                        keep.append(i)
-            if not keep:
+            going_on = state.end_turns(list(range(len(state.rows))))
+            if not going_on:
                 break
-            index = torch.tensor(keep, device=device)
-            select_rows(cache, index)
-            attention, seen = attention[index], seen[index]
-            rows = [rows[i] for i in keep]
-            pending = [pending[i] for i in keep]
-            generating = [True] * len(rows)
-
-    if was_training:
-        model.train()
-    model_texts = ["".join(parts) for parts in model_parts]
-    answers = [t.answers for t in tasks]
-    prompts = [decode(tokenizer, p) for p in prompt_ids]
-    details = env.details(prompts, model_texts, answers)
-    return RolloutBatch(
-        tasks=list(tasks), prompt_ids=prompt_ids, completion_ids=completion, model_mask=mask,
-        texts=[decode(tokenizer, c) for c in completion],
-        rewards=env.reward(prompts, model_texts, answers, calls),
-        scores=[d[env.score_key()] for d in details], tool_calls=calls, model_texts=model_texts,
-        finish_reasons=finish, details=details, elapsed_s=time.perf_counter() - start_time,
-        forward_calls=forwards)
+            state.keep(going_on)
+    return state.to_batch()
 
 
 def evaluate(model, tokenizer, tasks: list[Task], env: AgentEnv, config: RolloutConfig = RolloutConfig(),

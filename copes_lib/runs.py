@@ -173,6 +173,9 @@ def device_info() -> dict[str, Any]:
             info["cuda_devices"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     except ImportError:
         pass
+    from copes_lib.tools import isolation  # the Python sandbox's isolation layers on this host
+
+    info["sandbox_layers"] = isolation.describe(isolation.host_layers())
     return info
 
 

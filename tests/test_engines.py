@@ -1,22 +1,28 @@
 """Rollout engines behind one contract: the continuous-batching engine gives the plain loop's greedy
-trajectories (dense Qwen3 and hybrid Qwen3.5, tool calls forced), and clear errors."""
+trajectories and the static (fast decode path) engine its greedy and sampled ones (dense Qwen3 and
+hybrid Qwen3.5, tool calls forced); the slot engine's cache stays near the longest live row; every
+engine runs the hybrid-cache guard; clear errors."""
 
 import pytest
 import torch
 
+from copes_lib import rollout as rollout_module
 from copes_lib.config import ConfigError
 from copes_lib.engines import (
+    ENGINES,
     LoopEngine,
     RolloutEngine,
     SlotEngine,
+    StaticEngine,
     build_qwen35,
     check_gpu_engine,
     make_engine,
 )
 from copes_lib.protocols.substrate_setup import substrate_config
-from copes_lib.rollout import RolloutConfig, encode, make_env
+from copes_lib.rollout import AgentEnv, RolloutConfig, encode, make_env
 from copes_lib.substrate import build_agent_model, get_tokenizer
 from copes_lib.tasks import load_tasks
+from copes_lib.tasks.protocol import python_observation
 
 SCRIPTS = ["<python>print(1+2)</python>", "<answer>\\boxed{3}</answer>", "<python>x = 5\nprint(x * 7 + 1)</python>",
            "", "<python>print(2*2)</python>"]
@@ -34,9 +40,9 @@ def env():
     env.close()
 
 
-def _forcing(tokenizer, tasks_per_script):
-    """A logits hook that forces SCRIPTS[row] at the start of each row's first turn."""
-    scripts = [encode(tokenizer, s) if s else [] for s in SCRIPTS]
+def _forcing(tokenizer, scripts=SCRIPTS):
+    """A logits hook that forces scripts[row] (over all of a row's turns) from its first token on."""
+    scripts = [encode(tokenizer, s) if s else [] for s in scripts]
     count = {}
 
     def force(rows, generating, logits):
@@ -50,23 +56,25 @@ def _forcing(tokenizer, tasks_per_script):
     return force
 
 
-def _loop(model, tokenizer, tasks, env, config, hook):
-    from copes_lib.rollout import rollout
+def _loop(model, tokenizer, tasks, env, config, hook, seed=0):
+    return rollout_module.rollout(model, tokenizer, tasks, env, config, seed=seed, logits_hook=hook)
 
-    return rollout(model, tokenizer, tasks, env, config, seed=0, logits_hook=hook)
+
+def _model(tokenizer, family, **kw):
+    if family == "qwen3":
+        return build_agent_model("smoke", len(tokenizer), seed=0, tokenizer=tokenizer, **kw)
+    return build_qwen35("tiny", len(tokenizer), seed=0, tokenizer=tokenizer, **kw)
 
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
 def test_slot_engine_equals_the_loop_greedy(tokenizer, env, family):
-    if family == "qwen3":
-        model = build_agent_model("smoke", len(tokenizer), seed=0, tokenizer=tokenizer)
-    else:
-        model = build_qwen35("tiny", len(tokenizer), seed=0, tokenizer=tokenizer)
+    model = _model(tokenizer, family)
     tasks = load_tasks("smoke", "math", "val")[:7]
     config = RolloutConfig(max_new_tokens=24)
-    loop = _loop(model, tokenizer, tasks, env, config, _forcing(tokenizer, tasks))
-    slots = SlotEngine(model, tokenizer, slots=3, join_at=2).generate(tasks, env, config, seed=0,
-                                                           logits_hook=_forcing(tokenizer, tasks))
+    loop = _loop(model, tokenizer, tasks, env, config, _forcing(tokenizer))
+    engine = SlotEngine(model, tokenizer, slots=3, join_at=2, slack=0.0)  # re-packs whenever a column is masked
+    slots = engine.generate(tasks, env, config, seed=0, logits_hook=_forcing(tokenizer))
+    assert engine.compactions > 0
     assert slots.completion_ids == loop.completion_ids
     assert slots.model_mask == loop.model_mask and slots.rewards == loop.rewards
     assert slots.tool_calls == loop.tool_calls and slots.finish_reasons == loop.finish_reasons
@@ -79,23 +87,86 @@ def test_engines_keep_the_contract(tokenizer, env):
     model = build_agent_model("smoke", len(tokenizer), seed=0, tokenizer=tokenizer)
     tasks = load_tasks("smoke", "math", "val")[:3]
     config = RolloutConfig(max_new_tokens=8)
-    engines = [make_engine("loop", model, tokenizer), make_engine("slots", model, tokenizer, slots=2)]
+    options = {"loop": {}, "slots": {"slots": 2}, "static": {}}
+    engines = [make_engine(name, model, tokenizer, **options[name]) for name in ENGINES]
     assert all(isinstance(e, RolloutEngine) for e in engines) and isinstance(engines[0], LoopEngine)
+    assert [e.name for e in engines] == list(ENGINES)
     outs = [e.generate(tasks, env, config, seed=0) for e in engines]
-    assert outs[0].completion_ids == outs[1].completion_ids
+    assert all(out.completion_ids == outs[0].completion_ids for out in outs)
     # the engine reads the weights at every call: a change in place shows in the next batch
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(1)), alpha=0.5)
-    assert engines[1].generate(tasks, env, config, seed=0).completion_ids != outs[1].completion_ids
+    for engine, out in zip(engines[1:], outs[1:]):
+        assert engine.generate(tasks, env, config, seed=0).completion_ids != out.completion_ids
 
 
 def test_bad_engine_and_missing_gpu_say_what_to_do(tokenizer):
     model = build_qwen35("tiny", len(tokenizer), seed=0, tokenizer=tokenizer)
     with pytest.raises(ConfigError, match="valid values"):
         make_engine("vllm", model, tokenizer)
+    with pytest.raises(ConfigError, match="valid options"):
+        make_engine("static", model, tokenizer, slots=4)
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="requirements-gpu.txt"):
             check_gpu_engine(model)
         with pytest.raises(ConfigError, match="CUDA"):
             SlotEngine(model, tokenizer, require_gpu=True)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_static_engine_equals_the_loop_greedy_and_sampled(tokenizer, env, family, temperature):
+    """The fast decode path (static cache, device-built decode inputs, sampling on the device) on the
+    CPU, uncompiled: the loop's tokens, also sampled for the same seed (the compiled step runs in
+    benchmarks/bench_rollout.py: a CPU compile takes a minute)."""
+    model = _model(tokenizer, family)
+    tasks = load_tasks("smoke", "math", "val")[:7]
+    config = RolloutConfig(max_new_tokens=24, temperature=temperature, top_p=0.9 if temperature else 1.0)
+    loop = _loop(model, tokenizer, tasks, env, config, _forcing(tokenizer), seed=3)
+    engine = StaticEngine(model, tokenizer, columns=40)  # narrow: prompt + tokens overflow it, re-packed / widened
+    fast = engine.generate(tasks, env, config, seed=3, logits_hook=_forcing(tokenizer))
+    assert fast.completion_ids == loop.completion_ids and fast.rewards == loop.rewards
+    assert fast.finish_reasons == loop.finish_reasons and fast.forward_calls == loop.forward_calls
+    assert sum(c["python"] for c in loop.tool_calls) >= 3
+    assert not engine.compile  # on the CPU by default
+
+
+class LongOutputs(AgentEnv):
+    """Python observations of about 300 tokens (as the paper's tool outputs), no sandbox."""
+
+    def run_python(self, codes):
+        return [python_observation(" ".join(["7"] * (140 + 5 * len(code)))) for code in codes]
+
+
+def test_slot_cache_width_stays_near_the_longest_live_row(tokenizer):
+    """8 slots, 12 tasks, 1-3 forced Python calls each with ~300-token observations: the cache width
+    after every step <= 1.25 x the longest live row (the stated slack, ``SlotEngine.slack``); the
+    same tokens as the loop. Without re-packing the width grows with every observation (the check
+    can fail)."""
+    model = _model(tokenizer, "qwen3", max_positions=2048)
+    env = LongOutputs("math")
+    tasks = load_tasks("smoke", "math", "val")[:12]
+    scripts = [f"<python>print({r})</python>" * (1 + r % 3) + "<answer>\\boxed{1}</answer>" for r in range(12)]
+    config = RolloutConfig(max_new_tokens=160, max_context=1600)
+    loop = _loop(model, tokenizer, tasks, env, config, _forcing(tokenizer, scripts))
+    engine = SlotEngine(model, tokenizer, slots=8)
+    slots = engine.generate(tasks, env, config, seed=0, logits_hook=_forcing(tokenizer, scripts))
+    assert slots.completion_ids == loop.completion_ids and slots.model_mask == loop.model_mask
+    assert sum(c["python"] for c in slots.tool_calls) == sum(1 + r % 3 for r in range(12))
+    assert min(mask.count(0) for mask in slots.model_mask) >= 280  # the observations were fed
+    assert all(width <= 1.25 * longest for width, longest in engine.widths)
+    assert max(longest for _, longest in engine.widths) > 900
+    unbounded = SlotEngine(model, tokenizer, slots=8, slack=float("inf"))
+    unbounded.generate(tasks, env, config, seed=0, logits_hook=_forcing(tokenizer, scripts))
+    assert max(width for width, _ in unbounded.widths) > 2 * max(longest for _, longest in unbounded.widths)
+
+
+@pytest.mark.parametrize("name", ENGINES)
+def test_every_engine_runs_the_hybrid_cache_guard(tokenizer, env, monkeypatch, name):
+    """A hybrid model whose cache shows no linear-attention layer (older transformers) is refused."""
+    model = build_qwen35("tiny", len(tokenizer), seed=0, tokenizer=tokenizer)
+    monkeypatch.setattr(rollout_module, "linear_attention_layers", lambda cache: [])
+    with pytest.raises(ConfigError, match="LinearAttentionLayer"):
+        make_engine(name, model, tokenizer).generate(load_tasks("smoke", "math", "val")[:2], env,
+                                                     RolloutConfig(max_new_tokens=4))

@@ -12,17 +12,12 @@ import pytest
 import torch
 
 from copes_lib.config import ConfigError
-from copes_lib.es import (
-    ES,
-    ESConfig,
-    QuadraticObjective,
-    es_step,
-    make_backend,
-    random_partition,
-    toy_quadratic,
-    train_es,
-)
+from copes_lib.es import ES, ESConfig, es_step, random_partition
+from copes_lib.es_backends import make_backend
+from copes_lib.es_objective import QuadraticObjective, toy_quadratic
+from copes_lib.es_training import train_es
 from copes_lib.protocols.histories import summarize
+from copes_lib.training_run import BEST, LAST, SCORE, TrainingRun
 
 torch.set_num_threads(1)
 
@@ -277,7 +272,7 @@ class GreedyTokens:
         return [float((t == self.target).float().mean()) for t in self.last_tokens]
 
     def validate(self, model):
-        return {"accuracy": self.fitness(model, 0)}
+        return {"score": self.fitness(model, 0)}
 
 
 @pytest.mark.parametrize("members_per_batch", [0, 3])
@@ -343,7 +338,7 @@ def test_resume_after_interruption_is_identical(tmp_path):
             if stop_after is not None and step == stop_after:
                 raise KeyboardInterrupt("simulated kill")
         try:
-            history = train_es(model, objective, config, steps=5, val_every=2, run_dir=run_dir, on_step=on_step)
+            history = train_es(model, objective, config, steps=5, val_every=2, run_dir=run_dir, on_step=on_step).history
         except KeyboardInterrupt:
             return None, None
         return model, history
@@ -353,12 +348,27 @@ def test_resume_after_interruption_is_identical(tmp_path):
     resumed_model, resumed_history = run(tmp_path / "b")
     assert torch.equal(flat(full_model), flat(resumed_model))
     assert [r["reward/mean"] for r in full_history[1:]] == [r["reward/mean"] for r in resumed_history[1:]]
-    summary = summarize(full_history, budget_step=4)
+    summary = summarize(full_history, budget_step=4, metric=SCORE)  # the toy's score is no accuracy
     assert summary["steps"] == 5 and summary["best_step"] in (0, 2, 4, 5)
     assert summary["best_val_accuracy"] >= summary["base_val_accuracy"]
     assert set(full_history[1]) >= {"reward/mean", "reward/std", "es/update_norm", "es/update_norm_k0",
                                     "es/update_norm_k1", "time/step_s", "time/rollout_s", "mem/peak_gib"}
-    assert "eval/val_accuracy" in full_history[2] and (tmp_path / "a" / "best.pt").exists()
+    assert SCORE in full_history[2] and "eval/val_accuracy" not in full_history[2]
+    assert (tmp_path / "a" / BEST).exists() and (tmp_path / "a" / LAST).exists()
+
+
+def test_es_run_bookkeeping_is_the_shared_one(tmp_path):
+    """train_es keeps its folder with copes_lib.training_run: last.pt / best.pt, .curve() on eval/val_score,
+    step 0 a candidate for the best checkpoint, and a ConfigError for a folder of another config."""
+    model, objective = toy_quadratic(4)
+    config = cfg(population=4, subspaces=2, sigma=0.1, alpha=0.05, chunk_size=64)
+    run = train_es(model, objective, config, steps=3, val_every=2, run_dir=tmp_path)
+    assert isinstance(run, TrainingRun) and run.last_path == tmp_path / LAST
+    assert run.curve() == ([0, 2, 3], [row[SCORE] for row in run.history if SCORE in row])
+    assert run.best_step == max(run.val_by_step, key=lambda s: (run.val_by_step[s], -s))
+    with pytest.raises(ConfigError, match="different ESConfig"):
+        train_es(toy_quadratic(4)[0], objective, cfg(population=4, subspaces=2, sigma=0.2, chunk_size=64), steps=3,
+                 val_every=2, run_dir=tmp_path)
 
 
 # ----------------------------------------------------------------------------- ray

@@ -16,7 +16,9 @@ import torch
 from torch import nn
 
 from copes_lib.config import ConfigError
-from copes_lib.es import ES, ESConfig, QuadraticObjective, es_step, toy_quadratic, train_es
+from copes_lib.es import ES, ESConfig, es_step
+from copes_lib.es_objective import QuadraticObjective, toy_quadratic
+from copes_lib.es_training import train_es
 
 torch.set_num_threads(1)
 
@@ -37,7 +39,7 @@ class CyclingRewards:
         return float((self.calls * 7919) % 13) / 13.0
 
     def validate(self, model):
-        return {"accuracy": 0.0}
+        return {"score": 0.0}
 
 
 class Norms(nn.Module):
@@ -95,7 +97,7 @@ def test_bf16_resume_keeps_the_master(tmp_path):
     resumed = Norms().to(torch.bfloat16)  # a fresh process: only the checkpoint survives
     train_es(resumed, objective, config, steps=3, val_every=10, run_dir=tmp_path / "part")
     assert torch.equal(flat(full.parameters()), flat(resumed.parameters()))
-    saved = torch.load(tmp_path / "part" / "state.pt", weights_only=False)
+    saved = torch.load(tmp_path / "part" / "last.pt", weights_only=False)
     assert "master" in saved and saved["master"][0].dtype == torch.float32
 
 
@@ -201,13 +203,13 @@ def _config(**kw) -> ESConfig:
 def _two_workers_then_a_dying_one_and_resume(tmp_path, hard: bool):
     # the single-process reference: 3 steps
     ref_model, objective = toy_quadratic(9)
-    ref = train_es(ref_model, objective, _config(), steps=3, val_every=10, run_dir=tmp_path / "ref")
+    ref = train_es(ref_model, objective, _config(), steps=3, val_every=10, run_dir=tmp_path / "ref").history
 
     # two workers, same seeds: the same member rewards and parameters, step by step
     model, _ = toy_quadratic(9)
     ray_config = _config(backend="ray")
     history = train_es(model, objective, ray_config, steps=3, val_every=10, run_dir=tmp_path / "ray",
-                       worker_factory=functools.partial(toy_quadratic, 9))
+                       worker_factory=functools.partial(toy_quadratic, 9)).history
     assert [r.get("reward/mean") for r in history] == [r.get("reward/mean") for r in ref]
     assert [r.get("reward/std") for r in history] == [r.get("reward/std") for r in ref]
     assert torch.equal(flat(model.parameters()), flat(ref_model.parameters()))
@@ -218,7 +220,7 @@ def _two_workers_then_a_dying_one_and_resume(tmp_path, hard: bool):
     with pytest.raises(RuntimeError, match="Ray worker failed during step 2"):
         train_es(model, objective, ray_config, steps=3, val_every=10, run_dir=run_dir,
                  worker_factory=functools.partial(dying_quadratic, 9, 2, hard))
-    assert torch.load(run_dir / "state.pt", weights_only=False)["step"] == 1
+    assert torch.load(run_dir / "last.pt", weights_only=False)["step"] == 1
     after_step_1 = ES(toy_quadratic(9)[0], _config())
     es_step(after_step_1, 1, objective)
     assert torch.equal(flat(model.parameters()), flat(after_step_1.params))
@@ -226,7 +228,7 @@ def _two_workers_then_a_dying_one_and_resume(tmp_path, hard: bool):
     # the rerun resumes from the step-1 checkpoint and ends where the uninterrupted run did
     resumed_model, _ = toy_quadratic(9)
     resumed = train_es(resumed_model, objective, ray_config, steps=3, val_every=10, run_dir=run_dir,
-                       worker_factory=functools.partial(toy_quadratic, 9))
+                       worker_factory=functools.partial(toy_quadratic, 9)).history
     assert [r["reward/mean"] for r in resumed[1:]] == [r["reward/mean"] for r in ref[1:]]
     assert torch.equal(flat(resumed_model.parameters()), flat(ref_model.parameters()))
 

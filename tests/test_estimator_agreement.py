@@ -18,6 +18,7 @@ import torch
 
 from copes_lib import es as es_engine
 from copes_lib import estimator_agreement as ea
+from copes_lib.es_objective import toy_quadratic
 
 # the ~19K-parameter Qwen3 and the toy sampler of the GRPO tests (prompt -> 3 model tokens, a masked tool
 # token, 2 model tokens; reward = share of TARGET_TOKEN)
@@ -31,7 +32,7 @@ def toy_config(population: int, subspaces: int = 1, seed: int = 33) -> es_engine
 
 @pytest.mark.parametrize("subspaces", [1, 4])
 def test_vector_is_the_step_es_applies_and_model_is_unchanged(subspaces):
-    model, objective = es_engine.toy_quadratic(seed=1)
+    model, objective = toy_quadratic(seed=1)
     config = toy_config(8, subspaces)
     before = ea.flat_parameters(model)
     vector, rewards = ea.es_update_vector(model, objective, config, step=3)
@@ -44,7 +45,7 @@ def test_vector_is_the_step_es_applies_and_model_is_unchanged(subspaces):
 
 
 def _mean_cosines(population: int, subspaces: int, populations: int = 4) -> tuple[float, float]:
-    model, objective = es_engine.toy_quadratic(seed=2)
+    model, objective = toy_quadratic(seed=2)
     truth = ea.true_gradient_quadratic(model, objective)
     arm = ea.Arm("x", toy_config(population, subspaces))
     pops = ea.population_estimates(model, objective, arm, step=1, populations=populations, seed=5)

@@ -13,6 +13,7 @@ import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from copes_lib import grpo
 from copes_lib.config import ConfigError
 from copes_lib.grpo import (
     GRPOConfig,
@@ -80,7 +81,8 @@ def toy_rollout(model, tokenizer, tasks, env, config, seed):
 
 def toy_evaluate(model, tokenizer, tasks, env, config, seed):
     batch = toy_rollout(model, tokenizer, tasks, env, config, seed)
-    return {"accuracy": sum(batch.rewards) / len(batch.rewards)}
+    value = sum(batch.rewards) / len(batch.rewards)
+    return {"score": value, "accuracy": value}
 
 
 def toy_packed(model, n: int, seed: int = 0):
@@ -264,6 +266,27 @@ def test_training_raises_toy_reward_and_keeps_best_checkpoint(tmp_path):
         assert all(math.isfinite(row[key]) for row in result.history[1:]), key
 
 
+def test_grpo_run_bookkeeping_is_the_shared_one(tmp_path):
+    """train_grpo keeps its folder with copes_lib.training_run, as train_es does: .curve() on eval/val_score,
+    the base (step 0) outside the best-checkpoint choice, a ConfigError for a folder of another config."""
+    result = run_toy(tmp_path, steps=4)
+    assert result.curve() == ([0, 2, 4], [row["eval/val_score"] for row in result.history if "eval/val_score" in row])
+    assert result.best_step in (2, 4) and result.last_path.name == "last.pt"
+    assert all("eval/val_accuracy" in row for row in result.history if "eval/val_score" in row)  # the toy's is accuracy
+    cfg = GRPOConfig(group_size=4, prompt_batch_size=4, mini_batch_size=2, micro_batch_size=8, lr=1e-2,
+                     total_steps=4, val_every=2)
+    with pytest.raises(ConfigError, match="different GRPOConfig"):
+        train_grpo(tiny_model(), None, None, list(range(8)), list(range(8)), cfg, tmp_path,
+                   rollout_config=ToyRolloutConfig(), rollout_fn=toy_rollout, evaluate_fn=toy_evaluate)
+
+
+def test_a_qa_validation_logs_its_f1_as_the_score_not_as_accuracy():
+    row = grpo.validation_row({"score": 0.4, "f1": 0.4, "em": 0.2, "acc": 0.3})
+    assert row == {"eval/val_score": 0.4, "eval/val_f1": 0.4}
+    with pytest.raises(KeyError, match="score"):
+        grpo.validation_row({"accuracy": 0.5})
+
+
 class Interrupted(Exception):
     pass
 
@@ -327,7 +350,7 @@ def test_stop_after_then_resume_equals_uninterrupted(tmp_path):
 def test_pick_learning_rate_keeps_the_best_run_and_breaks_ties(tmp_path):
     def fake(val, reward):
         return GRPOResult(policy=None, history=[{"step": 0}, {"step": 1, "reward/mean": reward, "grpo/kl": 0.0}],
-                          val_by_step={0: 0.1, 1: val}, base_val=0.1, best_step=1, best_val=val,
+                          val_by_step={0: 0.1, 1: val}, best_step=1, best_val=val,
                           best_path=None, last_path=tmp_path)
 
     outcomes = {1e-4: (0.3, 0.5), 3e-4: (0.4, 0.1), 1e-3: (0.4, 0.2)}
@@ -340,7 +363,7 @@ def test_pick_learning_rate_keeps_the_best_run_and_breaks_ties(tmp_path):
 def scripted_validation(values):
     """An evaluate_fn returning the given validation accuracies in order (step 0 first)."""
     calls = iter(values)
-    return lambda *args, **kwargs: {"accuracy": next(calls)}
+    return lambda *args, **kwargs: {"score": next(calls)}
 
 
 def run_patience(tmp_path, values, *, patience, steps=8, on_step=None):

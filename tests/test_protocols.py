@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from copes_lib import config, es, runs, stats
+from copes_lib import config, es, es_objective, runs, stats
 from copes_lib.config import ConfigError
 from copes_lib.protocols import (
     ablations,
@@ -32,7 +32,7 @@ def _history(points, step_s=2.0):
         if step:
             row.update({"time/step_s": step_s, "es/update_norm": 0.5 * step})
         if step in points:
-            row["eval/val_accuracy"] = points[step]
+            row["eval/val_accuracy"] = row["eval/val_score"] = points[step]
         rows.append(row)
     return rows
 
@@ -174,30 +174,76 @@ def test_ablation_family_is_the_claims_family():
 
 
 # --------------------------------------------------------------------------- cached runs on a toy objective
-class _ToyObjective(es.QuadraticObjective):
+class _ToyObjective(es_objective.QuadraticObjective):
     val_tasks = []
 
 
 def test_es_run_continuation_equals_uninterrupted_run(tmp_path, monkeypatch):
     monkeypatch.setattr(runs, "CACHE_ROOT", tmp_path)
-    model, objective = es.toy_quadratic(seed=3)
+    model, objective = es_objective.toy_quadratic(seed=3)
     toy = _ToyObjective(objective.target)
-    agent = es_arm.AgentSetup(model, toy, {"kind": "toy", "substrate_checksum": 0.0})
+    agent = es_arm.AgentSetup(model, toy, {"profile": "smoke", "kind": "toy", "substrate_checksum": 0.0})
     nb_params = params.FixedBudgetParams(PROFILE="smoke", BACKEND="sequential", POPULATION=8, SUBSPACES=2)
-    config = es_arm.es_config_from(nb_params, subspaces=2, sigma=0.1, alpha=0.05)
+    config = nb_params.es_config(subspaces=2, sigma=0.1, alpha=0.05)
     seeded = es_arm.seeded_agent(agent, nb_params.BATCH_SEED)  # what seed_runs / continue_runs use for seed 0
-    short = es_arm.es_run(nb_params, seeded, config, steps=2, val_every=2, label="short")
-    assert short.folder == es_arm.es_run_folder("smoke", seeded, config, 2, 2)  # same key as es.cached_es_run
+    short = es_arm.es_run(seeded, config, steps=2, val_every=2, label="short")
+    assert short.folder == es_arm.es_run_folder(seeded, config, 2, 2)  # same key as es_training.cached_es_run
     longer = es_arm.continue_runs(nb_params, agent, [short], 4)[0]
-    fresh = es_arm.es_run(nb_params, seeded, config, steps=4, val_every=1, label="fresh")
+    fresh = es_arm.es_run(seeded, config, steps=4, val_every=1, label="fresh")
     assert longer.folder != fresh.folder and len(longer.history) == 5
     for name, value in longer.weights("final").items():
         assert torch.equal(value, fresh.weights("final")[name]), name
     assert histories.val_at(longer.history, 4) == pytest.approx(histories.val_at(fresh.history, 4))
     assert histories.val_at(longer.history, 4) > histories.val_at(longer.history, 0)  # ES improves the toy fitness
-    again = es_arm.es_run(nb_params, seeded, config, steps=4, val_every=nb_params.VAL_EVERY, label="again")  # cached: no training
+    assert longer.curve() == ([0, 2, 4], [histories.val_at(longer.history, s) for s in (0, 2, 4)])  # as GRPORun.curve
+    again = es_arm.es_run(seeded, config, steps=4, val_every=nb_params.VAL_EVERY, label="again")  # cached: no training
     assert again.history == longer.history
     assert math.isfinite(histories.mean_update_norm(longer.history))
+
+
+def _fake_agent_stack(monkeypatch, n_train: int = 16):
+    """load_agent on a toy model and placeholder tasks (no warm start)."""
+    import types
+
+    from copes_lib import rollout, substrate, tasks
+
+    model, _ = es_objective.toy_quadratic(seed=0)
+    monkeypatch.setattr(substrate, "warm_start", lambda *a, **k: (model, None, None))
+    monkeypatch.setattr(rollout, "make_env", lambda *a, **k: None)
+    monkeypatch.setattr(tasks, "load_tasks", lambda profile, kind, split: [
+        types.SimpleNamespace(id=f"{split}-{i}") for i in range(n_train)])
+
+
+def test_the_rollout_engine_is_part_of_an_es_runs_identity(monkeypatch):
+    _fake_agent_stack(monkeypatch)
+    p = params.FixedBudgetParams(PROFILE="smoke")
+    loop, slots = es_arm.load_agent(p), es_arm.load_agent(dataclasses.replace(p, ENGINE="slots"))
+    assert (loop.objective.engine, slots.objective.engine) == ("loop", "slots")
+    config = p.es_config()
+    assert es_arm.es_run_folder(loop, config, 4, 2) != es_arm.es_run_folder(slots, config, 4, 2)
+
+
+def test_a_grpo_agent_needs_only_grpo_s_prompt_batch(monkeypatch):
+    _fake_agent_stack(monkeypatch, n_train=16)  # fewer than ES's default batch of 64
+    with pytest.raises(ConfigError, match="batch_size = 64"):
+        es_arm.load_agent("smoke", "math")
+    p = params.GRPONotebookParams(PROFILE="smoke", PROMPT_BATCH=16)
+    assert es_arm.load_agent("smoke", "math", batch_size=p.PROMPT_BATCH).objective.batch_size == 16  # notebook 04
+
+
+def test_es_settings_convert_once_with_notebook_names_in_errors():
+    p = params.CoPESNotebookParams(SUBSPACES=2, POPULATION=8, ZSCORE="independent", ES_SEED=5)
+    config = p.es_config(seed_index=2, sigma=0.5)
+    assert (config.subspaces, config.population, config.zscore, config.seed, config.sigma) == (2, 8, "independent", 7, 0.5)
+    assert params.StandardESNotebookParams().es_config().subspaces == 1  # 02 has no K: standard ES
+    with pytest.raises(ConfigError, match="POPULATION = 6 with SUBSPACES = 4"):
+        params.CoPESNotebookParams(POPULATION=6)
+    for name, field in params.ES_FIELDS.items():  # ranges and choices are ESConfig's own
+        cls = params.CoPESNotebookParams
+        ours = {f.name: f.metadata for f in dataclasses.fields(cls)}[name]
+        theirs = {f.name: f.metadata for f in dataclasses.fields(es.ESConfig)}[field]
+        assert {k: ours[k] for k in ("choices", "ge", "gt", "le", "lt")} == \
+            {k: theirs[k] for k in ("choices", "ge", "gt", "le", "lt")}, name
 
 
 def test_protocol_reading_names_the_headline_and_the_controls():

@@ -3,6 +3,7 @@ the memo and a clean shutdown."""
 
 import dataclasses
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -10,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from copes_lib.config import ConfigError
-from copes_lib.tools import CodeSandboxConfig, PythonSandbox, SandboxResult, python_error
+from copes_lib.tools import CodeSandboxConfig, PythonSandbox, SandboxResult, isolation, python_error
 from copes_lib.tools.sandbox import CodeSandboxConfig as SandboxConfigDirect
+from tests import sandbox_attacks as attacks
 
 REPO = Path(__file__).resolve().parent.parent
 # short timeout so the loop / sleep categories cost little; memo off so every call really runs
@@ -21,14 +23,6 @@ FAST = CodeSandboxConfig(timeout_s=1.0, memo_size=0, workers=2)
 @pytest.fixture(scope="module")
 def box():
     with PythonSandbox(FAST) as sandbox:
-        yield sandbox
-
-
-@pytest.fixture(scope="module", params=[True, False], ids=["default", "audit-hook-only"])
-def hostile_box(request):
-    """The default sandbox and one without the uid drop: what a non-root user (e.g. on a cluster) gets,
-    where only the audit hook and the rlimits stand between the code and the host."""
-    with PythonSandbox(dataclasses.replace(FAST, drop_privileges=request.param)) as sandbox:
         yield sandbox
 
 
@@ -162,98 +156,59 @@ def test_same_code_gives_the_same_output_on_every_worker(box):
 
 
 # ---------------------------------------------------------------------------- hostile categories
-HOSTILE = {
-    "infinite loop": ("while True:\n    pass", "TimeoutError"),
-    "sleeping forever": ("import time\ntime.sleep(60)", "TimeoutError"),
-    "fork bomb": ("import os\nwhile True:\n    os.fork()", "PermissionError: sandbox: os.fork"),
-    "subprocess": ("import subprocess\nsubprocess.run(['true'])", "ImportError: sandbox: module 'subprocess'"),
-    "raw fork_exec": ("import _posixsubprocess", "ImportError: sandbox: module '_posixsubprocess'"),
-    "os.system": ("import os\nos.system('touch /tmp/copes_pwned')", "PermissionError: sandbox: os.system"),
-    "huge allocation": ("x = bytearray(50 * 2**30)", "MemoryError"),
-    # touching 512 MiB may take longer than the 1 s timeout on a busy machine: either limit may stop it
-    "growing list": ("x = []\nwhile True:\n    x.append(bytearray(2**20))", ("MemoryError", "TimeoutError")),
-    "read /etc/passwd": ("print(open('/etc/passwd').read())", "PermissionError: sandbox: reading '/etc/passwd'"),
-    "read a repo file": (f"print(open({str(REPO / 'pyproject.toml')!r}).read())",
-                         "PermissionError: sandbox: reading"),
-    "read via os.open": ("import os\nos.read(os.open('/etc/hostname', os.O_RDONLY), 100)",
-                         "PermissionError: sandbox: reading"),
-    "list the root dir": ("import os\nprint(os.listdir('/'))", "PermissionError: sandbox: reading '/'"),
-    "write outside": ("open('/tmp/copes_sandbox_escape.txt', 'w').write('x')",
-                      "PermissionError: sandbox: writing '/tmp/copes_sandbox_escape.txt'"),
-    "write via ..": ("open('../../copes_sandbox_escape.txt', 'w').write('x')", "PermissionError: sandbox"),
-    "symlink out": ("import os\nos.symlink('/etc/passwd', 'p')\nprint(open('p').read())",
-                    "PermissionError: sandbox: os.symlink"),
-    "socket": ("import socket\nsocket.socket().connect(('127.0.0.1', 80))", "ImportError: sandbox: module 'socket'"),
-    "kill the parent": ("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)", "PermissionError: sandbox: os.kill"),
-    "kill the group": ("import os, signal\nos.killpg(os.getpgid(os.getppid()), signal.SIGKILL)",
-                       "PermissionError: sandbox: os.killpg"),
-    "pidfd signal": ("import os\nos.pidfd_open(os.getppid())", "AttributeError"),
-    "ctypes": ("import ctypes", "ImportError: sandbox: module 'ctypes'"),
-    "raise the limits": ("import resource\nresource.setrlimit(resource.RLIMIT_AS, (-1, -1))",
-                         "PermissionError: sandbox: resource.setrlimit"),
-    "gc escape": ("import gc\nprint(len(gc.get_objects()))", "PermissionError: sandbox: gc.get_objects"),
-    "trace hook": ("import sys\nsys.settrace(lambda *a: None)", "PermissionError: sandbox: sys.settrace"),
-    "traceback frames": ("try:\n    open('/etc/passwd')\nexcept Exception as e:\n    tb = e.__traceback__\n"
-                         "    while tb.tb_next:\n        tb = tb.tb_next\n    print(tb.tb_frame.f_locals)",
-                         "PermissionError: sandbox: reading '/etc/passwd'"),
-    "lying str": ("class S(str):\n    pass\n__import__(S('socket'))", "PermissionError: sandbox: import"),
-    "sys.exit": ("import sys\nsys.exit(3)", "SystemExit: 3"),
-    "os._exit": ("import os\nos._exit(0)", "SystemExit: the process exited with status 0"),
-    "deep recursion": ("def f(n):\n    return f(n + 1)\nf(0)", "RecursionError"),
-    "C-stack overflow": ("import sys, json\nsys.setrecursionlimit(10**6)\nx = []\n"
-                         "for _ in range(10**5):\n    x = [x]\nprint(json.dumps(x))", "RecursionError"),
-    "print 10 MB": ("print('x' * 10_000_000)", "OutputLimitError"),
-    "print loop": ("while True:\n    print('spam')", "OutputLimitError"),
-    "caught violation": ("try:\n    open('/etc/passwd')\nexcept Exception:\n    pass\nprint('fine')",
-                         "PermissionError: sandbox: reading '/etc/passwd'"),
-    "third-party import": ("import torch", "ImportError: sandbox: module 'torch'"),
+# The catalogue (tests/sandbox_attacks.py) is shared with test_sandbox_nonroot.py, which runs it again
+# as a throwaway non-root user.
+ATTACKS = attacks.catalogue("SITE")  # names only; the codes are built per fixture with the real folder
+BOXES = {  # id -> (layers, drop_privileges)
+    "default": ("auto", True),
+    # what a non-root host gets (children run as the host's user): the kernel layers and the hook
+    "no-uid-drop": ("auto", False),
+    # the configuration of issue 24's report: the audit hook alone, children as the host's user
+    "hook-only": ("hook-only", False),
+    # the kernel layers alone, without the hook's rules: they must stop the harmful cases by themselves
+    "kernel-only": ("kernel-only", False),
 }
 
 
-# Forged reports: the child's report pipe is an inherited descriptor that the code can write to.
-_FORGE = ("import os\n"
-          "def forge():\n"
-          "    for fd in range(3, 64):\n"
-          "        try:\n"
-          "            os.write(fd, b'1 0 6\\nforged')\n"
-          "        except OSError:\n"
-          "            pass\n")
-FORGED = {
-    # the attack of issue 17: hit a denied action, catch it, write a well-formed ok record
-    "deny, catch, forge": _FORGE + "try:\n    open('/etc/passwd')\nexcept Exception:\n    pass\nforge()\n"
-                                   "os._exit(0)",
-    "forge, deny, catch, exit 0": _FORGE + "forge()\ntry:\n    open('/etc/passwd')\nexcept Exception:\n"
-                                           "    pass\nos._exit(0)",
-    "forge, then raise": _FORGE + "forge()\nraise ValueError('real failure')",
-    "empty the denial record": _FORGE + "import sys\ntry:\n    open('/etc/passwd')\nexcept Exception:\n"
-                                        "    pass\nfor value in sys._getframe(1).f_locals.values():\n"
-                                        "    if isinstance(value, list):\n        value.clear()\nprint('fine')",
-}
+@pytest.fixture(scope="module")
+def site():
+    """A site-packages-like folder the workers preload from (see tests/sandbox_attacks.py)."""
+    folder = attacks.make_site()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(os.path.dirname(folder))
+        patch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [os.path.dirname(folder),
+                                                                 os.environ.get("PYTHONPATH")])))
+        yield folder
+    shutil.rmtree(os.path.dirname(folder), ignore_errors=True)
 
 
-@pytest.mark.parametrize("attempt", list(FORGED))
-def test_a_forged_report_does_not_hide_a_failure(hostile_box, attempt):
-    result = hostile_box.run(FORGED[attempt])
-    assert not result.ok, f"{attempt}: {result}"
-    assert result.output != "forged", f"{attempt}: {result}"
-    if attempt != "forge, then raise":
-        assert result.error.startswith("PermissionError: sandbox: "), f"{attempt}: {result.error!r}"
-    _assert_serves(hostile_box)
+@pytest.fixture(scope="module", params=list(BOXES))
+def hostile_box(request, site):
+    layers, drop = BOXES[request.param]
+    if layers == "kernel-only" and set(isolation.KERNEL_LAYERS) - set(isolation.host_layers()):
+        pytest.skip(f"this kernel lacks {set(isolation.KERNEL_LAYERS) - set(isolation.host_layers())}")
+    config = dataclasses.replace(FAST, layers=layers, drop_privileges=drop, memo_size=64,
+                                 preload=FAST.preload + "," + attacks.FAKE_PACKAGE)
+    with PythonSandbox(config) as sandbox:
+        sandbox.site = site
+        yield sandbox
 
 
-@pytest.mark.parametrize("category", list(HOSTILE))
+@pytest.mark.parametrize("category", list(ATTACKS))
 def test_hostile_code_fails_alone_and_the_pool_keeps_serving(hostile_box, category):
     box = hostile_box
-    code, expected = HOSTILE[category]
+    code, expected = attacks.catalogue(box.site)[category]
     zygotes = box.worker_pids()
     result = box.run(code)
-    assert not result.ok, f"{category}: {result}"
-    assert result.error.startswith(expected), f"{category}: {result.error!r}"
-    assert result.error in result.observation()
+    record = {"ok": result.ok, "output": result.output, "error": result.error}
+    failure = attacks.expectation_failure(category, box.config.layers, record, expected)
+    assert failure is None, failure
+    if not result.ok:
+        assert result.error in result.observation()
+        assert code not in box._memo  # a failure, a denial above all, is never memoised
     assert result.elapsed_s < FAST.timeout_s + 0.5
     # the host and its files are unharmed, and the same zygotes keep serving
-    assert not Path("/tmp/copes_sandbox_escape.txt").exists()
-    assert not Path("/tmp/copes_pwned").exists()
+    assert attacks.harm(box.site) == []
     assert box.worker_pids() == zygotes
     _assert_serves(box)
 
@@ -321,18 +276,65 @@ def test_close_leaves_no_processes():
         sandbox.run("print('after close')")
 
 
-def test_the_verdict_comes_from_the_exit_status_not_the_report():
+def test_a_success_needs_the_exit_status_and_the_secret():
     from copes_lib.tools import sandbox as sbx
 
     settings = {"timeout_s": 1.0}
     exited = lambda code: code << 8  # noqa: E731 - a waitpid status for a normal exit with `code`
-    forged_ok = (True, "", "forged")
-    assert sbx._verdict(exited(sbx.FINISHED_EXIT), forged_ok, settings) == (True, "", "forged")
-    ok, error, _ = sbx._verdict(exited(sbx.DENIED_EXIT), forged_ok, settings)
-    assert not ok and error.startswith("PermissionError: sandbox:")
-    ok, error, _ = sbx._verdict(exited(sbx.FAILED_EXIT), forged_ok, settings)
-    assert not ok and error
-    ok, error, _ = sbx._verdict(exited(sbx.FINISHED_EXIT), None, settings)
+    assert sbx._verdict(exited(sbx.FINISHED_EXIT), True, None, settings) == (True, "")
+    ok, error = sbx._verdict(exited(sbx.FINISHED_EXIT), False, "forged", settings)  # os._exit(0), no secret
     assert not ok and error.startswith("SystemExit")
-    ok, error, _ = sbx._verdict(signal.SIGKILL, None, settings)  # killed by a signal
+    ok, error = sbx._verdict(exited(sbx.DENIED_EXIT), True, "", settings)
+    assert not ok and error.startswith("PermissionError: sandbox:")
+    ok, error = sbx._verdict(exited(sbx.FAILED_EXIT), False, "ValueError: x", settings)
+    assert (ok, error) == (False, "ValueError: x")
+    ok, error = sbx._verdict(signal.SIGKILL, True, None, settings)  # killed by a signal
     assert not ok and error.startswith("MemoryError")
+    ok, error = sbx._verdict(signal.SIGSYS, True, None, settings)  # the seccomp filter
+    assert not ok and error.startswith("PermissionError: sandbox:")
+
+
+# ---------------------------------------------------------------------------- isolation layers
+def test_the_sandbox_records_the_kernel_layers_this_host_offers(box):
+    assert set(box.layers) == set(isolation.host_layers())
+    line = box.describe_layers()
+    assert line.endswith("rlimits + audit hook") or "; missing: " in line
+    for name in box.layers:
+        assert name in line
+
+
+def test_missing_layers_are_named_in_a_warning_never_silently():
+    with pytest.warns(isolation.IsolationWarning) as caught:
+        message = isolation.warn_missing({})
+    assert message == str(caught[0].message)
+    assert "audit hook and rlimits only" in message
+    for name in isolation.KERNEL_LAYERS:
+        assert f"without {name}, {isolation.MISSING_MEANS[name]}" in message
+    with pytest.warns(isolation.IsolationWarning, match="without private_tmpfs"):
+        isolation.warn_missing({name: "" for name in isolation.KERNEL_LAYERS if name != "private_tmpfs"})
+    assert isolation.warn_missing({name: "" for name in isolation.KERNEL_LAYERS}) is None
+    with pytest.raises(ConfigError, match="layers"):
+        CodeSandboxConfig(layers="docker")
+
+
+def test_hook_only_runs_without_kernel_layers():
+    with PythonSandbox(dataclasses.replace(FAST, layers="hook-only", workers=1)) as sandbox:
+        assert sandbox.run("print(1)").output == "1\n"
+        assert sandbox.layers == {}
+        assert "hook-only" in sandbox.describe_layers()
+
+
+def test_a_call_may_use_its_quota_and_files_vanish_afterwards(box):
+    code = ("import os\nfor i in range(6):\n    open(f'f{i}', 'wb').write(b'x' * 8 * 2**20)\n"
+            "print(sum(os.path.getsize(f'f{i}') for i in range(6)) // 2**20)")
+    result = box.run(code)
+    assert result.ok and result.output == "48\n", result
+    assert box.run("import os\nprint(os.listdir('.'))").output == "[]\n"
+
+
+def test_dir_fd_inside_the_working_directory_still_works(box):
+    code = ("import os, shutil\nos.makedirs('a/b')\nopen('a/b/x', 'w').write('1')\nfd = os.open('a', os.O_RDONLY)\n"
+            "os.rename('b/x', 'b/y', src_dir_fd=fd, dst_dir_fd=fd)\nos.remove('b/y', dir_fd=fd)\nos.close(fd)\n"
+            "shutil.rmtree('a')\nprint(os.listdir('.'))")
+    result = box.run(code)
+    assert result.ok and result.output == "[]\n", result

@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 
 from copes_lib import claims, stats
-from copes_lib.protocols.es_arm import es_config_from
 from copes_lib.protocols.params import ABLATION_KEYS, CLAIM_ARMS, AblationParams
 
 __all__ = ["ABLATION_KEYS", "CLAIM_ARMS", "ablation_configs", "ablation_family", "ablation_reading"]
@@ -25,7 +24,7 @@ def ablation_configs(params: AblationParams, sigma: float, alpha: float, seed_in
     """The arms of Table 3 plus our two step-size controls (those in ``params.ARMS``), at fixed N and
     shared sigma / alpha."""
     k = params.SUBSPACES
-    cfg = lambda **kw: es_config_from(params, seed_index=seed_index, **kw)  # noqa: E731
+    cfg = lambda **kw: params.es_config(seed_index=seed_index, **kw)  # noqa: E731
     arms = {
         "k1": cfg(subspaces=1, sigma=sigma, alpha=alpha),
         "k2": cfg(subspaces=2, sigma=sigma, alpha=alpha),

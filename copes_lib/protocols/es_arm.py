@@ -1,9 +1,11 @@
-"""The ES arm every paper-A notebook shares: the warm-started agent, one cached ES / CoPES run, the
-sigma sweep of notebooks 02 / 03, runs over paired seeds and their continuation (05, 06, 07).
+"""The ES arm every paper-A notebook shares: the warm-started agent, one cached ES / CoPES run
+(``es_run``), the sigma sweep of notebooks 02 / 03, runs over paired seeds and their continuation (05,
+06, 07).
 
-A run is ``copes_lib.es.cached_es_run`` on a copy of the warm-started model, cached under
-``cache/<profile>/es_runs-<key>/`` with key ``es.run_key`` (config, steps, validation cadence, the
-agent's identity): two notebooks that ask for the same run share it, and an interrupted run resumes.
+A run is ``copes_lib.es_training.cached_es_run`` on a copy of the warm-started model, cached under
+``cache/<profile>/es_runs-<key>/`` with key ``es_training.run_key`` (config, steps, validation cadence, the
+agent's identity, the rollout engine included): two notebooks that ask for the same run share it, and an
+interrupted run resumes.
 """
 
 from __future__ import annotations
@@ -21,10 +23,15 @@ import numpy as np
 from torch import nn
 
 from copes_lib import runs
-from copes_lib.config import ConfigError, NotebookParams
-from copes_lib.es import AgentObjective, ESConfig, cached_es_run, checksum, ensure_ray, run_key
-from copes_lib.protocols.params import StandardESNotebookParams, sweep_values
+from copes_lib.config import ConfigError
+from copes_lib.es import ESConfig, checksum
+from copes_lib.es_backends import ensure_ray
+from copes_lib.es_objective import AgentObjective
+from copes_lib.es_training import cached_es_run, run_key
+from copes_lib.protocols.histories import val_points
+from copes_lib.protocols.params import ESSettings, StandardESNotebookParams, sweep_values
 from copes_lib.protocols.substrate_setup import substrate_config
+from copes_lib.training_run import BEST, LAST, SCORE
 
 
 @dataclass
@@ -36,25 +43,23 @@ class AgentSetup:
     key: dict[str, Any]
     worker_args: dict[str, Any] = field(default_factory=dict)  # load_agent's arguments (Ray workers)
     base_validation: dict[tuple, dict[str, float]] = field(default_factory=dict)  # by validation ids
-    forced: set[str] = field(default_factory=set)  # runs already recomputed under FORCE
+    forced: set[Path] = field(default_factory=set)  # run folders already recomputed under FORCE
 
 
-def load_agent(profile: str | NotebookParams, kind: str = "math", *, seed: int = 0, batch_size: int = 64,
+def load_agent(profile: str | ESSettings, kind: str = "math", *, seed: int = 0, batch_size: int = 64,
                batch_seed: int = 1088, val_problems: int = 0, engine: str = "loop") -> AgentSetup:
     """The profile's warm-started substrate (cached by ``copes_lib.substrate``), its tools, the
     training tasks and the first ``val_problems`` validation tasks (0: all), with the substrate's
-    rollout settings. ``profile`` may be a notebook's parameters instead: then PROFILE, TASK_KIND,
-    SEED, BATCH_SIZE, BATCH_SEED and VAL_PROBLEMS are read from it (notebooks 02, 03, 05, 06)."""
+    rollout settings. ``profile`` may be the ES settings of a notebook instead (02, 03, 05, 06, 07):
+    then PROFILE, TASK_KIND, SEED, BATCH_SIZE, BATCH_SEED, VAL_PROBLEMS and ENGINE are read from them."""
     from copes_lib.rollout import make_env
     from copes_lib.substrate import warm_rollout_config, warm_start
     from copes_lib.tasks import load_tasks
 
-    if isinstance(profile, NotebookParams):
+    if isinstance(profile, ESSettings):
         p = profile
-        profile, kind, seed = p.PROFILE, getattr(p, "TASK_KIND", kind), p.SEED
-        batch_size, batch_seed = getattr(p, "BATCH_SIZE", batch_size), getattr(p, "BATCH_SEED", batch_seed)
-        val_problems = getattr(p, "VAL_PROBLEMS", val_problems)
-        engine = getattr(p, "ENGINE", engine)
+        profile, kind, seed, engine = p.PROFILE, p.TASK_KIND, p.SEED, p.ENGINE
+        batch_size, batch_seed, val_problems = p.BATCH_SIZE, p.BATCH_SEED, p.VAL_PROBLEMS
     substrate = substrate_config(profile)
     model, tokenizer, _ = warm_start(profile, kind, seed=seed, config=substrate)
     env = make_env(kind, profile)
@@ -63,9 +68,11 @@ def load_agent(profile: str | NotebookParams, kind: str = "math", *, seed: int =
     rollout_config = warm_rollout_config(substrate)
     objective = AgentObjective(tokenizer, env, load_tasks(profile, kind, "train"), val, rollout_config,
                                batch_size, batch_seed)
-    objective.engine = engine  # greedy trajectories are the same on every engine: not part of the cache key
+    objective.engine = engine
+    # the engine is part of a run's identity: no test shows the engines' trajectories equal, so a run
+    # under ENGINE slots must not silently reuse one made under loop (or the reverse)
     key = {"profile": profile, "kind": kind, "substrate_checksum": checksum(model), "batch_size": batch_size,
-           "batch_seed": batch_seed, "rollout": rollout_config.to_dict()}
+           "batch_seed": batch_seed, "rollout": rollout_config.to_dict(), "engine": engine}
     worker_args = dict(profile=profile, kind=kind, seed=seed, batch_size=batch_size, batch_seed=batch_seed,
                        val_problems=val_problems, engine=engine)
     return AgentSetup(model, objective, key, worker_args)
@@ -76,28 +83,6 @@ def describe_agent(agent: AgentSetup) -> str:
     n_params = sum(p.numel() for p in agent.model.parameters())
     return (f"substrate: {n_params:,} parameters; train tasks {len(agent.objective.train_tasks)}, "
             f"validation problems {len(agent.objective.val_tasks)}")
-
-
-def run_arm(agent: AgentSetup, config: ESConfig, *, steps: int, val_every: int, force: bool = False,
-            val_problems: int | None = None, prefix: str = "es") -> list[dict[str, Any]]:
-    """One training run from a copy of the warm-started model, cached under
-    ``cache/<profile>/es_runs-<key>/`` (finished runs are reused, interrupted ones resume); returns
-    its history. ``val_problems``: validate on the first n of the agent's validation tasks."""
-    objective = agent.objective if val_problems is None else agent.objective.with_val(val_problems)
-    val_ids = [t.id for t in objective.val_tasks]
-    key = {**agent.key, "val_ids": val_ids}
-    factory = ray_worker_factory(config, agent)
-    # FORCE recomputes each distinct run once per session, even if several arms share it
-    this = run_key(config, steps, val_every, key)
-    force = force and this not in agent.forced
-    agent.forced.add(this)
-    history, _ = cached_es_run(agent.key["profile"], "es_runs", copy.deepcopy(agent.model), objective, config,
-                               steps=steps, val_every=val_every, key_extra=key, force=force,
-                               log_prefix=prefix, worker_factory=factory,
-                               base_validation=agent.base_validation.get(tuple(val_ids)))
-    agent.base_validation[tuple(val_ids)] = {k[len("eval/val_"):]: v for k, v in history[0].items()
-                                             if k.startswith("eval/val_")}
-    return history
 
 
 def agent_worker(worker_args: dict[str, Any]) -> tuple[nn.Module, AgentObjective]:
@@ -126,10 +111,10 @@ def run_sweep(params: StandardESNotebookParams, agent: AgentSetup, subspaces: in
     rows = []
     for sigma in sweep_values(params.SWEEP_SIGMAS, "SWEEP_SIGMAS"):
         alpha = params.SWEEP_ALPHA_RATIO * sigma
-        config = es_config_from(params, subspaces=subspaces, sigma=sigma, alpha=alpha)
-        history = run_arm(agent, config, steps=params.SWEEP_STEPS, val_every=params.SWEEP_STEPS,
-                          force=params.FORCE, val_problems=params.SWEEP_VAL_PROBLEMS,
-                          prefix=f"sweep K={subspaces} sigma={sigma:g}")
+        config = params.es_config(subspaces=subspaces, sigma=sigma, alpha=alpha)
+        history = es_run(agent, config, steps=params.SWEEP_STEPS, val_every=params.SWEEP_STEPS,
+                         force=params.FORCE, val_problems=params.SWEEP_VAL_PROBLEMS,
+                         label=f"sweep K={subspaces} sigma={sigma:g}").history
         rows.append({"subspaces": subspaces, "sigma": sigma, "alpha": alpha,
                      "base_val_accuracy": history[0]["eval/val_accuracy"],
                      "final_val_accuracy": history[-1]["eval/val_accuracy"],
@@ -181,25 +166,14 @@ def binomial_se(accuracy: float, n: int) -> float:
     return math.sqrt(max(accuracy * (1 - accuracy), 0.0) / max(n, 1))
 
 
-def es_config_from(params: NotebookParams, *, seed_index: int = 0, **overrides: Any) -> ESConfig:
-    """The ESConfig of a notebook's run: its main run by default (K = 1 for 02, SUBSPACES for 03),
-    changed by ``overrides`` (subspaces, sigma, alpha, zscore, ...). Seed i of notebooks 05-07 uses
-    noise seed ES_SEED + i."""
-    values = dict(population=params.POPULATION, subspaces=getattr(params, "SUBSPACES", 1),
-                  sigma=params.SIGMA, alpha=params.ALPHA, chunk_size=params.CHUNK_SIZE,
-                  noise=params.NOISE, zscore=getattr(params, "ZSCORE", "joint"), backend=params.BACKEND,
-                  ray_workers=params.RAY_WORKERS, seed=params.ES_SEED + seed_index)
-    values.update(overrides)
-    return ESConfig(**values)
-
-
-# =========================================================================== paired seeds (05, 06, 07)
+# =========================================================================== one run, paired seeds (05, 06, 07)
 def seeded_agent(agent: AgentSetup, batch_seed: int) -> AgentSetup:
-    """The same substrate and tasks with another prompt-batch seed (a new cache identity)."""
+    """The same substrate and tasks with another prompt-batch seed (a new cache identity); it shares the
+    agent's base validations (they do not depend on the batches) and the runs FORCE has recomputed."""
     objective = copy.copy(agent.objective)
     objective.batch_seed = batch_seed
-    return AgentSetup(agent.model, objective, {**agent.key, "batch_seed": batch_seed},
-                      {**agent.worker_args, "batch_seed": batch_seed} if agent.worker_args else {})
+    return dataclasses.replace(agent, objective=objective, key={**agent.key, "batch_seed": batch_seed},
+                               worker_args={**agent.worker_args, "batch_seed": batch_seed} if agent.worker_args else {})
 
 
 @dataclass
@@ -214,62 +188,81 @@ class ESRun:
         """The model's state dict at the last step (``final``) or the best validated step (``best``)."""
         if which not in ("final", "best"):
             raise ValueError(f"which = {which!r}; valid values: ['final', 'best']")
-        return runs.load_checkpoint(self.folder / ("state.pt" if which == "final" else "best.pt"))["model"]
+        return runs.load_checkpoint(self.folder / (LAST if which == "final" else BEST))["model"]
+
+    def curve(self, metric: str = SCORE) -> tuple[list[int], list[float]]:
+        """(validated steps, values of ``metric``), as ``GRPORun.curve``."""
+        return val_points(self.history, metric)
 
 
-def es_run_folder(profile: str, agent: AgentSetup, config: ESConfig, steps: int, val_every: int) -> Path:
-    """The cache folder of this run (the one ``run_arm`` and ``es_run`` use)."""
-    return runs.cache_dir(profile, "es_runs", run_key(config, steps, val_every, _run_identity(agent)))
+def _identity(agent: AgentSetup, objective: AgentObjective) -> dict[str, Any]:
+    return {**agent.key, "val_ids": [t.id for t in objective.val_tasks]}
 
 
-def _run_identity(agent: AgentSetup) -> dict[str, Any]:
-    return {**agent.key, "val_ids": [t.id for t in agent.objective.val_tasks]}
+def es_run_folder(agent: AgentSetup, config: ESConfig, steps: int, val_every: int,
+                  val_problems: int | None = None) -> Path:
+    """The cache folder of the run ``es_run`` makes with these arguments."""
+    objective = agent.objective if val_problems is None else agent.objective.with_val(val_problems)
+    return runs.cache_dir(agent.key["profile"], "es_runs", run_key(config, steps, val_every, _identity(agent, objective)))
 
 
-def es_run(params: NotebookParams, agent, config, *, steps: int, val_every: int, label: str,
-           continue_from: ESRun | None = None, force: bool | None = None) -> ESRun:
-    """One cached ES/CoPES run on a copy of the warm start. With ``continue_from`` (a shorter run of the
-    same config), the new run starts from its checkpoint: all randomness is a function of the step, so
-    this equals an uninterrupted run and costs only the extra steps."""
-    force = params.FORCE if force is None else force
+def es_run(agent: AgentSetup, config: ESConfig, *, steps: int, val_every: int, label: str = "es",
+           force: bool = False, val_problems: int | None = None, continue_from: ESRun | None = None,
+           seed_index: int = 0) -> ESRun:
+    """One ES / CoPES run from a copy of the warm-started model, cached under
+    ``cache/<profile>/es_runs-<key>/`` (key ``es_training.run_key``: config, steps, validation cadence,
+    the agent's identity and validation problems): a finished run is reused, an interrupted one resumes.
+
+    ``val_problems``: validate on the first n of the agent's validation tasks. ``continue_from``: a
+    shorter run of the same config whose checkpoint this run starts from (all randomness is a function
+    of the step, so this equals an uninterrupted run and costs only the extra steps). ``force``
+    recomputes, once per run and session (arms that share a run recompute it once). ``seed_index``: the
+    run's place in a seed series (``seed_runs``)."""
+    objective = agent.objective if val_problems is None else agent.objective.with_val(val_problems)
+    identity = _identity(agent, objective)
+    folder = es_run_folder(agent, config, steps, val_every, val_problems)
+    force = force and folder not in agent.forced
+    agent.forced.add(folder)
     if continue_from is not None:
         if continue_from.config != config:
-            raise ValueError("continue_from must be a run of the same ESConfig")
-        folder = es_run_folder(params.PROFILE, agent, config, steps, val_every)
+            raise ConfigError("es_run: continue_from must be a run of the same ESConfig")
         if folder == continue_from.folder:  # same length: nothing to continue
             return dataclasses.replace(continue_from, label=label)
         if force:
             shutil.rmtree(folder)
             folder.mkdir(parents=True)
-        if not (folder / "state.pt").exists():
-            for name in ("state.pt", "best.pt"):
+        if not (folder / LAST).exists():
+            for name in (LAST, BEST):
                 if (continue_from.folder / name).exists():
                     shutil.copyfile(continue_from.folder / name, folder / name)
         force = False
-    history, folder = cached_es_run(params.PROFILE, "es_runs", copy.deepcopy(agent.model), agent.objective,
-                                    config, steps=steps, val_every=val_every, key_extra=_run_identity(agent),
-                                    force=force, log_prefix=label,
-                                    worker_factory=ray_worker_factory(config, agent))
-    return ESRun(label, config, history, folder, config.seed - getattr(params, "ES_SEED", config.seed))
+    val_ids = tuple(identity["val_ids"])
+    result = cached_es_run(agent.key["profile"], "es_runs", copy.deepcopy(agent.model), objective, config,
+                           steps=steps, val_every=val_every, key_extra=identity, force=force, log_prefix=label,
+                           worker_factory=ray_worker_factory(config, agent),
+                           base_validation=agent.base_validation.get(val_ids))
+    agent.base_validation[val_ids] = {k[len("eval/val_"):]: v for k, v in result.history[0].items()
+                                      if k.startswith("eval/val_")}
+    return ESRun(label, config, result.history, folder, seed_index)
 
 
-def seed_runs(params: NotebookParams, agent, *, subspaces: int, sigma: float, alpha: float, steps: int,
+def seed_runs(params: ESSettings, agent, *, subspaces: int, sigma: float, alpha: float, steps: int,
               label: str, zscore: str = "joint", seeds: int | None = None) -> list[ESRun]:
     """One arm over seeds 0..SEEDS-1: seed i = noise seed ES_SEED + i and batch seed BATCH_SEED + i, so
     arms of the same seed are paired (same prompt batches)."""
     out = []
     for i in range(params.SEEDS if seeds is None else seeds):
-        config = es_config_from(params, subspaces=subspaces, sigma=sigma, alpha=alpha, seed_index=i,
-                                zscore=zscore)
-        out.append(es_run(params, seeded_agent(agent, params.BATCH_SEED + i), config, steps=steps,
-                          val_every=params.VAL_EVERY, label=f"{label} seed {i}"))
+        config = params.es_config(subspaces=subspaces, sigma=sigma, alpha=alpha, seed_index=i, zscore=zscore)
+        out.append(es_run(seeded_agent(agent, params.BATCH_SEED + i), config, steps=steps,
+                          val_every=params.VAL_EVERY, label=f"{label} seed {i}", force=params.FORCE, seed_index=i))
     return out
 
 
-def continue_runs(params: NotebookParams, agent, budget_runs: Sequence[ESRun], steps: int) -> list[ESRun]:
+def continue_runs(params: ESSettings, agent, budget_runs: Sequence[ESRun], steps: int) -> list[ESRun]:
     """The given budget runs continued to ``steps`` (only the extra steps are trained)."""
-    return [es_run(params, seeded_agent(agent, params.BATCH_SEED + r.seed_index), r.config, steps=steps,
-                   val_every=params.VAL_EVERY, label=r.label.replace("seed", "long, seed"), continue_from=r)
+    return [es_run(seeded_agent(agent, params.BATCH_SEED + r.seed_index), r.config, steps=steps,
+                   val_every=params.VAL_EVERY, label=r.label.replace("seed", "long, seed"), force=params.FORCE,
+                   continue_from=r, seed_index=r.seed_index)
             for r in budget_runs]
 
 

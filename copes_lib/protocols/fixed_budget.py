@@ -56,7 +56,7 @@ from copes_lib.protocols import decoding
 from copes_lib.protocols.es_arm import AgentSetup, ESRun, continue_runs, es_model, seed_runs
 from copes_lib.protocols.grpo_arm import GRPORun, grpo_config, grpo_params, grpo_policy, grpo_run, peak_report
 from copes_lib.protocols.histories import (
-    ACCURACY,
+    SCORE,
     best_validated,
     mean_curve,
     steps_to_match,
@@ -101,7 +101,7 @@ class FixedBudgetRuns:
     long_steps: list[int] = field(default_factory=list)
     long_curve: list[float] = field(default_factory=list)
     match: dict[str, int | None] = field(default_factory=dict)  # first step long ES reaches each CoPES arm
-    metric: str = ACCURACY  # the validation metric of every history (eval/val_score: F1 on QA)
+    metric: str = SCORE  # the validation metric of every history (eval/val_score: accuracy on math, F1 on QA)
 
 
 def protocol_arms(params: Any, settings: dict[str, Any]) -> dict[str, tuple[str, float, float, int]]:
@@ -119,7 +119,7 @@ def protocol_arms(params: Any, settings: dict[str, Any]) -> dict[str, tuple[str,
 
 def run_fixed_budget(params: Any, agent: AgentSetup, settings: dict[str, Any], *, grpo_steps: int,
                      copes_arms: dict[str, tuple], grpo_label: str = "full GRPO", es_label: str = "ES",
-                     metric: str = ACCURACY) -> FixedBudgetRuns:
+                     metric: str = SCORE) -> FixedBudgetRuns:
     """The protocol of notebooks 05 and 07, steps 1-3 of the module docstring.
 
     1. full GRPO (the shared configuration, ``settings["full_lr"]``, stopped at its peak by notebook 04's
@@ -131,12 +131,12 @@ def run_fixed_budget(params: Any, agent: AgentSetup, settings: dict[str, Any], *
     3. the first LONG_SEEDS ES seeds continued to ES_LONG_STEPS: their mean curve, and the first step at
        which it reaches each CoPES arm's mean at the budget.
 
-    ``metric``: the history key compared (``eval/val_accuracy`` on math; ``eval/val_score``, i.e. F1, on
-    QA, the metric full GRPO validates on).
+    ``metric``: the history key compared, ``eval/val_score`` by default: the metric both training loops
+    select checkpoints on (accuracy on math, F1 on QA), so full GRPO's s* and the ES / CoPES values agree.
     """
     config = grpo_config(params.PROFILE, use_lora=False, lr=settings["full_lr"], steps=grpo_steps)
     full = grpo_run(params.PROFILE, agent, config, label=grpo_label, force=params.FORCE)
-    s_star, grpo_best = best_validated(full.history)
+    s_star, grpo_best = best_validated(full.history, metric=metric)
     base = full.val_by_step[0]
     budget = params.BUDGET_STEPS or s_star
     if params.ES_LONG_STEPS < budget:
@@ -162,7 +162,7 @@ def run_fixed_budget(params: Any, agent: AgentSetup, settings: dict[str, Any], *
 
 
 def compare_at_budget(es_runs: Sequence[ESRun], copes_runs: Sequence[ESRun], budget: int, base: float,
-                      grpo_best: float, metric: str = ACCURACY) -> dict[str, Any]:
+                      grpo_best: float, metric: str = SCORE) -> dict[str, Any]:
     """Validation accuracy at the budget per seed, gain recovery, and the paired CoPES - ES difference
     (over the seeds both arms ran; ``es`` itself is over all of ES's seeds)."""
     es_vals = [val_at(r.history, budget, metric) for r in es_runs]
@@ -299,7 +299,7 @@ def mean_interval(scores: np.ndarray, *, level: float = 0.95, n_boot: int = 2000
 
 # =========================================================================== figures with uncertainty
 def plot_seed_band(ax: Any, histories: Sequence[Sequence[dict[str, Any]]], *, color: str, label: str,
-                   metric: str = ACCURACY, marker: str = "o") -> None:
+                   metric: str = SCORE, marker: str = "o") -> None:
     """Each seed's validation curve faint, the mean over seeds bold with its Student-t 95% band (at the
     steps every seed validated; one seed: no band)."""
     for h in histories:

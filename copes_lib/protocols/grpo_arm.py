@@ -23,6 +23,7 @@ from copes_lib.config import build, profile_params
 from copes_lib.grpo import GRPOConfig
 from copes_lib.grpo_sharded import ShardingConfig
 from copes_lib.protocols.params import GRPONotebookParams
+from copes_lib.training_run import BEST, LAST, SCORE
 
 
 @dataclass
@@ -36,6 +37,7 @@ class GRPORun:
     result: Any  # grpo.GRPOResult (its .policy holds the final weights)
 
     def curve(self) -> tuple[list[int], list[float]]:
+        """(validated steps, their ``eval/val_score``), as ``ESRun.curve``."""
         steps = sorted(self.val_by_step)
         return steps, [self.val_by_step[s] for s in steps]
 
@@ -56,10 +58,13 @@ def grpo_config(profile: str, use_lora: bool, lr: float | None = None, steps: in
 def run_folder(profile: str, agent: Any, config: GRPOConfig, sharding: ShardingConfig | None = None) -> Path:
     """The cache folder of a GRPO run: its configuration, the substrate's weights, the rollout settings
     and the validation problems identify it, not the notebook that asked for it. A sharded update
-    equals the in-process one only to float tolerance (tests/test_grpo_sharded.py), so it is its own run."""
+    equals the in-process one only to float tolerance (tests/test_grpo_sharded.py), so it is its own run.
+    ``metric``: the name its history validates under, so a folder written before histories carried
+    ``eval/val_score`` (they had ``eval/val_accuracy`` only, F1 on QA) is not reused. The rollout engine
+    is not in the key: GRPO always rolls out with ``copes_lib.rollout.rollout``, whatever ENGINE says."""
     objective = agent.objective
     identity = {"grpo": config.to_dict(), "rollout": objective.rollout_config.to_dict(),
-                "substrate_checksum": agent.key["substrate_checksum"], "kind": agent.key["kind"]}
+                "substrate_checksum": agent.key["substrate_checksum"], "kind": agent.key["kind"], "metric": SCORE}
     if sharding is not None:
         identity["sharding"] = sharding.to_dict()
     key = runs.cache_key(identity, [t.id for t in objective.val_tasks])
@@ -80,13 +85,13 @@ def grpo_run(profile: str, agent: Any, config: GRPOConfig, *, label: str, force:
     folder = run_folder(profile, agent, config, sharding)
     forced = set() if forced is None else forced
     if force and folder not in forced:
-        for name in ("last.pt", "best.pt"):
+        for name in (LAST, BEST):
             (folder / name).unlink(missing_ok=True)
         forced.add(folder)
 
     def on_step(step: int, row: dict[str, Any]) -> None:
-        if step == 0 or "eval/val_accuracy" in row:
-            shown = {k: row[k] for k in ("reward/mean", "eval/val_accuracy", "grpo/kl", "grpo/clip_frac",
+        if step == 0 or SCORE in row:
+            shown = {k: row[k] for k in ("reward/mean", SCORE, "grpo/kl", "grpo/clip_frac",
                                          "grpo/entropy", "time/step_s") if k in row}
             runs.summary_line(label, step, shown)
 

@@ -9,11 +9,15 @@ each class turns itself into the engine-level configs (``ESConfig``, ``GRPOConfi
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from copes_lib.budget import SubstrateSizes
 from copes_lib.config import ConfigError, NotebookParams, param
+from copes_lib.engines import ENGINES
+from copes_lib.es import ESConfig
 from copes_lib.grpo import GRPOConfig
 from copes_lib.grpo_sharded import ShardingConfig
 from copes_lib.substrate import MODEL_SIZES, WarmStartConfig
@@ -127,32 +131,75 @@ class SubstrateNotebookParams(NotebookParams):
             search_top_k=self.SEARCH_TOP_K)
 
 
+# =========================================================================== the ES settings (02, 03, 05, 06, 07)
+def _es_param(field: str, default, help: str):
+    """A notebook parameter for ``ESConfig.<field>``: its choices and range are ESConfig's own."""
+    meta = {f.name: f.metadata for f in dataclasses.fields(ESConfig)}[field]
+    return param(default, help, **{k: meta[k] for k in ("choices", "ge", "gt", "le", "lt")})
+
+
+# notebook parameter -> ESConfig field, the one conversion (``ESSettings.es_config``)
+ES_FIELDS = {"POPULATION": "population", "SUBSPACES": "subspaces", "SIGMA": "sigma", "ALPHA": "alpha",
+             "CHUNK_SIZE": "chunk_size", "NOISE": "noise", "ZSCORE": "zscore", "BACKEND": "backend",
+             "RAY_WORKERS": "ray_workers"}
+
+
+@dataclass(frozen=True)
+class ESSettings(NotebookParams):
+    """The ES / CoPES settings of every notebook that trains ES, declared once (ranges and choices are
+    ``ESConfig``'s), and the agent they train: its prompt batches, validation problems and rollout
+    engine. ``es_config`` is the one conversion to the engine's config. A notebook without a CoPES K or a
+    z-score ablation keeps the class attributes ``SUBSPACES = 1`` and ``ZSCORE = "joint"``; one that has
+    them declares them as parameters."""
+
+    POPULATION: int = _es_param("population", 40, "N, members per ES / CoPES step (paper: 40)")
+    SIGMA: float = _es_param("sigma", 1e-2, "sigma of standard ES (paper: 1e-3; chosen for this substrate "
+                             "by the sweep, docs/prior_measurements.md)")
+    ALPHA: float = _es_param("alpha", 5e-3, "alpha of standard ES (paper: 5e-4)")
+    BATCH_SIZE: int = param(16, "prompts per ES step, shared by all members (paper: 64; 16 fits the cpu budget)",
+                            ge=1)
+    VAL_PROBLEMS: int = param(512, "validation problems, 0 for all of the val split (paper: 750)", ge=0)
+    CHUNK_SIZE: int = _es_param("chunk_size", 4096, "elements per parameter chunk (paper: unstated)")
+    BACKEND: str = _es_param("backend", "batched", "ES member evaluation: sequential, batched (members x "
+                             "prompts in one rollout) or ray (same updates)")
+    RAY_WORKERS: int = _es_param("ray_workers", 2, "BACKEND ray: workers (one per GPU on a GPU cluster; "
+                                 "RAY_ADDRESS joins one)")
+    ENGINE: str = param("loop", "rollout engine: loop, slots (continuous batching) or static (preallocated "
+                        "cache, decode step compiled on CUDA); docs/engines.md", choices=ENGINES)
+    NOISE: str = _es_param("noise", "iid", "noise seeding (iid or paper_correlated)")
+    ES_SEED: int = _es_param("seed", 33, "seed of noise and partitions; seed i of a multi-seed notebook uses "
+                             "ES_SEED + i (paper: 33)")
+    BATCH_SEED: int = param(1088, "seed of the per-step prompt batches, shared by every method; seed i of a "
+                            "multi-seed notebook uses BATCH_SEED + i", ge=0)
+
+    SUBSPACES = 1  # not a parameter here: K of the main run (03, 05, 06, 07 declare it)
+    ZSCORE = "joint"  # not a parameter here (03 declares it)
+    TASK_KIND = "math"  # not a parameter here: the task family (02 declares it; 07 sets "qa")
+
+    def check(self) -> None:
+        try:
+            self.es_config()
+        except ConfigError as err:
+            raise ConfigError(f"{type(self).__name__}: POPULATION = {self.POPULATION} with SUBSPACES = "
+                              f"{self.SUBSPACES}: {err}") from None
+
+    def es_config(self, *, seed_index: int = 0, **overrides: Any) -> ESConfig:
+        """The ESConfig of this notebook's main run, changed by ``overrides`` (ESConfig field names:
+        subspaces, sigma, alpha, zscore, ...); run ``seed_index`` i uses noise seed ES_SEED + i."""
+        values = {field: getattr(self, name) for name, field in ES_FIELDS.items()}
+        return ESConfig(**{**values, "seed": self.ES_SEED + seed_index, **overrides})
+
+
 # =========================================================================== 02, 03: ES and CoPES
 @dataclass(frozen=True)
-class StandardESNotebookParams(NotebookParams):
+class StandardESNotebookParams(ESSettings):
     """Parameters of 02_standard_es (defaults = the cpu profile)."""
 
     NOTEBOOK = "02_standard_es"
 
     STEPS: int = param(16, "ES steps of the main run (paper: the 16-step budget; best ES checkpoint at 112)",
                        ge=0)
-    POPULATION: int = param(40, "N, members per step (paper: 40)", ge=2)
-    SIGMA: float = param(1e-2, "sigma of the main run (paper: 1e-3; chosen for this substrate by the "
-                         "sweep, docs/prior_measurements.md)", gt=0.0)
-    ALPHA: float = param(5e-3, "alpha of the main run (paper: 5e-4)", gt=0.0)
-    BATCH_SIZE: int = param(16, "prompts per step, shared by all members (paper: 64; 16 fits the cpu budget)",
-                            ge=1)
     VAL_EVERY: int = param(8, "validate every this many steps (paper: 8)", ge=1)
-    VAL_PROBLEMS: int = param(512, "validation problems, 0 for all of the val split (paper: 750)", ge=0)
-    CHUNK_SIZE: int = param(4096, "elements per chunk (paper: unstated)", ge=1)
-    BACKEND: str = param("batched", "member evaluation backend (batched: members x prompts in one rollout)",
-                         choices=("sequential", "batched", "ray"))
-    RAY_WORKERS: int = param(2, "BACKEND ray: workers (one per GPU on a GPU cluster; RAY_ADDRESS joins one)", ge=1)
-    ENGINE: str = param("loop", "rollout engine: loop, or slots (continuous batching; for GPUs)",
-                        choices=("loop", "slots"))
-    NOISE: str = param("iid", "noise seeding (iid or paper_correlated)", choices=("iid", "paper_correlated"))
-    ES_SEED: int = param(33, "seed of noise and partitions (paper: 33)", ge=0)
-    BATCH_SEED: int = param(1088, "seed of the per-step prompt batches, shared by every method", ge=0)
     SWEEP_SIGMAS: str = param("0.005,0.01", "comma-separated sigmas of the sweep; empty for no sweep")
     SWEEP_ALPHA_RATIO: float = param(0.5, "the sweep sets alpha to this ratio times sigma (paper: 0.5)", gt=0.0)
     SWEEP_STEPS: int = param(4, "steps per sweep run", ge=1)
@@ -161,6 +208,7 @@ class StandardESNotebookParams(NotebookParams):
     MAIN_FROM_SWEEP: bool = param(True, "main run at the sweep's best (sigma, alpha); False: SIGMA, ALPHA")
 
     def check(self) -> None:
+        super().check()
         sweep_values(self.SWEEP_SIGMAS, "SWEEP_SIGMAS")
 
 
@@ -170,20 +218,13 @@ class CoPESNotebookParams(StandardESNotebookParams):
 
     NOTEBOOK = "03_copes"
 
-    SUBSPACES: int = param(4, "K (paper: 4)", ge=1)
-    ZSCORE: str = param("joint", "z-score over all N (paper) or per subspace (ablation)",
-                        choices=("joint", "independent"))
-    SIGMA: float = param(1e-2, "sigma; CoPES perturbs with sigma_k: sqrt(K) x sigma (the paper's protocol shares ES's sigma)",
-                         gt=0.0)
+    SUBSPACES: int = _es_param("subspaces", 4, "K (paper: 4)")
+    ZSCORE: str = _es_param("zscore", "joint", "z-score over all N (paper) or per subspace (ablation)")
+    SIGMA: float = _es_param("sigma", 1e-2, "sigma; CoPES perturbs with sigma_k: sqrt(K) x sigma (the paper's "
+                             "protocol shares ES's sigma)")
     SWEEP_SIGMAS: str = param("0.005,0.01", "comma-separated sigmas of the CoPES sweep, separate from "
                               "ES's; empty for no sweep")
     STEP_CONTROL: bool = param(False, "also run ES with sqrt(K) x alpha (CoPES's update size; docs/prior_measurements.md)")
-
-    def check(self) -> None:
-        super().check()
-        if self.POPULATION % self.SUBSPACES or self.POPULATION // self.SUBSPACES < 2:
-            raise ConfigError(f"POPULATION = {self.POPULATION} must be a multiple of SUBSPACES = "
-                              f"{self.SUBSPACES} with at least 2 members per subspace")
 
 
 def sweep_values(text: str, name: str) -> list[float]:
@@ -274,37 +315,16 @@ class GRPONotebookParams(NotebookParams):
 
 # =========================================================================== 05, 06, 07: experiments
 @dataclass(frozen=True)
-class _ExperimentParams(NotebookParams):
-    """What every paper-A experiment notebook shares: the ES engine, the batches, the validation."""
+class _ExperimentParams(ESSettings):
+    """What every paper-A experiment notebook shares beyond the ES settings: the budget and the seeds."""
 
-    POPULATION: int = param(40, "N, members per ES / CoPES step (paper: 40)", ge=2)
-    BATCH_SIZE: int = param(16, "prompts per ES step, shared by all members (paper: 64)", ge=1)
-    VAL_PROBLEMS: int = param(512, "validation problems (0 means all of the val split; paper: 750)", ge=0)
     VAL_EVERY: int = param(4, "validate every this many steps (paper: 8)", ge=1)
     BUDGET_STEPS: int = param(8, "the step budget; 0 means full GRPO's best validation step s* (paper: 16)",
                               ge=0)
     SEEDS: int = param(3, "seeds of ES and CoPES (paper: 1 run each)", ge=1)
-    SIGMA: float = param(1e-2, "standard ES sigma when notebook 02 has not chosen one (paper: 1e-3)", gt=0.0)
-    ALPHA: float = param(5e-3, "standard ES alpha when notebook 02 has not chosen one (paper: 5e-4)", gt=0.0)
-    SUBSPACES: int = param(4, "K of CoPES (paper: 4)", ge=1)
-    CHUNK_SIZE: int = param(4096, "elements per parameter chunk (paper: unstated)", ge=1)
-    BACKEND: str = param("batched", "ES member evaluation: sequential, batched or ray (same updates)",
-                         choices=("sequential", "batched", "ray"))
-    RAY_WORKERS: int = param(2, "BACKEND ray: workers (one per GPU on a GPU cluster; RAY_ADDRESS joins one)", ge=1)
-    ENGINE: str = param("loop", "rollout engine: loop, or slots (continuous batching; for GPUs)",
-                        choices=("loop", "slots"))
-    NOISE: str = param("iid", "noise seeding (iid or paper_correlated)", choices=("iid", "paper_correlated"))
-    ES_SEED: int = param(33, "noise seed of seed 0; seed i uses ES_SEED + i (paper: 33)", ge=0)
-    BATCH_SEED: int = param(1088, "prompt-batch seed of seed 0; seed i uses BATCH_SEED + i", ge=0)
+    SUBSPACES: int = _es_param("subspaces", 4, "K of CoPES (paper: 4)")
     READ_UPSTREAM: bool = param(True, "take sigma / alpha / learning rates from notebooks 02-04's summaries "
                                 "when they exist (else this notebook's values)")
-
-    TASK_KIND = "math"  # not a parameter: the notebook fixes its task family
-
-    def check(self) -> None:
-        if self.POPULATION % self.SUBSPACES or self.POPULATION // self.SUBSPACES < 2:
-            raise ConfigError(f"POPULATION = {self.POPULATION} must be a multiple of SUBSPACES = "
-                              f"{self.SUBSPACES} with at least 2 members per subspace (paper: 40 and 4)")
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ model). This module runs, on the suite's miniature substrate:
   warm-started EXACTLY as notebook 01 warm-starts its own (``substrate.warm_start`` with 01's
   parameters, only ``model_size`` changed; the size 01 uses is its cached model), then at the same
   step budget: full GRPO (``grpo.train_grpo``), standard ES (K = 1) and CoPES (K = ``SUBSPACES``)
-  (``es.train_es``), ES-family arms over ``SEEDS`` noise seeds on the SAME prompt batches (paired);
+  (``es_training.train_es``), ES-family arms over ``SEEDS`` noise seeds on the SAME prompt batches (paired);
 - **protocol axis**: CoPES with ES's sigma / alpha (the paper's protocol; its update is ~sqrt(K)
   times larger) and CoPES with alpha / sqrt(K) (step-matched to ES), at every size;
 - **warm-start axis**: at ``WARM_AXIS_SIZE``, the same arms from an under-trained and a longer-trained
@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from copes_lib.config import ConfigError, NotebookParams, param
-from copes_lib.es import AgentObjective
+from copes_lib.es_objective import AgentObjective
 
 NOTEBOOK = "09_scale_study"
 QWEN35_4B_PARAMS = 4.0e9  # the paper's model, for the labelled extrapolation only
@@ -136,7 +136,7 @@ class Substrate:
 
 
 class ScoredObjective(AgentObjective):
-    """es.AgentObjective whose validation also keeps the per-problem scores (``last_scores``)."""
+    """es_objective.AgentObjective whose validation also keeps the per-problem scores (``last_scores``)."""
 
     last_scores: list[float] | None = None
 
@@ -233,7 +233,7 @@ def es_arm(params: ScaleStudyParams, sub: Substrate, arm: str, seed_index: int, 
            ) -> dict[str, Any]:
     """One ES-family run of ``STEPS`` steps from a copy of the base; its per-problem scores at the budget."""
     from copes_lib import runs
-    from copes_lib.es import train_es
+    from copes_lib.es_training import train_es
 
     config = es_arm_config(params, arm, seed_index)
     key = {**sub.key, "es": config.to_dict(), "steps": params.STEPS, "batch_size": params.BATCH_SIZE,
@@ -244,7 +244,7 @@ def es_arm(params: ScaleStudyParams, sub: Substrate, arm: str, seed_index: int, 
         history = train_es(copy.deepcopy(sub.model), sub.objective, config, steps=params.STEPS,
                            val_every=params.STEPS, run_dir=folder, resume=False,
                            base_validation={"score": base_accuracy, "accuracy": base_accuracy},
-                           log_prefix=f"{sub.size} {arm} seed {seed_index}")
+                           log_prefix=f"{sub.size} {arm} seed {seed_index}").history
         trained = history[1:]
         return {"scores": list(sub.objective.last_scores), "accuracy": history[-1]["eval/val_accuracy"],
                 "mean_update_norm": float(np.mean([r["es/update_norm"] for r in trained])),

@@ -1,43 +1,56 @@
-"""A Python sandbox for model-generated code: warm fork servers, rlimits and an audit hook.
+"""A Python sandbox for model-generated code: warm fork servers, kernel isolation, rlimits and an audit hook.
 
 The CoPES agent calls a Python tool (up to 5 calls per math trajectory; an ES step runs 40 members x
-64 prompts, so thousands of short calls). The paper does not describe its sandbox; this one is built
-for many short calls.
+64 prompts, so thousands of short calls). The paper's agent stack runs it in Docker; this sandbox is
+built for many short calls on any Linux host, as root or not, without a container.
 
 How a call runs::
 
     PythonSandbox (host) --pipe--> W zygotes: interpreters started once, allowed modules imported;
-                                   each runs one call at a time
+                                   each enters its own network namespace and a mount namespace in
+                                   which its temp folder is a private tmpfs (the calls' storage quota)
                                    --fork()--> a child, prepared BEFORE the call arrives: drops
-                                   privileges (when root), sets rlimits, enters its own temp dir,
-                                   then waits for the code; installs the audit hook, exec()s the
-                                   code, reports (ok, output, error) and exits; the zygote
-                                   judges by the exit status
+                                   privileges (when root), sets rlimits, drops every capability, sets
+                                   no_new_privs, restricts itself with Landlock (read the Python
+                                   installation, write only its own folder) and a seccomp filter, then
+                                   waits for the call's secret and code; installs the audit hook,
+                                   exec()s the code; the zygote reads the child's stdout and status
+                                   pipes and its exit status itself
 
 The zygote forks the next child right after replying, while the host is busy, so a call does not pay
-for starting an interpreter (tens of ms) nor, mostly, for the fork. ``benchmarks/bench_sandbox.py``
-measures calls/s against ``subprocess.run([python, "-c", code])``. Every call starts from the same
-zygote state: calls cannot see each other's variables or module changes, and one bad call cannot
-damage the next.
+for starting an interpreter (tens of ms) nor, mostly, for the fork or the kernel set-up (under 1 ms).
+``benchmarks/bench_sandbox.py`` measures calls/s against ``subprocess.run([python, "-c", code])`` and
+against the sandbox before kernel isolation. Every call starts from the same zygote state: calls cannot
+see each other's variables, files or module changes, and one bad call cannot damage the next.
 
-Limits of each call: wall-clock timeout (the zygote kills the child's process group), RLIMIT_CPU,
-RLIMIT_AS (``memory_mb`` on top of the warm interpreter), RLIMIT_NPROC = 0 (no new processes or
-threads; the kernel ignores it for root, so a root host runs the children as ``nobody``),
-RLIMIT_FSIZE, RLIMIT_NOFILE, no core files, captured and truncated output, and a hard stop after
-``max_printed_chars`` printed characters. The audit hook (``sys.addaudithook``; it cannot be removed)
-denies sockets, subprocesses, exec/spawn/fork, signals (os.kill, killpg, pthread_kill), ctypes calls,
-rlimit changes, tracing, gc introspection and traceback / generator frames (the ways to the hook's own
-state; ``sys._getframe`` stays allowed for namedtuple, enum and logging), reads outside the Python
-installation and the call's temp dir, writes outside the temp dir, symlinks and hard links, and
-imports of modules outside the standard library and the preloaded packages. os functions that have no
-audit event (pidfd_open, mkfifo, ...) are deleted in the child, together with ``_imp.create_builtin``
-/ ``create_dynamic`` so that no fresh copy of a builtin module brings them back (a consequence: the code
-can import pure-Python modules and what is preloaded, but no extension module that is not). A denied
-action ends the call at once, from inside the audit hook (the code cannot catch it, and no line of it
-runs afterwards), and the zygote takes the verdict from the child's exit status, not from the child's
-report: the report pipe is open while the code runs, so a report is only text the code could have
-printed, and a forged "ok" report does not turn a denied action into a success. Errors come back as Python's last
-traceback line (``NameError: name 'x' is not defined``), so a small model can learn from them.
+Layers (``CodeSandboxConfig.layers``; :mod:`copes_lib.tools.isolation` probes which the kernel
+offers, the sandbox records them in ``PythonSandbox.layers`` and warns naming any that is missing):
+
+1. kernel: Landlock (file reads and writes, whatever path, ``dir_fd`` or descriptor trick; TCP and
+   signals on ABI >= 4 / 6), seccomp (sockets, processes, exec, ptrace, memfd, signals to others,
+   namespaces, mounts: the child is killed), no_new_privs and no capabilities, a network namespace
+   without interfaces, a private tmpfs of ``temp_quota_mb`` per worker. Unprivileged hosts get them
+   through a user namespace that maps only their own uid.
+2. rlimits: wall-clock timeout (the zygote kills the child's process group), RLIMIT_CPU, RLIMIT_AS
+   (``memory_mb`` on top of the warm interpreter), RLIMIT_NPROC = 0, RLIMIT_FSIZE, RLIMIT_NOFILE, no
+   core files, and a hard stop after ``max_printed_chars`` printed characters (counted by the zygote).
+3. the audit hook (``sys.addaudithook``; it cannot be removed), which gives Python-level errors a small
+   model can learn from and covers what the kernel layers leave open: it denies sockets, subprocesses,
+   exec/spawn/fork, signals, ctypes calls, rlimit changes, tracing, gc introspection and traceback /
+   generator frames (the ways to the hook's own state), reads outside the Python installation and the
+   call's folder, writes outside the folder (relative paths resolved against their ``dir_fd``), folder
+   descriptors outside the call's folder, symlinks and hard links, and imports of modules outside the
+   standard library and the preloaded packages. os functions without audit events (pidfd_open,
+   memfd_create, mkfifo, ...) are deleted in the child, with ``_imp.create_builtin`` /
+   ``create_dynamic`` so that no fresh copy of a builtin module brings them back. A denied action
+   ends the call at once, from inside the hook (the code cannot catch it).
+
+Results the code cannot forge: the zygote reads the code's prints from the child's stdout pipe (text,
+never parsed), and the verdict from the exit status plus a per-call secret that only the audit hook
+holds (the child reads it in a frame that ends before the code runs) and writes after exec() returned.
+A success needs both, so a forged record, an ``os._exit(0)`` or a caught denial is a failure, and
+failures are never memoised. Errors come back as Python's last traceback line
+(``NameError: name 'x' is not defined``).
 
 Determinism: PYTHONHASHSEED=0, ``random`` (and numpy's global RNG when preloaded) are reseeded with 0
 before each call, and object addresses in the output (``<... at 0x7f...>``) are masked. The same code
@@ -45,28 +58,21 @@ therefore gives the same output on any worker; this is what makes the memo sound
 ``memo_size > 0`` (the default) a successful call's result is reused for identical code (ES members
 often emit the same code). Code that reads the clock or ``os.urandom`` would get a stale value.
 
-Linux only (fork, /proc, rlimits; pidfd when the kernel has it, else polling).
+Linux only (fork, /proc, rlimits; pidfd when the kernel has it, else polling; seccomp on x86_64).
 
 The value of a final expression is NOT printed (unlike a REPL): the agent protocol asks the model to
 ``print`` what it wants to see, and an empty output is reported as ``(no output)``.
 
-What this does not protect against -- read before running untrusted models on shared machines. This
-is a best-effort research sandbox, not a security boundary against a determined adversary. The audit
-hook runs inside the same interpreter as the untrusted code: an interpreter bug, a C extension that
-does its work without audit events, or an introspection path not listed above can bypass it. Known
-examples: ``_posixsubprocess.fork_exec`` has no audit event (it cannot be imported, and RLIMIT_NPROC /
-the uid drop stop it if a preloaded package such as sympy has loaded it); preloading numpy or sympy
-loads ctypes, whose already-resolved function pointers (``ctypes.memmove``) call C without audit
-events and can rewrite the interpreter's memory. ``os.stat`` and friends have no audit event, so the
-code can learn whether a path exists. Files are not quota'd beyond RLIMIT_FSIZE per file (the temp dir
-is on /dev/shm when possible, so files use RAM until the call ends). When the host is not root, the
-children run as the host's user: the kernel would let them signal the host or write the host's files,
-and only the audit hook stops that. When the host is root, the children run as ``nobody``, and only
-preloaded modules and files that ``nobody`` may read can be imported. On a GPU cluster or any shared
-machine, add OS isolation: run the suite (or at least the sandbox workers) in a container
-(Docker/Podman/Apptainer) with ``--network none``, a read-only root file system, an unprivileged user,
-seccomp and cgroup memory/pids limits, or use gVisor, nsjail or bubblewrap with network and user
-namespaces.
+What this does not protect against (the threat-model table is in README.md#the-python-tool-sandbox).
+The kernel layers confine what the process can reach, not what it computes: code that gets native
+execution (the preloaded numpy or sympy load ctypes; an interpreter bug) can forge its own result --
+the secret is in its memory -- and can catch a Landlock PermissionError, but it still cannot read or
+write outside the allowed folders, open a socket, start a process or signal the host. ``os.stat``
+and friends have no audit event, and Landlock does not restrict them: the code can learn whether a
+path exists. With ``layers='hook-only'`` or on a kernel without these features, only the audit hook
+and the rlimits remain, and CPython documents audit hooks as no security boundary: there, run the
+workers in a container (``--network none``, read-only root, unprivileged user, seccomp, cgroup limits)
+or under gVisor, nsjail or bubblewrap.
 """
 
 from __future__ import annotations
@@ -89,6 +95,9 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
 from copes_lib.config import Config, ConfigError, param
+
+if __name__ != "__main__":  # the zygote loads isolation.py by path (the package would import numpy)
+    from copes_lib.tools import isolation
 
 # Modules imported once in every zygote; the model's code may import these and the rest of the
 # standard library that is not denied below. Third-party packages are importable only if preloaded.
@@ -133,7 +142,8 @@ READ_EVENTS = ("os.listdir", "os.scandir", "os.getxattr", "os.listxattr")
 SANDBOX_UID = SANDBOX_GID = 65534  # 'nobody' / 'nogroup' on Linux (pwd is not loaded: see DENIED_IMPORTS)
 # os functions without audit events that could reach outside the sandbox; removed in every child
 # (builtin modules cannot be reloaded, so the code cannot get them back).
-UNAUDITED_OS_FUNCTIONS = ("pidfd_open", "mkfifo", "mknod", "openpty", "login_tty", "setns", "unshare")
+UNAUDITED_OS_FUNCTIONS = ("pidfd_open", "mkfifo", "mknod", "openpty", "login_tty", "setns", "unshare",
+                          "memfd_create", "eventfd")
 # For code that uses numpy / sympy (e.g. a pretrained model in the gpu profile). numpy loads some
 # submodules lazily; they are listed because the children cannot load extension modules themselves.
 # Forking a worker with these loaded costs several times more (the bigger the process, the slower
@@ -141,8 +151,18 @@ UNAUDITED_OS_FUNCTIONS = ("pidfd_open", "mkfifo", "mknod", "openpty", "login_tty
 SCIENTIFIC_PRELOAD = DEFAULT_PRELOAD + ",numpy,numpy.random,numpy.linalg,numpy.fft,sympy"
 _HEADER = struct.Struct(">I")
 # Exit statuses of a child: the code finished (0) or raised (1); the audit hook ended it on a denied
-# action (DENIED_EXIT). The zygote trusts the status, not the report's ok flag (see _verdict).
-FINISHED_EXIT, FAILED_EXIT, DENIED_EXIT = 0, 1, 86
+# action (DENIED_EXIT); the kernel layers could not be set up (SETUP_EXIT). A success also needs the
+# call's secret on the status pipe (see _verdict).
+FINISHED_EXIT, FAILED_EXIT, DENIED_EXIT, SETUP_EXIT = 0, 1, 86, 87
+DONE_EVENT = "copes.sandbox.done"  # raised by _run_code after exec() returned; handled by the audit hook
+FAILED_EVENT = "copes.sandbox.failed"  # raised by _run_code when the code raised: no success afterwards
+TOKEN_BYTES = 16  # the per-call secret
+_STATUS_KEEP = 65536  # bytes of the status pipe kept (its tail: the last record)
+TEMP_MAX_FILES = 4096  # inodes of the private tmpfs of a worker
+AT_FDCWD = -100
+# position of the dir_fd argument in the audit events that carry one (os.rename: 2 and 3)
+DIR_FD_INDEX = {"os.remove": 1, "os.rmdir": 1, "os.mkdir": 2, "os.chmod": 2, "os.chown": 3, "os.utime": 3,
+                "os.rename": 2}
 MAX_CODE_CHARS = 1_000_000
 _ADDRESS = re.compile(r"( at 0x)[0-9a-fA-F]+")  # object addresses in reprs
 
@@ -171,6 +191,14 @@ class CodeSandboxConfig(Config):
                            "the system temp dir")
     drop_privileges: bool = param(True, "when the host runs as root, run the code as user 'nobody' so the "
                                   "kernel enforces RLIMIT_NPROC and file permissions")
+    temp_quota_mb: int = param(64, "total MiB of files a call may keep in its working directory (a private "
+                               "tmpfs of this size where mount namespaces are available)", ge=1)
+    layers: str = param("auto", "isolation: 'auto' = every kernel layer this host offers (Landlock, seccomp, "
+                        "no_new_privs, network namespace, private tmpfs) under the audit hook, with a warning "
+                        "naming any that is missing; 'hook-only' = audit hook and rlimits only (the sandbox "
+                        "before kernel isolation, for comparison); 'kernel-only' = the kernel layers without "
+                        "the hook's rules (to test them alone; fails where any is missing)",
+                        choices=("auto", "hook-only", "kernel-only"))
 
     def check(self) -> None:
         for name in self.preload_modules():
@@ -268,6 +296,7 @@ class _Worker:
         if reply.get("failed"):
             self.kill()
             raise ConfigError(f"CodeSandboxConfig.preload: cannot import {reply['failed']} in the sandbox worker")
+        self.layers = reply.get("layers", {})
 
     def _send(self, code: str) -> None:
         data = code.encode("utf-8", "replace")
@@ -364,6 +393,7 @@ class PythonSandbox:
         self._memo: OrderedDict[str, SandboxResult] = OrderedDict()
         self._memo_lock = threading.Lock()
         self._closed = False
+        self.layers: dict[str, str] = {}  # the kernel layers the workers run under, set by start()
         # close the workers even if the caller forgets to (garbage collection or interpreter exit)
         self._finalizer = weakref.finalize(self, _close_workers, self._workers, self._executor, os.getpid())
 
@@ -374,6 +404,7 @@ class PythonSandbox:
             "timeout_s": c.timeout_s, "memory_mb": c.memory_mb, "max_output_chars": c.max_output_chars,
             "max_printed_chars": c.max_printed_chars, "file_size_mb": c.file_size_mb,
             "preload": c.preload_modules(), "drop_privileges": c.drop_privileges, "temp_root": c.temp_root,
+            "temp_quota_mb": c.temp_quota_mb, "layers": c.layers,
         }
 
     def start(self) -> PythonSandbox:
@@ -390,6 +421,15 @@ class PythonSandbox:
                     for worker in fresh:
                         worker.kill()
                     raise
+                self.layers = dict(fresh[0].layers)
+                if self.config.layers == "kernel-only":
+                    missing = [name for name in isolation.KERNEL_LAYERS if name not in self.layers]
+                    if missing:
+                        for worker in fresh:
+                            worker.kill()
+                        raise RuntimeError(f"CodeSandboxConfig.layers='kernel-only': this host lacks {missing}")
+                elif self.config.layers == "auto":
+                    isolation.warn_missing(self.layers)
                 self._workers.extend(fresh)
                 for worker in fresh:
                     self._idle.put(worker)
@@ -407,6 +447,14 @@ class PythonSandbox:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+    def describe_layers(self) -> str:
+        """The isolation layers of this sandbox in one line (for reports), e.g. 'landlock (ABI 7) + ...'."""
+        if not self._workers:
+            self.start()
+        if self.config.layers == "hook-only":
+            return "rlimits + audit hook (layers='hook-only')"
+        return isolation.describe(self.layers)
 
     def worker_pids(self) -> list[int]:
         """Process ids of the zygotes (for tests and monitoring)."""
@@ -504,101 +552,100 @@ def _write_message(fd: int, message: dict) -> None:
         data = data[os.write(fd, data):]
 
 
-class _OutputLimitExceeded(BaseException):
-    """Raised by the capture writer; a BaseException so ``except Exception`` in the code does not eat it."""
+def _load_isolation():
+    """isolation.py loaded by path: importing the package copes_lib.tools would load numpy in the zygote."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "isolation.py")
+    spec = importlib.util.spec_from_file_location("_copes_sandbox_isolation", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-class _CapturedOutput:
-    """sys.stdout/sys.stderr of a child: keeps the first ``keep`` characters, stops after ``stop``."""
-
-    encoding = "utf-8"
-    errors = "strict"
-
-    def __init__(self, keep: int, stop: int):
-        self.keep, self.stop = keep, stop
-        self.parts: list[str] = []
-        self.kept = 0
-        self.total = 0
-        self.exceeded = False
-
-    def write(self, text: str) -> int:
-        if not isinstance(text, str):
-            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
-        self.total += len(text)
-        if self.kept < self.keep:
-            piece = text[: self.keep - self.kept]
-            self.parts.append(piece)
-            self.kept += len(piece)
-        if self.total > self.stop:
-            self.exceeded = True
-            raise _OutputLimitExceeded(f"printed more than {self.stop} characters")
-        return len(text)
-
-    def writelines(self, lines) -> None:
-        for line in lines:
-            self.write(line)
-
-    def flush(self) -> None:
-        pass
-
-    def isatty(self) -> bool:
-        return False
-
-    def writable(self) -> bool:
-        return True
-
-    def fileno(self) -> int:
-        import io
-
-        raise io.UnsupportedOperation("fileno")
-
-    def text(self) -> str:
-        text = "".join(self.parts)
-        if self.total > self.kept:
-            text += f"\n... [output truncated: {self.total} characters in total]"
-        return text
+def _run_code(program, audit, out) -> None:
+    """Run the code, then ask the audit hook to end the call as a success. The hook accepts the request
+    only from this function's frame called by the child's own frame, i.e. after exec() returned, and
+    never after FAILED_EVENT: a failure is settled before any object of the code can be freed (a
+    finalizer of the code could otherwise call a copy of this function from the child's frame)."""
+    try:
+        exec(program, {"__name__": "__main__", "__builtins__": __builtins__})
+        out.flush()  # the code's prints (a failure here, e.g. a stdout the code broke, is the code's)
+    except BaseException:
+        audit(FAILED_EVENT)
+        raise
+    audit(DONE_EVENT)
 
 
-def _make_audit_hook(tmp_dir: str, read_roots: tuple[str, ...], importable: frozenset, output_parts: list,
-                     result_fd: int, max_output_chars: int):
+def _make_audit_hook(tmp_dir: str, read_roots: tuple[str, ...], importable: frozenset, status_fd: int,
+                     max_output_chars: int, call: bytearray, enforce: bool, max_files: int | None):
     """The audit hook of one child. Every helper it uses is bound here, before the untrusted code runs,
     so rebinding module attributes (``os.path.realpath = ...``) cannot change its decisions.
 
-    A denied action ends the process at once, from inside the hook, with exit status ``DENIED_EXIT``:
-    no line of the code runs after it, so the code can neither catch the denial nor forge a report
-    afterwards; the zygote reads the verdict from the exit status, which the code cannot change
-    retroactively. The hook's own report (the error and the output printed so far) is only text."""
+    It also holds the call's secret (the first TOKEN_BYTES of ``call``, wiped there): its closure is the
+    one place the code cannot reach from Python (frames of the hook are closed, gc is denied). Only the
+    hook writes the secret to the status pipe, on ``DONE_EVENT`` from :func:`_run_code` called by the
+    child's frame; the zygote accepts a success only with it. A denied action ends the process at once,
+    from inside the hook, with exit status ``DENIED_EXIT``: no line of the code runs after it.
+
+    ``enforce=False`` (layers='kernel-only') keeps only the secret and the done check: the kernel
+    layers alone then stand between the code and the host. ``max_files`` (no private tmpfs) bounds the
+    distinct files a call may create or rename to: with RLIMIT_FSIZE per file, a total quota."""
     import posix
 
-    getcwd, readlink, write, exit_now = posix.getcwd, posix.readlink, posix.write, posix._exit
+    # Builtins are bound here too: the code can replace builtins.type & co., and a replacement called
+    # from inside the hook would run the code with the hook's frames (and closure) in reach.
+    exact_type, is_subclass, length, boolean = type, issubclass, len, bool
+    import_error, os_error, value_error = ImportError, OSError, ValueError
+    token = bytes(call[:TOKEN_BYTES])
+    call[:TOKEN_BYTES] = bytes(TOKEN_BYTES)
+    getcwd, readlink, write, exit_now, stat = posix.getcwd, posix.readlink, posix.write, posix._exit, posix.stat
+    getframe = sys._getframe
+    child_frame = getframe(1)  # the frame of _child, which called this factory
+    run_code = _run_code.__code__
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+    dir_flags, os_creat = os.O_DIRECTORY | os.O_PATH, os.O_CREAT
     exact_str, exact_bytes, exact_int = str, bytes, int
     denied_imports, denied_events = DENIED_IMPORTS, DENIED_EVENTS
     write_events, read_events, frame_attributes = WRITE_EVENTS, READ_EVENTS, FRAME_ATTRIBUTES
+    dir_fd_index = DIR_FD_INDEX
     devices = ("/dev/null", "/dev/urandom", "/dev/random", "/dev/zero")
+    created: set[str] = set()  # files the call created or renamed to (only counted without a private tmpfs)
+    failed = [False]
+
+    def finish(record: bytes, status: int):
+        # No flush of the code's stdout in here: TextIOWrapper.flush calls methods of its buffer, which
+        # the code can replace, and would run them with this frame in reach. _run_code flushes before
+        # DONE_EVENT; output still buffered when a denial stops the code is lost.
+        try:
+            while record:
+                record = record[write(status_fd, record):]
+        finally:
+            exit_now(status)
 
     def deny(message: str):
-        # No user code may run in here either: output_parts is a plain list of str written by
-        # _CapturedOutput (str.join reads str data without calling methods of the items)
-        try:
-            try:
-                printed = "".join(output_parts)[:max_output_chars]
-            except BaseException:  # noqa: BLE001 - the code put something else in the list
-                printed = ""
-            error = f"PermissionError: sandbox: {message}"[:max_output_chars]
-            err_b, out_b = error.encode("utf-8", "backslashreplace"), printed.encode("utf-8", "backslashreplace")
-            data = b"%d %d %d\n" % (0, len(err_b), len(out_b)) + err_b + out_b
-            while data:
-                data = data[write(result_fd, data):]
-        finally:
-            exit_now(DENIED_EXIT)
+        # No user code may run in here: only str operations on str built here
+        error = f"PermissionError: sandbox: {message}"[:max_output_chars]
+        finish(b"\0" + error.encode("utf-8", "backslashreplace"), DENIED_EXIT)
 
-    def resolve(path: str) -> str | None:
-        """Absolute path with symlinks resolved, using only primitives bound above; None = refused."""
+    def resolve(path: str, dir_fd) -> str | None:
+        """Absolute path with symlinks resolved, using only primitives bound above; None = refused.
+        A relative path is taken relative to ``dir_fd`` (the kernel does so) or the current folder."""
         if not path.startswith("/"):
-            if ".." in path.split("/"):  # relative to an unknown dir_fd: refuse to guess
+            if ".." in path.split("/"):
                 return None
-            path = getcwd() + "/" + path
+            if dir_fd is None or (exact_type(dir_fd) is exact_int and dir_fd in (-1, AT_FDCWD)):  # -1: none
+                base = getcwd()
+            elif exact_type(dir_fd) is exact_int:
+                try:
+                    base = readlink(f"/proc/self/fd/{dir_fd}")
+                except (os_error, value_error):
+                    return None
+                if not base.startswith("/"):
+                    return None
+            else:
+                return None
+            path = base + "/" + path
         pending, parts, links = path.split("/")[::-1], [], 0
         while pending:
             part = pending.pop()
@@ -611,7 +658,7 @@ def _make_audit_hook(tmp_dir: str, read_roots: tuple[str, ...], importable: froz
             here = "/" + "/".join(parts + [part])
             try:
                 target = readlink(here)
-            except (OSError, ValueError):
+            except (os_error, value_error):
                 parts.append(part)
                 continue
             links += 1
@@ -628,52 +675,81 @@ def _make_audit_hook(tmp_dir: str, read_roots: tuple[str, ...], importable: froz
                 return True
         return False
 
-    def check_path(path, writing: bool, event: str) -> None:
+    def is_dir(path: str) -> bool:
+        try:
+            return stat(path).st_mode & 0o170000 == 0o040000
+        except (os_error, value_error):
+            return False
+
+    def check_path(path, writing: bool, event: str, dir_fd=None, flags: int = 0, creates: bool = False) -> None:
         # No user code may run in here (no repr or str of the argument, no method of a subclass): a
         # frame of this function would hand out its closure and with it the rules.
-        if type(path) is exact_int:  # an already open file descriptor (0/1/2 are /dev/null)
+        if exact_type(path) is exact_int:  # an already open descriptor: only ones made inside the call's folder
             return
-        if type(path) is exact_bytes:
+        if exact_type(path) is exact_bytes:
             path = path.decode("utf-8", "surrogateescape")
-        elif isinstance(path, exact_str):
+        elif is_subclass(exact_type(path), exact_str):  # (isinstance would ask the object's __class__)
             path = "".join([path])  # an exact str copy: a subclass cannot change what is checked
         else:
             deny(f"{event}: only str, bytes or file-descriptor paths are allowed")
-        real = resolve(path)
+        real = resolve(path, dir_fd)
         if real is None:
-            deny(f"{event}: relative paths with '..' are not allowed, got {path!r}")
+            deny(f"{event}: relative paths with '..' or an unknown dir_fd are not allowed, got {path!r}")
+        mine = inside(real, (tmp_dir,))
         if writing:
-            if not (inside(real, (tmp_dir,)) or real == "/dev/null"):
+            if not (mine or real == "/dev/null"):
                 deny(f"writing {path!r} is not allowed; write only inside the working directory")
-        elif not (inside(real, read_roots) or inside(real, (tmp_dir,)) or real in devices):
+            if creates and mine and max_files is not None:
+                created.add(real)
+                if length(created) > max_files:
+                    deny(f"more than {max_files} files created: the call's storage quota "
+                         "(temp_quota_mb) is enforced by counting here, as no private tmpfs is available")
+        elif not (mine or inside(real, read_roots) or real in devices):
             deny(f"reading {path!r} is not allowed; only the working directory and the Python "
                  "installation are readable")
+        # A directory descriptor would let later calls name paths relative to it (dir_fd), which the
+        # "open" event does not report: only folders inside the working directory may be opened.
+        if event == "open" and not mine and (flags & dir_flags or is_dir(real)):
+            deny(f"opening the folder {path!r} as a descriptor is not allowed outside the working directory")
 
     def hook(event: str, args: tuple) -> None:
+        if event == DONE_EVENT:
+            caller = getframe(1)
+            if caller.f_code is run_code and caller.f_back is child_frame and not failed[0]:
+                finish(b"\0" + token, FINISHED_EXIT)
+            deny("the end of a call may only be reported by the sandbox itself")
+        if event == FAILED_EVENT:  # anyone may settle a call as failed; nobody can undo it
+            failed[0] = True
+            return
+        if not enforce:
+            return
         if event == "open":
+            if length(args) != 3:  # (sys.audit lets the code raise any event with any arguments)
+                deny("open: unexpected arguments")
             path, _mode, flags = args
-            if type(flags) is not exact_int:  # the OS flags computed by C decide, never a str mode
+            if exact_type(flags) is not exact_int:  # the OS flags computed by C decide, never a str mode
                 deny("open: unexpected flags")
-            check_path(path, bool(flags & write_flags), "open")
+            check_path(path, boolean(flags & write_flags), "open", None, flags, boolean(flags & os_creat))
         elif event == "import":
-            if type(args[0]) is not exact_str:  # a str subclass could lie to the check below
+            if exact_type(args[0]) is not exact_str:  # a str subclass could lie to the check below
                 deny("import: module names must be plain str")
             top = args[0].partition(".")[0]
             if top not in importable or top in denied_imports:
                 # an ordinary ImportError (not a violation): the code may fall back to something else
-                raise ImportError(f"sandbox: module {args[0]!r} is not available")
+                raise import_error(f"sandbox: module {args[0]!r} is not available")
         elif event.startswith(denied_events):
             deny(f"{event} is not allowed")
         elif event in write_events:
-            if event == "os.chdir" and type(args[0]) is not exact_str:
+            if event == "os.chdir" and exact_type(args[0]) is not exact_str:
                 deny("os.fchdir is not allowed")
-            check_path(args[0], True, event)
+            index = dir_fd_index.get(event)
+            check_path(args[0], True, event, args[index] if index is not None and length(args) > index else None)
             if event == "os.rename":
-                check_path(args[1], True, event)
+                check_path(args[1], True, event, args[3] if length(args) > 3 else None, 0, True)
         elif event in read_events:
             if args and args[0] is not None:
                 check_path(args[0], False, event)
-        elif event == "object.__getattr__" and args[1] in frame_attributes:
+        elif event == "object.__getattr__" and exact_type(args[1]) is exact_str and args[1] in frame_attributes:
             deny(f"reading .{args[1]} is not allowed (tracebacks and generator frames are closed)")
 
     return hook
@@ -697,25 +773,43 @@ def _set_limits(settings: dict, base_vsz: int) -> None:
     limit(resource.RLIMIT_CORE, 0)
 
 
-def _child(settings: dict, state: dict, tmp_dir: str, code_fd: int, result_fd: int) -> None:
-    """Runs in a forked child; never returns. Prepares itself, then waits for the code on ``code_fd``
-    (the zygote forks the next child while the host is still busy), reports
-    ``ok error-bytes output-bytes`` on ``result_fd`` and exits with FINISHED_EXIT or FAILED_EXIT.
+def _isolate_child(state: dict, tmp_dir: str) -> None:
+    """The kernel layers of one child: no capabilities, no_new_privs, Landlock, seccomp (in this order:
+    unprivileged Landlock and seccomp need no_new_privs, and the filter would kill Landlock's set-up)."""
+    iso, active = state["isolation"], state["layers"]
+    iso.harden_child()
+    if "landlock" in active:
+        call_fd = os.open(tmp_dir, os.O_PATH | os.O_DIRECTORY)
+        iso.landlock_restrict(state["landlock_abi"], state["read_fds"], [call_fd], state["device_fds"],
+                              state["null_fds"])
+        os.close(call_fd)
+    if "seccomp" in active:
+        iso.install_seccomp(os.getpid())
 
-    ``result_fd`` stays open while the code runs (any descriptor of the process can be named by
-    number), so the report is only text the code could have printed: the verdict comes from the
-    exit status, and a denied action ends the process inside the audit hook (DENIED_EXIT)."""
-    write, exit_now = os.write, os._exit
-    ok, error, status = False, "", FAILED_EXIT
-    output = _CapturedOutput(settings["max_output_chars"], settings["max_printed_chars"])
+
+def _read_call(code_fd: int) -> bytearray | None:
+    """The secret and the code, read in a frame of their own that ends before the code runs."""
+    data = bytearray()
+    while chunk := os.read(code_fd, 1 << 20):
+        data += chunk
+    os.close(code_fd)
+    return data if len(data) >= TOKEN_BYTES else None
+
+
+def _child(settings: dict, state: dict, tmp_dir: str, code_fd: int, out_fd: int, status_fd: int) -> None:
+    """Runs in a forked child; never returns. Prepares itself (limits, kernel layers), then waits for
+    the secret and the code on ``code_fd`` (the zygote forks the next child while the host is still
+    busy). The code's prints go to ``out_fd`` (fd 1), which the zygote reads and limits; the child's
+    own records (the error, or the secret on success, written by the audit hook) go to ``status_fd``
+    (fd 2), each after a NUL. The code can write to both descriptors; what it cannot do is write the
+    secret, so it can print anything but cannot turn a failure, a denial or an early exit into a success.
+    """
+    status = FAILED_EXIT
     try:
         devnull = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(devnull, fd)
-        low, high = sorted((code_fd, result_fd))
-        os.closerange(3, low)
-        os.closerange(low + 1, high)
-        os.closerange(high + 1, 65536)
+        os.dup2(devnull, 0)
+        os.dup2(out_fd, 1)
+        os.dup2(status_fd, 2)
         os.chdir(tmp_dir)
         if state["uid"] is not None:
             os.setgroups([])
@@ -723,61 +817,71 @@ def _child(settings: dict, state: dict, tmp_dir: str, code_fd: int, result_fd: i
             os.setuid(state["uid"])
         _set_limits(settings, state["base_vsz"])
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # too large a file -> OSError, not a kill
+        if state["layers"]:
+            try:
+                _isolate_child(state, tmp_dir)
+            except OSError as exc:  # never run the code with fewer layers than the zygote reported
+                os.write(2, f"\0RuntimeError: sandbox: kernel isolation failed in the child: {exc}".encode())
+                status = SETUP_EXIT
+                raise
+        os.closerange(3, code_fd)
+        os.closerange(code_fd + 1, 65536)
+        enforce = settings["layers"] != "kernel-only"
         import _imp
         import _signal
+        import io
         import posix
 
-        removals = [(module, name) for module in (posix, os) for name in UNAUDITED_OS_FUNCTIONS]
-        removals += [(_signal, "pidfd_send_signal"), (signal, "pidfd_send_signal")]
-        for name in ("pwd", "grp"):  # loaded by shutil; they read /etc/passwd and /etc/group in C
-            module = sys.modules.get(name)
-            removals += [(module, attr) for attr in dir(module) if attr.startswith(("getpw", "getgr"))]
-        # without these, no fresh copy of a builtin or extension module (with the attributes above
-        # restored) can be made; pure-Python imports still work
-        removals += [(_imp, "create_builtin"), (_imp, "create_dynamic")]
-        for module, name in removals:
-            if hasattr(module, name):
-                delattr(module, name)
+        if enforce:
+            removals = [(module, name) for module in (posix, os) for name in UNAUDITED_OS_FUNCTIONS]
+            removals += [(_signal, "pidfd_send_signal"), (signal, "pidfd_send_signal")]
+            for name in ("pwd", "grp"):  # loaded by shutil; they read /etc/passwd and /etc/group in C
+                module = sys.modules.get(name)
+                removals += [(module, attr) for attr in dir(module) if attr.startswith(("getpw", "getgr"))]
+            # without these, no fresh copy of a builtin or extension module (with the attributes above
+            # restored) can be made; pure-Python imports still work
+            removals += [(_imp, "create_builtin"), (_imp, "create_dynamic")]
+            for module, name in removals:
+                if hasattr(module, name):
+                    delattr(module, name)
+        for name in state["drop_modules"]:  # ctypes, loaded only for the kernel layers' set-up
+            sys.modules.pop(name, None)
         for name in ("random", "numpy.random"):  # the same RNG state in every call
             if name in sys.modules:
                 sys.modules[name].seed(0)
-        import io
-
         sys.stdin = io.StringIO("")
-        chunks = []
-        while chunk := os.read(code_fd, 1 << 20):
-            chunks.append(chunk)
-        os.close(code_fd)
-        if not chunks:  # the zygote went away without a call for this child
-            exit_now(0)
-        sys.stdout = sys.stderr = output
-        program = compile(b"".join(chunks).decode("utf-8", "replace"), "<sandbox>", "exec")
-        sys.addaudithook(_make_audit_hook(tmp_dir, state["read_roots"], state["importable"], output.parts,
-                                          result_fd, settings["max_output_chars"]))
-        import builtins
-
-        exec(program, {"__name__": "__main__", "__builtins__": builtins})
-        ok = True
-    except _OutputLimitExceeded:
-        error = (f"OutputLimitError: the code printed more than {settings['max_printed_chars']} "
-                 "characters and was stopped")
+        out = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False), 1 << 16), encoding="utf-8",
+                               errors="backslashreplace", newline="\n")
+        call = _read_call(code_fd)
+        if call is None:  # the zygote went away without a call for this child
+            os._exit(0)
+        max_files = None
+        if "private_tmpfs" not in state["layers"]:
+            max_files = max(1, -(-settings["temp_quota_mb"] // max(1, settings["file_size_mb"])))
+        audit = sys.audit
+        sys.stdout = sys.stderr = out
+        sys.addaudithook(_make_audit_hook(tmp_dir, state["read_roots"], state["importable"], 2,
+                                          settings["max_output_chars"], call, enforce, max_files))
+        program = compile(bytes(call[TOKEN_BYTES:]).decode("utf-8", "replace"), "<sandbox>", "exec")
+        del call
+        _run_code(program, audit, out)
+        error = "RuntimeError: the code did not finish"  # not reached: the hook ends the process
     except BaseException as exc:  # noqa: BLE001 - every failure of the code becomes its observation
         try:
             error = python_error(exc)
         except BaseException:  # noqa: BLE001
             error = "RuntimeError: the error could not be formatted"
     try:
-        if output.exceeded and ok:  # the code caught the limit exception
-            ok, error = False, (f"OutputLimitError: the code printed more than {settings['max_printed_chars']} "
-                                "characters and was stopped")
-        err_b = _truncate(error, settings["max_output_chars"]).encode("utf-8", "backslashreplace")
-        out_b = output.text().encode("utf-8", "backslashreplace")
-        data = b"%d %d %d\n" % (int(ok), len(err_b), len(out_b)) + err_b + out_b
-        while data:
-            data = data[write(result_fd, data):]
-        status = FINISHED_EXIT if ok else FAILED_EXIT
+        if status != SETUP_EXIT:
+            try:
+                out.flush()  # the code's output first
+            except BaseException:  # noqa: BLE001 - no output stream yet, or the code broke it
+                pass
+            record = b"\0" + _truncate(error, settings["max_output_chars"]).encode("utf-8", "backslashreplace")
+            while record:
+                record = record[os.write(2, record):]
     finally:
-        exit_now(status)
+        os._exit(status)
 
 
 def _signal_error(signum: int, settings: dict) -> str:
@@ -788,6 +892,8 @@ def _signal_error(signum: int, settings: dict) -> str:
     if signum in (signal.SIGSEGV, signal.SIGBUS):
         return (f"RecursionError: the Python process crashed ({signal.Signals(signum).name}), most likely "
                 "from recursion that is too deep or from running out of memory")
+    if signum == signal.SIGSYS:
+        return "PermissionError: sandbox: a system call the seccomp filter denies (socket, process, exec, ...)"
     try:
         name = signal.Signals(signum).name
     except ValueError:
@@ -795,40 +901,27 @@ def _signal_error(signum: int, settings: dict) -> str:
     return f"RuntimeError: the process was killed by signal {name}"
 
 
-def _parse_child_report(data: bytes) -> tuple[bool, str, str] | None:
-    """(ok, error, output) from a complete report; None while incomplete or when malformed."""
-    head, sep, body = data.partition(b"\n")
-    fields = head.split()
-    if not sep or len(fields) != 3 or not all(f.isdigit() for f in fields):
-        return None
-    ok, n_err, n_out = (int(f) for f in fields)
-    if len(body) != n_err + n_out or ok not in (0, 1):
-        return None
-    return bool(ok), body[:n_err].decode("utf-8", "replace"), body[n_err:].decode("utf-8", "replace")
+def _verdict(status: int, sealed: bool, record: str | None, settings: dict) -> tuple[bool, str]:
+    """(ok, error) of a child that exited with ``status``; ``sealed``: its status pipe ended with the
+    call's secret; ``record``: the text after the last NUL on that pipe (the child's error).
 
-
-def _verdict(status: int, report: tuple[bool, str, str] | None, settings: dict) -> tuple[bool, str, str]:
-    """(ok, error, output) of a child that exited with ``status`` after writing ``report``.
-
-    The exit status decides: DENIED_EXIT fails the call whatever the report says (the code may have
-    written a well-formed ok report before its denied action), and ok needs both FINISHED_EXIT and
-    an ok report. What the code can still do -- write an ok report and call os._exit(0) -- gains it
-    nothing it could not get by catching its own exceptions and printing.
+    A success needs both FINISHED_EXIT and the secret, which only the audit hook holds and writes after
+    exec() returned: an os._exit(0), a forged record or a caught denial cannot produce it. DENIED_EXIT
+    fails the call whatever else was written.
     """
     if os.WIFSIGNALED(status):
-        return False, _signal_error(os.WTERMSIG(status), settings), ""
+        return False, _signal_error(os.WTERMSIG(status), settings)
     exit_code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1
+    if exit_code == FINISHED_EXIT and sealed:
+        return True, ""
     if exit_code == DENIED_EXIT:
-        if report is not None and not report[0] and report[1].startswith("PermissionError: sandbox:"):
-            return report
-        return False, "PermissionError: sandbox: a denied action stopped the code", ""
-    if report is not None and exit_code in (FINISHED_EXIT, FAILED_EXIT):
-        ok, error, output = report
-        if ok and exit_code == FINISHED_EXIT:
-            return True, "", output
-        return False, error or "RuntimeError: the code failed after reporting success", output
+        if record is not None and record.startswith("PermissionError: sandbox:"):
+            return False, record
+        return False, "PermissionError: sandbox: a denied action stopped the code"
+    if exit_code in (FAILED_EXIT, SETUP_EXIT) and record:
+        return False, record
     return False, (f"SystemExit: the process exited with status {exit_code} before returning "
-                   "a result (os._exit is not allowed)"), ""
+                   "a result (os._exit is not allowed)")
 
 
 def _new_call_dir(state: dict) -> str:
@@ -842,27 +935,28 @@ def _fork_spare(settings: dict, state: dict) -> dict:
     """Fork the child that will run the next call; it prepares itself and waits for the code."""
     tmp_dir = state.pop("clean_dir", None) or _new_call_dir(state)
     code_r, code_w = os.pipe()
-    result_r, result_w = os.pipe()
+    out_r, out_w = os.pipe()
+    status_r, status_w = os.pipe()
     pid = os.fork()
     if pid == 0:
         try:
             os.setpgid(0, 0)
-            os.close(code_w)
-            os.close(result_r)
-            _child(settings, state, tmp_dir, code_r, result_w)
+            for fd in (code_w, out_r, status_r):
+                os.close(fd)
+            _child(settings, state, tmp_dir, code_r, out_w, status_w)
         finally:
             os._exit(70)
     try:
         os.setpgid(pid, pid)  # also here, so killpg works even before the child ran
     except OSError:
         pass
-    os.close(code_r)
-    os.close(result_w)
+    for fd in (code_r, out_w, status_w):
+        os.close(fd)
     try:  # a descriptor that becomes readable when the child exits (Linux >= 5.3)
         pidfd = os.pidfd_open(pid)
     except (AttributeError, OSError):  # older kernels: poll waitpid instead
         pidfd = None
-    return {"pid": pid, "pidfd": pidfd, "code_w": code_w, "result_r": result_r,
+    return {"pid": pid, "pidfd": pidfd, "code_w": code_w, "out_r": out_r, "status_r": status_r,
             "tmp_dir": tmp_dir}
 
 
@@ -874,38 +968,74 @@ def _kill_group(pid: int) -> None:
             pass
 
 
+class _Output:
+    """What the zygote keeps of a child's stdout: the first ``keep`` characters and the total count."""
+
+    def __init__(self, keep: int):
+        import codecs
+
+        self.keep, self.parts, self.kept, self.total = keep, [], 0, 0
+        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def add(self, data: bytes, final: bool = False) -> None:
+        text = self.decoder.decode(data, final)
+        self.total += len(text)
+        if self.kept < self.keep:
+            piece = text[: self.keep - self.kept]
+            self.parts.append(piece)
+            self.kept += len(piece)
+
+    def text(self) -> str:
+        text = "".join(self.parts)
+        if self.total > self.kept:
+            text += f"\n... [output truncated: {self.total} characters in total]"
+        return text
+
+
 def _run_one(code: bytes, settings: dict, state: dict) -> tuple[dict, dict]:
-    """Hand ``code`` to the spare child; wait for its report, the deadline, or its death.
+    """Hand a fresh secret and ``code`` to the spare child; read its output and status pipes until it
+    exits, the deadline passes or it prints too much.
 
     Returns the reply and the finished child, which :func:`_clean_up` reaps after the reply is sent.
     """
     child = state.pop("spare", None) or _fork_spare(settings, state)
+    token = os.urandom(TOKEN_BYTES)
     start = time.monotonic()
     try:
-        view = memoryview(code)
+        view = memoryview(token + code)
         while view:
             view = view[os.write(child["code_w"], view):]
     except BrokenPipeError:  # it died while preparing; its exit status explains why
         pass
     os.close(child["code_w"])
-    read_fd, pidfd = child["result_r"], child["pidfd"]
+    out_fd, status_fd, pidfd = child["out_r"], child["status_r"], child["pidfd"]
     deadline = start + settings["timeout_s"]
-    limit = 4 * (settings["max_output_chars"] * 2 + 200) + 65536
-    data, timed_out, exited, status = b"", False, False, None
-    watch = [read_fd] if pidfd is None else [read_fd, pidfd]
-    # wait for the child's exit, not for its report: the report is text the code can write itself
-    while not exited:
+    output, status_data = _Output(settings["max_output_chars"]), b""
+    timed_out = flooded = exited = False
+    status = None
+    open_fds = [out_fd, status_fd]
+
+    def read(fd: int) -> None:
+        nonlocal status_data
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            open_fds.remove(fd)
+        elif fd == out_fd:
+            output.add(chunk)
+        else:
+            status_data = (status_data + chunk)[-_STATUS_KEEP:]
+
+    while not exited and not flooded:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             timed_out = True
             break
+        watch = open_fds + ([pidfd] if pidfd is not None else [])
         ready = select.select(watch, [], [], remaining if pidfd is not None else min(remaining, 0.005))[0]
-        if read_fd in ready:
-            chunk = os.read(read_fd, 65536)
-            if not chunk:
-                watch.remove(read_fd)
-            elif len(data) < limit:
-                data += chunk
+        for fd in open_fds[:]:
+            if fd in ready:
+                read(fd)
+        flooded = output.total > settings["max_printed_chars"]
         if pidfd is not None:
             exited = pidfd in ready
         else:
@@ -913,25 +1043,32 @@ def _run_one(code: bytes, settings: dict, state: dict) -> tuple[dict, dict]:
             exited = child["reaped"] = reaped != 0
     elapsed = time.monotonic() - start
     if not child.get("reaped"):  # (a reaped pid may already belong to someone else)
-        _kill_group(child["pid"])  # it exited (or time is up): nothing it started may survive
+        _kill_group(child["pid"])  # it exited (or time is up, or it printed too much): nothing may survive
     if not timed_out:
         if not child.get("reaped"):
             _, status = os.waitpid(child["pid"], 0)
             child["reaped"] = True
-        while read_fd in watch and select.select([read_fd], [], [], 0)[0]:  # drain what it wrote
-            chunk = os.read(read_fd, 65536)
-            if not chunk:
-                break
-            if len(data) < limit:
-                data += chunk
+        while open_fds and not flooded:  # drain what it wrote (the writer is dead: EOF comes)
+            for fd in open_fds[:]:
+                read(fd)
+            flooded = output.total > settings["max_printed_chars"]
+    output.add(b"", final=True)
+    error = ""
     if timed_out:
-        ok, error, output = False, f"TimeoutError: the code ran longer than {settings['timeout_s']:g} s and was stopped", ""
+        ok, error, text = False, f"TimeoutError: the code ran longer than {settings['timeout_s']:g} s and was stopped", ""
+    elif flooded:
+        ok, error, text = False, (f"OutputLimitError: the code printed more than {settings['max_printed_chars']} "
+                                  "characters and was stopped"), output.text()
     else:
-        ok, error, output = _verdict(status, _parse_child_report(data[:limit]), settings)
+        sealed = status_data.endswith(b"\0" + token)
+        record = status_data.rpartition(b"\0")[2].decode("utf-8", "replace") if b"\0" in status_data else None
+        ok, error = _verdict(status, sealed, record, settings)
+        text = output.text() if ok or os.WIFEXITED(status) else ""
+        error = _truncate(error, settings["max_output_chars"])
     # object addresses differ between workers; mask them so equal code gives equal output
-    output = _ADDRESS.sub(r"\1...", output)
+    text = _ADDRESS.sub(r"\1...", text)
     error = _ADDRESS.sub(r"\1...", error)
-    return {"ok": ok, "output": output, "error": error, "elapsed_s": elapsed}, child
+    return {"ok": ok, "output": text, "error": error, "elapsed_s": elapsed}, child
 
 
 def _clean_up(child: dict, state: dict) -> None:
@@ -942,13 +1079,41 @@ def _clean_up(child: dict, state: dict) -> None:
         os.waitpid(child["pid"], 0)
     if child["pidfd"] is not None:
         os.close(child["pidfd"])
-    os.close(child["result_r"])
+    os.close(child["out_r"])
+    os.close(child["status_r"])
     tmp_dir = child["tmp_dir"]
     info = os.lstat(tmp_dir)
     if not os.listdir(tmp_dir) and info.st_mode & 0o7777 == 0o700 and info.st_uid == (state["uid"] or os.getuid()):
         state["clean_dir"] = tmp_dir  # saves a mkdir + rmtree
     else:
         shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+def _zygote_layers(settings: dict) -> tuple[dict, dict]:
+    """Enter this worker's namespaces and find which kernel layers its children can use.
+
+    Returns ({layer: detail}, the isolation state the children need). Nothing for layers='hook-only'."""
+    if settings["layers"] == "hook-only":
+        return {}, {"isolation": None, "drop_modules": ()}
+    loaded_before = set(sys.modules)
+    iso = _load_isolation()
+    active = {}
+    try:
+        active.update(iso.enter_namespaces(settings["base_dir"], settings["temp_quota_mb"], TEMP_MAX_FILES))
+    except OSError:
+        pass
+    abi = iso.landlock_abi()
+    if abi:
+        active["landlock"] = f"ABI {abi}"
+    if iso.seccomp_supported():
+        active["seccomp"] = "x86_64 filter"
+    if iso.set_no_new_privs():  # the zygote too: it never needs more privileges
+        active["no_new_privs"] = "set"
+    if "no_new_privs" not in active:  # unprivileged Landlock and seccomp need it
+        active.pop("landlock", None)
+        active.pop("seccomp", None)
+    drop = tuple(sorted(name for name in set(sys.modules) - loaded_before if name.split(".")[0] in ("ctypes", "_ctypes")))
+    return active, {"isolation": iso, "landlock_abi": abi, "drop_modules": drop}
 
 
 def _zygote_state(settings: dict) -> dict:
@@ -966,6 +1131,7 @@ def _zygote_state(settings: dict) -> dict:
     import posix  # noqa: F401
     import resource  # noqa: F401
 
+    layers, iso_state = _zygote_layers(settings)
     uid = gid = None
     if settings["drop_privileges"] and os.geteuid() == 0:
         uid, gid = SANDBOX_UID, SANDBOX_GID
@@ -979,8 +1145,14 @@ def _zygote_state(settings: dict) -> dict:
     importable = frozenset(sys.stdlib_module_names) | {n.split(".")[0] for n in settings["preload"]}
     with open("/proc/self/statm") as handle:
         base_vsz = int(handle.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-    return {"uid": uid, "gid": gid, "base_dir": base_dir, "read_roots": read_roots, "failed": failed,
-            "importable": importable - DENIED_IMPORTS, "base_vsz": base_vsz}
+    state = {"uid": uid, "gid": gid, "base_dir": base_dir, "read_roots": read_roots, "failed": failed,
+             "importable": importable - DENIED_IMPORTS, "base_vsz": base_vsz, "layers": layers, **iso_state}
+    if "landlock" in layers:  # descriptors of the rule paths, opened once; the children inherit them
+        iso = iso_state["isolation"]
+        state["read_fds"] = [fd for _, fd in iso.open_rule_paths(read_roots)]
+        state["device_fds"] = [fd for _, fd in iso.open_rule_paths(("/dev/urandom", "/dev/random", "/dev/zero"))]
+        state["null_fds"] = [fd for _, fd in iso.open_rule_paths(("/dev/null",))]
+    return state
 
 
 def _zygote_main(settings: dict) -> None:
@@ -999,7 +1171,7 @@ def _zygote_main(settings: dict) -> None:
     gc.freeze()  # the children's collections then leave the zygote's pages shared (fewer copies)
     try:
         state["spare"] = _fork_spare(settings, state)
-        _write_message(proto_out, {"ready": True, "failed": state["failed"]})
+        _write_message(proto_out, {"ready": True, "failed": state["failed"], "layers": state["layers"]})
         while True:
             header = _read_exact(proto_in, _HEADER.size)
             if header is None:  # the host closed the pipe (close() or the host died)

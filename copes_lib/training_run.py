@@ -1,0 +1,119 @@
+"""The bookkeeping both training loops share (``es_training.train_es``, ``grpo.train_grpo``): the run
+folder's checkpoints, resuming, the best validated checkpoint, early stopping and the run they return.
+
+A run folder holds ``last.pt`` (what a rerun resumes from: the loop's counters and history, the config
+the run was written with, and the loop's own payload such as weights, optimizer or the ES master) and
+``best.pt`` (the best validated weights, with their step and value). Every validation is recorded
+under one metric, ``eval/val_score`` (what checkpoints are selected on: accuracy on math, F1 on QA);
+the best is the strictly highest value, so the earliest step wins ties. ``patience`` P > 0 stops the
+run after P validations in a row without a new best.
+
+The loops differ in one declared respect: ES counts its step-0 validation (the starting model) as a
+candidate for the best checkpoint (``base_counts``); GRPO chooses among trained steps only and reports
+step 0 as the base.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from copes_lib import runs
+from copes_lib.config import Config, ConfigError
+
+LAST, BEST = "last.pt", "best.pt"
+SCORE = "eval/val_score"  # the validation metric checkpoints are selected on
+
+
+@dataclass
+class TrainingRun:
+    """What a training loop returns. ``history``: one metrics row per step (step 0 = the start);
+    ``val_by_step``: the ``eval/val_score`` of every validated step."""
+
+    history: list[dict[str, Any]]
+    val_by_step: dict[int, float]
+    best_step: int | None
+    best_val: float | None
+    best_path: Path | None
+    last_path: Path
+    stopped_early: bool = False  # ``patience`` validations without a new best ended the run
+
+    @property
+    def base_val(self) -> float:
+        return self.val_by_step[0]
+
+    @property
+    def last_step(self) -> int:
+        return int(self.history[-1]["step"])
+
+    @property
+    def peak_censored(self) -> bool:
+        """The best validation is the last trained step and the run did not stop on its own: the peak
+        may lie beyond the run (a reference gain measured here may be underestimated)."""
+        return self.best_step is not None and self.best_step == self.last_step and not self.stopped_early
+
+    def val_at(self, step: int) -> float | None:
+        return self.val_by_step.get(step)
+
+    def curve(self) -> tuple[list[int], list[float]]:
+        """(validated steps, their ``eval/val_score``), in order."""
+        steps = sorted(self.val_by_step)
+        return steps, [self.val_by_step[s] for s in steps]
+
+
+class RunBook:
+    """The checkpoints and counters of one training run in ``run_dir``.
+
+    With ``resume`` and a ``last.pt`` written under the same ``config``, the counters and history come
+    back from it and ``saved`` holds the loop's payload; one written under another config is refused.
+    """
+
+    def __init__(self, run_dir: str | Path, config: Config, *, resume: bool = True, base_counts: bool = False,
+                 patience: int = 0, map_location: str = "cpu"):
+        self.dir = Path(run_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.last_path, self.best_path = self.dir / LAST, self.dir / BEST
+        self.config, self.base_counts, self.patience = config, base_counts, patience
+        self.step, self.history, self.val_by_step = 0, [], {}
+        self.best_step: int | None = None
+        self.best_val: float | None = None
+        self.stale, self.stopped = 0, False
+        self.saved = runs.load_checkpoint(self.last_path, map_location=map_location) if resume else None
+        if self.saved is not None:
+            if self.saved["config"] != config.to_dict():
+                raise ConfigError(f"{self.last_path} was written with a different {type(config).__name__}; "
+                                  "delete it, use another run folder or pass resume=False")
+            s = self.saved
+            self.step, self.history = s["step"], s["history"]
+            self.val_by_step = {int(k): v for k, v in s["val_by_step"].items()}
+            self.best_step, self.best_val = s["best_step"], s["best_val"]
+            self.stale, self.stopped = s["stale_validations"], s["stopped_early"]
+
+    def validated(self, step: int, value: float, best_payload: Callable[[], dict[str, Any]]) -> None:
+        """Record ``eval/val_score`` = ``value`` at ``step``; a new best writes ``best.pt`` with
+        ``best_payload()`` (the weights). Step 0 is a candidate only with ``base_counts``."""
+        self.val_by_step[step] = value
+        if step == 0 and not self.base_counts:
+            return
+        if self.best_val is None or value > self.best_val:
+            self.best_step, self.best_val, self.stale = step, value, 0
+            runs.save_checkpoint(self.best_path, {"step": step, "val": value, **best_payload()})
+        else:
+            self.stale += 1
+        self.stopped = 0 < self.patience <= self.stale
+
+    def save(self, **payload: Any) -> None:
+        """Write ``last.pt``: the counters, the history and the loop's ``payload``."""
+        runs.save_checkpoint(self.last_path, {
+            "config": self.config.to_dict(), "step": self.step, "history": self.history,
+            "val_by_step": self.val_by_step, "best_step": self.best_step, "best_val": self.best_val,
+            "stale_validations": self.stale, "stopped_early": self.stopped, **payload})
+
+    def result(self) -> TrainingRun:
+        return TrainingRun(self.history, dict(self.val_by_step), self.best_step, self.best_val,
+                           self.best_path if self.best_step is not None else None, self.last_path, self.stopped)
+
+
+__all__ = ["BEST", "LAST", "SCORE", "RunBook", "TrainingRun"]

@@ -1,0 +1,248 @@
+"""The hostile code the sandbox must contain, shared by tests/test_sandbox.py (run as this user) and by
+tests/test_sandbox_nonroot.py (run again as a throwaway non-root user through ``python -m
+tests.sandbox_attacks``, which prints the results as JSON).
+
+Each attack maps to (code, expected error prefixes). ``SITE`` stands for a site-packages-like folder:
+the folder of a package the workers preload (so it is readable, as the venv's site-packages is) and
+world-writable (so only the sandbox, never file permissions, stops a write). ``KERNEL_ATTACKS`` are
+those the kernel layers must stop on their own (layers='kernel-only': no hook rules)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+FAKE_PACKAGE = "copes_fake_site_pkg"
+MARKERS = ("/tmp/copes_sandbox_escape.txt", "/tmp/copes_pwned", "/dev/shm/copes-fill")
+
+HOSTILE = {
+    "infinite loop": ("while True:\n    pass", "TimeoutError"),
+    "sleeping forever": ("import time\ntime.sleep(60)", "TimeoutError"),
+    "fork bomb": ("import os\nwhile True:\n    os.fork()", "PermissionError: sandbox: os.fork"),
+    "subprocess": ("import subprocess\nsubprocess.run(['true'])", "ImportError: sandbox: module 'subprocess'"),
+    "raw fork_exec": ("import _posixsubprocess", "ImportError: sandbox: module '_posixsubprocess'"),
+    "os.system": ("import os\nos.system('touch /tmp/copes_pwned')", "PermissionError: sandbox: os.system"),
+    "huge allocation": ("x = bytearray(50 * 2**30)", "MemoryError"),
+    # touching 512 MiB may take longer than the 1 s timeout on a busy machine: either limit may stop it
+    "growing list": ("x = []\nwhile True:\n    x.append(bytearray(2**20))", ("MemoryError", "TimeoutError")),
+    "read /etc/passwd": ("print(open('/etc/passwd').read())", "PermissionError: sandbox: reading '/etc/passwd'"),
+    "read a repo file": (f"print(open({str(REPO / 'pyproject.toml')!r}).read())",
+                         "PermissionError: sandbox: reading"),
+    "read via os.open": ("import os\nos.read(os.open('/etc/hostname', os.O_RDONLY), 100)",
+                         "PermissionError: sandbox: reading"),
+    "list the root dir": ("import os\nprint(os.listdir('/'))", "PermissionError: sandbox: reading '/'"),
+    "write outside": ("open('/tmp/copes_sandbox_escape.txt', 'w').write('x')",
+                      "PermissionError: sandbox: writing '/tmp/copes_sandbox_escape.txt'"),
+    "write via ..": ("open('../../copes_sandbox_escape.txt', 'w').write('x')", "PermissionError: sandbox"),
+    "symlink out": ("import os\nos.symlink('/etc/passwd', 'p')\nprint(open('p').read())",
+                    "PermissionError: sandbox: os.symlink"),
+    "socket": ("import socket\nsocket.socket().connect(('127.0.0.1', 80))", "ImportError: sandbox: module 'socket'"),
+    "kill the parent": ("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)", "PermissionError: sandbox: os.kill"),
+    "kill the group": ("import os, signal\nos.killpg(os.getpgid(os.getppid()), signal.SIGKILL)",
+                       "PermissionError: sandbox: os.killpg"),
+    "pidfd signal": ("import os\nos.pidfd_open(os.getppid())", "AttributeError"),
+    "ctypes": ("import ctypes", "ImportError: sandbox: module 'ctypes'"),
+    "raise the limits": ("import resource\nresource.setrlimit(resource.RLIMIT_AS, (-1, -1))",
+                         "PermissionError: sandbox: resource.setrlimit"),
+    "gc escape": ("import gc\nprint(len(gc.get_objects()))", "PermissionError: sandbox: gc.get_objects"),
+    "trace hook": ("import sys\nsys.settrace(lambda *a: None)", "PermissionError: sandbox: sys.settrace"),
+    "traceback frames": ("try:\n    open('/etc/passwd')\nexcept Exception as e:\n    tb = e.__traceback__\n"
+                         "    while tb.tb_next:\n        tb = tb.tb_next\n    print(tb.tb_frame.f_locals)",
+                         "PermissionError: sandbox: reading '/etc/passwd'"),
+    "lying str": ("class S(str):\n    pass\n__import__(S('socket'))", "PermissionError: sandbox: import"),
+    "sys.exit": ("import sys\nsys.exit(3)", "SystemExit: 3"),
+    "os._exit": ("import os\nos._exit(0)", "SystemExit: the process exited with status 0"),
+    "deep recursion": ("def f(n):\n    return f(n + 1)\nf(0)", "RecursionError"),
+    "C-stack overflow": ("import sys, json\nsys.setrecursionlimit(10**6)\nx = []\n"
+                         "for _ in range(10**5):\n    x = [x]\nprint(json.dumps(x))", "RecursionError"),
+    "print 10 MB": ("print('x' * 10_000_000)", "OutputLimitError"),
+    "print loop": ("while True:\n    print('spam')", "OutputLimitError"),
+    "caught violation": ("try:\n    open('/etc/passwd')\nexcept Exception:\n    pass\nprint('fine')",
+                         "PermissionError: sandbox: reading '/etc/passwd'"),
+    "third-party import": ("import torch", "ImportError: sandbox: module 'torch'"),
+}
+
+# Forged reports: a well-formed record of the old protocol written to every descriptor, then an exit.
+_FORGE = ("import os\n"
+          "def forge():\n"
+          "    for fd in range(1, 64):\n"
+          "        try:\n"
+          "            os.write(fd, b'1 0 6\\nforged')\n"
+          "            os.write(fd, b'\\0')\n"
+          "        except OSError:\n"
+          "            pass\n")
+FORGED = {
+    "deny, catch, forge": (_FORGE + "try:\n    open('/etc/passwd')\nexcept Exception:\n    pass\nforge()\n"
+                                    "os._exit(0)", "PermissionError: sandbox: "),
+    "forge, deny, catch, exit 0": (_FORGE + "forge()\ntry:\n    open('/etc/passwd')\nexcept Exception:\n"
+                                            "    pass\nos._exit(0)", "PermissionError: sandbox: "),
+    "forge, then raise": (_FORGE + "forge()\nraise ValueError('real failure')", "ValueError: real failure"),
+    "forge, then os._exit(0)": (_FORGE + "forge()\nos._exit(0)", "SystemExit: the process exited with status 0"),
+    "empty the denial record": (_FORGE + "import sys\ntry:\n    open('/etc/passwd')\nexcept Exception:\n"
+                                         "    pass\nfor value in sys._getframe(1).f_locals.values():\n"
+                                         "    if isinstance(value, list):\n        value.clear()\nprint('fine')",
+                                "PermissionError: sandbox: "),
+    "report done from the code": ("import sys\nprint('forged')\nsys.audit('copes.sandbox.done')",
+                                  "PermissionError: sandbox: the end of a call"),
+    "call the finisher from the code": ("import sys\nm = sys.modules['__main__']\nprint('forged')\n"
+                                        "m._run_code(compile('pass', 'x', 'exec'), sys.audit, sys.stdout)",
+                                        "PermissionError: sandbox: the end of a call"),
+    # a finalizer that runs a copy of the finisher from the child's own frame, once the code has raised
+    "finisher in a finalizer": ("import sys, types, functools\nm = sys.modules['__main__']\n"
+                                "fn = types.FunctionType(m._run_code.__code__, m.__dict__)\n"
+                                "class X:\n    pass\n"
+                                "X.__del__ = functools.partial(fn, compile('pass', 'x', 'exec'), sys.audit, sys.stdout)\n"
+                                "def f():\n    x = X()\n    raise ValueError('real failure')\nf()",
+                                ("ValueError: real failure", "PermissionError: sandbox: the end of a call")),
+    # builtins replaced / a lying __class__, so that the hook would call the code back with its frames
+    # (and through them its closure: the rules and the secret) in reach
+    "replaced builtins": ("import builtins, sys\nreal = builtins.type\nleaks = []\n"
+                          "def spy(*a):\n    leaks.append(sys._getframe(1).f_code.co_name)\n    return real(*a)\n"
+                          "builtins.type = builtins.isinstance = builtins.len = builtins.bool = spy\n"
+                          "open('notes.txt', 'w').close()\n"
+                          "if {'hook', 'check_path', 'resolve', 'deny', 'finish'} & set(leaks):\n"
+                          "    raise ValueError(f'the hook called the code: {leaks}')\nopen('/etc/passwd')",
+                          "PermissionError: sandbox: reading '/etc/passwd'"),
+    "a path whose __class__ lies": ("import sys\nclass P:\n    @property\n    def __class__(self):\n"
+                                    "        raise ValueError('the hook called the code: '"
+                                    " + sys._getframe(1).f_code.co_name)\n"
+                                    "sys.audit('os.remove', P(), -1)",
+                                    "PermissionError: sandbox: os.remove: only str"),
+    "user-raised open event": ("import sys\nclass F(int):\n    pass\nsys.audit('open', '/etc/passwd')",
+                               "PermissionError: sandbox: open: unexpected arguments"),
+}
+
+
+def new_attacks(site: str) -> dict[str, tuple[str, str | tuple[str, ...]]]:
+    """Attacks of issue 24 and the further hostile cases run against it; ``site``: see the module doc."""
+    victim = f"{site}/victim.py"
+    open_site = f"import os\nfd = os.open({site!r}, os.O_RDONLY)\n"
+    return {
+        "dir_fd .pth write": (open_site + "os.close(os.open('evil.pth', os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd))",
+                              "PermissionError: sandbox: opening the folder"),
+        "dir_fd remove": (open_site + "os.remove('victim.py', dir_fd=fd)", "PermissionError: sandbox: opening the folder"),
+        "dir_fd rename": (open_site + "os.rename('victim.py', 'evil.pth', src_dir_fd=fd, dst_dir_fd=fd)",
+                          "PermissionError: sandbox: opening the folder"),
+        "O_PATH dir_fd": (f"import os\nfd = os.open({site!r}, os.O_PATH)\n"
+                          "os.close(os.open('evil.pth', os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd))",
+                          "PermissionError: sandbox: opening the folder"),
+        "own dir_fd, then ..": ("import os\nfd = os.open('.', os.O_RDONLY)\n"
+                                "os.mkdir('../copes-escape', dir_fd=fd)", "PermissionError: sandbox"),
+        "overwrite a site file": (f"open({victim!r}, 'r+').write('import os')", "PermissionError: sandbox: writing"),
+        "truncate a site file": (f"import os\nos.truncate({victim!r}, 0)", "PermissionError: sandbox: writing"),
+        "rename out": ("open('a', 'w').close()\nimport os\nos.rename('a', '/tmp/copes_sandbox_escape.txt')",
+                       "PermissionError: sandbox: writing"),
+        "hard link out": ("import os\nos.link('/etc/passwd', 'p')", "PermissionError: sandbox: os.link"),
+        "chdir out": ("import os\nos.chdir('/tmp')\nopen('copes_sandbox_escape.txt', 'w')", "PermissionError: sandbox"),
+        "fchdir out": ("import os\nos.fchdir(os.open('/tmp', os.O_RDONLY))", "PermissionError: sandbox"),
+        "/dev/shm fill": ("for i in range(63):\n    open(f'f{i}', 'wb').write(b'x' * 8 * 2**20)",
+                          ("OSError: [Errno 28]", "PermissionError: sandbox: more than")),
+        "/dev/shm outside": ("open('/dev/shm/copes-fill', 'wb').write(b'x' * 2**20)", "PermissionError: sandbox: writing"),
+        "memfd fill": ("import os\nfds = [os.memfd_create('x') for _ in range(60)]\n"
+                       "for fd in fds:\n    os.write(fd, b'x' * 8 * 2**20)", "AttributeError"),
+        "read the host's environ": ("import os\nprint(open(f'/proc/{os.getppid()}/environ').read())",
+                                    "PermissionError: sandbox: reading"),
+        "read ~/.ssh": ("import os\nprint(os.listdir('/root/.ssh'))", "PermissionError: sandbox: reading"),
+        "exec a shell": ("import os\nos.execv('/bin/sh', ['sh', '-c', 'touch /tmp/copes_pwned'])",
+                         "PermissionError: sandbox: os.exec"),
+        "rebound realpath": ("import os.path\nos.path.realpath = lambda p: '/tmp'\nprint(open('/etc/passwd').read())",
+                             "PermissionError: sandbox: reading"),
+        "catastrophic regex": ("import re\nre.match(r'(a+)+$', 'a' * 40 + 'b')", "TimeoutError"),
+        "1 GB of output": ("import sys\nfor _ in range(1000):\n    sys.stdout.write('x' * 2**20)", "OutputLimitError"),
+    }
+
+
+# Attacks whose harm the kernel layers must stop without the hook: the code fails and the host is intact.
+KERNEL_ATTACKS = ("fork bomb", "os.system", "read /etc/passwd", "read a repo file", "read via os.open",
+                  "list the root dir", "write outside", "write via ..", "symlink out", "socket", "kill the parent",
+                  "kill the group", "subprocess", "dir_fd .pth write", "dir_fd remove", "dir_fd rename",
+                  "O_PATH dir_fd", "overwrite a site file", "truncate a site file", "rename out", "hard link out",
+                  "/dev/shm fill", "/dev/shm outside", "memfd fill", "read the host's environ", "exec a shell")
+
+
+def catalogue(site: str) -> dict[str, tuple[str, str | tuple[str, ...]]]:
+    return {**HOSTILE, **FORGED, **new_attacks(site)}
+
+
+def make_site(root: str | None = None) -> str:
+    """A preloadable package folder holding victim.py, world-writable (0o777) so that only the sandbox
+    stops writes into it. Returns the package folder; its parent goes on PYTHONPATH."""
+    parent = tempfile.mkdtemp(prefix="copes-site-", dir=root)
+    os.chmod(parent, 0o755)
+    site = Path(parent) / FAKE_PACKAGE
+    site.mkdir()
+    (site / "__init__.py").write_text("")
+    (site / "victim.py").write_text("VALUE = 1\n")
+    for path in (site / "__init__.py", site / "victim.py"):
+        os.chmod(path, 0o666)
+    os.chmod(site, 0o777)
+    return str(site)
+
+
+def harm(site: str) -> list[str]:
+    """What an attack changed on the host; [] when nothing."""
+    found = [marker for marker in MARKERS if os.path.exists(marker)]
+    names = sorted(os.listdir(site))
+    if names != ["__init__.py", "victim.py"]:
+        found.append(f"{site} holds {names}")
+    elif Path(site, "victim.py").read_text() != "VALUE = 1\n":
+        found.append(f"{site}/victim.py was changed")
+    return found
+
+
+def expectation_failure(name: str, layers: str, result: dict, expected) -> str | None:
+    """Why ``result`` (ok, output, error) of attack ``name`` is not contained; None when it is."""
+    if layers == "kernel-only":
+        return f"{name}: kernel layers let it succeed: {result}" if result["ok"] and name in KERNEL_ATTACKS else None
+    if result["ok"]:
+        return f"{name}: succeeded: {result}"
+    if result["output"] == "forged":  # a record parsed as the result instead of shown as printed text
+        return f"{name}: forged output accepted: {result}"
+    prefixes = (expected,) if isinstance(expected, str) else expected
+    if not result["error"].startswith(prefixes):
+        return f"{name}: error {result['error']!r} does not start with {prefixes}"
+    return None
+
+
+def run_attacks(site: str, layers: str, drop_privileges: bool = True, names=None) -> dict[str, dict]:
+    """Every attack through ``PythonSandbox.run`` (memo on: a failure must never be memoised); each
+    result carries the host damage found right after it and whether the pool still served."""
+    from copes_lib.tools import CodeSandboxConfig, PythonSandbox
+
+    config = CodeSandboxConfig(timeout_s=1.0, workers=2, layers=layers, drop_privileges=drop_privileges,
+                               preload=CodeSandboxConfig().preload + "," + FAKE_PACKAGE)
+    attacks = catalogue(site)
+    results = {}
+    with PythonSandbox(config) as box:
+        for name in names or attacks:
+            code, _expected = attacks[name]
+            result = box.run(code)
+            probe = box.run("print(6 * 7)")
+            results[name] = {"ok": result.ok, "output": result.output, "error": result.error,
+                             "memoised": code in box._memo, "harm": harm(site),
+                             "serves": probe.ok and probe.output == "42\n", "layers": box.layers}
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="run the sandbox attacks as this user; print JSON")
+    parser.add_argument("--layers", default="auto", choices=("auto", "hook-only", "kernel-only"))
+    args = parser.parse_args()
+    site = make_site()
+    sys.path.insert(0, os.path.dirname(site))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.dirname(site), os.environ.get("PYTHONPATH")]))
+    try:
+        results = run_attacks(site, args.layers)
+    finally:
+        shutil.rmtree(os.path.dirname(site), ignore_errors=True)
+    print(json.dumps({"uid": os.getuid(), "results": results}))
+
+
+if __name__ == "__main__":
+    main()

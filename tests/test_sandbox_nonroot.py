@@ -1,0 +1,148 @@
+"""The sandbox's attack catalogue (tests/sandbox_attacks.py) run again as a throwaway non-root user,
+which is what most researchers' hosts are: children then run as the host's own user, and only the
+sandbox's layers -- not file permissions or the uid drop -- keep them off the host's files.
+
+As root, the test creates the user with ``useradd`` and removes it afterwards; it skips with the reason
+where it cannot (no useradd, or the user cannot read the venv or the repo). Run as non-root, it skips:
+tests/test_sandbox.py then already runs every attack unprivileged."""
+
+import fcntl
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from copes_lib.tools import isolation
+from tests import sandbox_attacks as attacks
+
+REPO = Path(__file__).resolve().parent.parent
+LAYERS = ("auto", "hook-only", "kernel-only")
+NAMES = list(attacks.catalogue("SITE"))
+
+
+def _run_as(user: pwd.struct_passwd, argv: list[str], timeout_s: float = 300) -> subprocess.CompletedProcess:
+    env = {"PATH": os.defpath, "PYTHONPATH": str(REPO), "HOME": "/nonexistent", "HF_HUB_OFFLINE": "1",
+           "OMP_NUM_THREADS": "1", "LC_ALL": "C.UTF-8"}
+    return subprocess.run(argv, user=user.pw_uid, group=user.pw_gid, extra_groups=[], env=env, cwd="/",
+                          capture_output=True, text=True, timeout=timeout_s)
+
+
+def _processes_of(uid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                status = (entry / "status").read_text()
+            except OSError:
+                continue
+            line = next((x for x in status.splitlines() if x.startswith("Uid:")), "")
+            if line and int(line.split()[1]) == uid:
+                found.append(int(entry.name))
+    return found
+
+
+def _owned_leftovers(uid: int) -> list[str]:
+    left = []
+    for folder, prefixes in (("/dev/shm", ("copes-sandbox-",)), ("/tmp", ("copes-site-", "copes-probe-"))):
+        for entry in Path(folder).iterdir():
+            if entry.name.startswith(prefixes) and entry.lstat().st_uid == uid:
+                left.append(str(entry))
+    return left
+
+
+def _grant_traverse(paths) -> list[tuple[str, int]]:
+    """Add o+x to the folders above ``paths`` that lack it (e.g. /root, when the venv's interpreter lives
+    in /root/.pyenv), so that the throwaway user can reach the interpreter, the venv and the repo.
+    Returns (folder, old mode) pairs for :func:`_restore`; no folder gets read or write rights."""
+    changed = []
+    for path in paths:
+        for folder in [*reversed(Path(path).resolve().parents)]:
+            mode = folder.stat().st_mode & 0o7777
+            if not mode & 0o001 and str(folder) not in dict(changed):
+                os.chmod(folder, mode | 0o001)
+                changed.append((str(folder), mode))
+    return changed
+
+
+def _restore(changed: list[tuple[str, int]]) -> None:
+    for folder, mode in reversed(changed):
+        os.chmod(folder, mode)
+
+
+@pytest.fixture(scope="module")
+def nonroot_runs():
+    """{layers: results or a skip reason} of the attack runs as a throwaway user, made and removed here.
+
+    The o+x grants of :func:`_grant_traverse` last only while the runs do, under a lock (pytest-xdist
+    workers or other checkouts on this machine would otherwise restore the modes under each other)."""
+    if os.geteuid() != 0:
+        pytest.skip("already running as a non-root user: tests/test_sandbox.py runs every attack unprivileged")
+    useradd, userdel = shutil.which("useradd"), shutil.which("userdel")
+    if not (useradd and userdel):
+        pytest.skip("useradd/userdel are not installed: cannot create a throwaway non-root user")
+    name = f"copes-sbx-{os.getpid()}"
+    made = subprocess.run([useradd, "--system", "--no-create-home", "--user-group", "--shell", "/usr/sbin/nologin",
+                           name], capture_output=True, text=True)
+    if made.returncode:
+        pytest.skip(f"useradd {name} failed: {made.stderr.strip()}")
+    entry = pwd.getpwnam(name)
+    runs, changed = {}, []
+    try:
+        # the lock: the interpreter itself, shared by every checkout using it (no lock file is left)
+        with open(os.path.realpath(sys.executable), "rb") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                changed = _grant_traverse([os.path.realpath(sys.executable), sys.prefix, REPO])
+                check = _run_as(entry, [sys.executable, "-c", "import copes_lib.tools.sandbox"], timeout_s=60)
+                if check.returncode:
+                    pytest.skip(f"user {name} cannot read the venv ({sys.executable}) or the repo ({REPO}): "
+                                f"{check.stderr.strip()[-300:]}")
+                for layers in LAYERS:
+                    done = _run_as(entry, [sys.executable, "-m", "tests.sandbox_attacks", "--layers", layers])
+                    if done.returncode and "lacks" in done.stderr:
+                        runs[layers] = done.stderr.strip().splitlines()[-1]
+                        continue
+                    assert done.returncode == 0, done.stderr[-2000:]
+                    report = json.loads(done.stdout)
+                    assert report["uid"] == entry.pw_uid != 0
+                    runs[layers] = report["results"]
+            finally:
+                _restore(changed)
+        assert _processes_of(entry.pw_uid) == [], "processes of the throwaway user survived"
+        assert _owned_leftovers(entry.pw_uid) == [], "the throwaway user's runs left files behind"
+    finally:
+        subprocess.run([userdel, name], capture_output=True)
+    return runs
+
+
+@pytest.fixture(params=LAYERS)
+def nonroot_run(request, nonroot_runs):
+    results = nonroot_runs[request.param]
+    if isinstance(results, str):
+        pytest.skip(f"layers={request.param!r} as a non-root user: {results}")
+    return request.param, results
+
+
+def test_the_non_root_run_has_the_kernel_layers_of_this_host(nonroot_run):
+    layers, results = nonroot_run
+    active = next(iter(results.values()))["layers"]
+    if layers == "hook-only":
+        assert active == {}
+    else:  # what a probe as root finds, a non-root worker gets too (user namespaces are unprivileged)
+        assert set(active) == set(isolation.host_layers()), active
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_each_attack_is_contained_as_a_non_root_user(nonroot_run, name):
+    layers, results = nonroot_run
+    result = results[name]
+    failure = attacks.expectation_failure(name, layers, result, attacks.catalogue("SITE")[name][1])
+    assert failure is None, failure
+    assert result["harm"] == [], result["harm"]
+    assert result["serves"], f"{name}: the pool stopped serving"
+    assert not (result["memoised"] and not result["ok"])
