@@ -9,10 +9,20 @@ SHELL := /bin/bash
 
 VENV := .venv
 BIN := $(VENV)/bin
-# PROFILE=gpu runs in its own environment with the GPU extras (requirements-gpu.txt)
+# PROFILE=gpu runs in its own environment with the GPU extras (requirements-gpu.txt), on Python
+# 3.11-3.13 (PYTHON_GPU=/path/to/python to choose). SYSTEM_TORCH=1 reuses the CUDA torch (>= 2.7) that
+# PYTHON_GPU already has (--system-site-packages, requirements-system-torch.txt: every pin but torch)
+# instead of installing torch 2.13.0, the tested reference, beside it.
 VENV_GPU := .venv-gpu
-GPU_HASH := $(shell cat requirements.txt requirements-gpu.txt 2>/dev/null | sha256sum | cut -c1-16)
-GPU_STAMP := $(VENV_GPU)/.installed-$(GPU_HASH)
+SYSTEM_TORCH ?=
+GPU_SYSTEM = $(filter-out 0 no false False,$(SYSTEM_TORCH))
+GPU_REQ = $(if $(GPU_SYSTEM),requirements-system-torch.txt,requirements-gpu.txt)
+GPU_HASH = $(shell (cat requirements.txt requirements-gpu.txt requirements-system-torch.txt; \
+	echo "system-torch=$(if $(GPU_SYSTEM),1,0)") 2>/dev/null | sha256sum | cut -c1-16)
+GPU_STAMP = $(VENV_GPU)/.installed-$(GPU_HASH)
+PYTHON_GPU ?= $(shell for p in python3 python3.12 python3.11 python3.13; do \
+	command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] <= (3, 13))' \
+	2>/dev/null && { command -v $$p; break; }; done)
 RUN_VENV := $(if $(filter gpu,$(PROFILE)),venv-gpu,venv)
 RUN_BIN := $(if $(filter gpu,$(PROFILE)),$(VENV_GPU)/bin,$(BIN))
 PROFILE ?= cpu
@@ -53,7 +63,8 @@ help:
 	@echo "make test      ruff + pytest (unit tests and every notebook under the smoke profile)"
 	@echo "make lab       JupyterLab from .venv (LAB_ARGS=\"--no-browser --port 8888\" to pass options)"
 	@echo "make venv      create/update .venv from requirements.txt (no-op when up to date)"
-	@echo "make venv-gpu  create/update .venv-gpu from requirements-gpu.txt (PROFILE=gpu does it itself)"
+	@echo "make venv-gpu  create/update .venv-gpu from requirements-gpu.txt (PROFILE=gpu does it itself);"
+	@echo "               SYSTEM_TORCH=1 reuses an installed CUDA torch >= 2.7; PYTHON_GPU=python3.12 etc. (3.11-3.13)"
 	@echo "make gpu-wheels  wheels for benchmarks/gpu_check.sh on a GPU machine without network"
 	@echo "make validate  check profiles/\$$(PROFILE).yaml against the notebooks' parameters"
 	@echo "make clean-reports   delete reports/"
@@ -77,17 +88,21 @@ $(STAMP): requirements.txt
 
 venv-gpu: $(GPU_STAMP)
 
-$(GPU_STAMP): requirements.txt requirements-gpu.txt
-	@if [ -z "$(PYTHON311)" ]; then \
-		echo "error: Python 3.11 is required (python3.11, or python3 being 3.11); none found on PATH" >&2; \
+$(GPU_STAMP): requirements.txt requirements-gpu.txt requirements-system-torch.txt
+	@if [ -z "$(PYTHON_GPU)" ]; then \
+		echo "error: .venv-gpu needs Python 3.11-3.13 (python3, python3.12, python3.11 or python3.13 on PATH, or PYTHON_GPU=/path/to/python); none found" >&2; \
 		exit 1; fi
+	@$(PYTHON_GPU) copes_lib/install_check.py python
+	$(if $(GPU_SYSTEM),@$(PYTHON_GPU) copes_lib/install_check.py torch)
 	@if [ ! -x $(VENV_GPU)/bin/python ]; then \
-		echo "creating $(VENV_GPU) with $(PYTHON311)"; $(PYTHON311) -m venv $(VENV_GPU); fi
-	$(VENV_GPU)/bin/python -m pip install -r requirements-gpu.txt
+		echo "creating $(VENV_GPU) with $(PYTHON_GPU)$(if $(GPU_SYSTEM), (--system-site-packages: its torch))"; \
+		$(PYTHON_GPU) -m venv $(if $(GPU_SYSTEM),--system-site-packages) $(VENV_GPU); fi
+	@$(VENV_GPU)/bin/python copes_lib/install_check.py venv $(if $(GPU_SYSTEM),--system-torch)
+	$(VENV_GPU)/bin/python -m pip install -r $(GPU_REQ)
 	$(VENV_GPU)/bin/python -m pip install --no-deps -e .
 	$(VENV_GPU)/bin/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (copes_lib, gpu)"
-	@$(VENV_GPU)/bin/python -c 'import torch; assert torch.cuda.is_available(), "torch in .venv-gpu sees no CUDA GPU"' || \
-		echo "warning: torch in $(VENV_GPU) sees no CUDA GPU (see requirements-gpu.txt for the CUDA wheel)" >&2
+	$(if $(GPU_SYSTEM),@$(VENV_GPU)/bin/python copes_lib/install_check.py torch-in-venv)
+	@$(VENV_GPU)/bin/python copes_lib/install_check.py cuda
 	@rm -f $(VENV_GPU)/.installed-*
 	@touch $@
 
@@ -98,6 +113,8 @@ gpu-wheels:
 		--platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
 		--platform any -d benchmarks/gpu_wheels -r benchmarks/gpu_wheels.txt
 	@du -sh benchmarks/gpu_wheels
+	@# the device machine carries at most 64 MiB of untracked paths
+	@[ $$(du -sm benchmarks/gpu_wheels | cut -f1) -lt 64 ] || { echo "error: benchmarks/gpu_wheels is over 64 MiB" >&2; exit 1; }
 
 test: venv
 	$(BIN)/ruff check .

@@ -1,29 +1,52 @@
 """GPU check of the rollout engines and ES on a randomly initialised Qwen3.5 (run by gpu_check.sh).
 
-Sections (each is timed and recorded; a failing section records its error and the others still run):
-1. equality, tiny Qwen3.5 (fp32): each row of a batched multi-turn rollout with forced tool calls vs
-   its single-row run (max logit difference), the slots engine vs the loop (same tokens), and 2 ES
-   steps on each engine from the same seeds (member rewards, differences reported);
-2. speed, a realistic size (bf16, 0.8B or 2B parameters): new tokens/s of the loop and of the slots
-   engine on the same prompts (generation runs to the token budget: random weights almost never
-   write a stop tag), 2 ES steps on the slots engine against pure batch inference of the same prompts
-   (member throughput ratio), perturb + restore time against the member's rollout time, and the peak
-   GPU memory against the analytic model (``copes_lib.budget.es_memory`` + the fp32 master + the
-   linear-attention states, which the paper's ES line does not count).
+One section per process (gpu_check.sh gives each its own time limit), each written to
+``<run dir>/<section>.json`` atomically as soon as it is measured (and mirrored to ``$OUT/gpu_check/``
+when ``OUT`` is set), so a timeout keeps what was measured before it:
 
-Without CUDA it runs as a CPU dry run (``"cpu_dry_run": true`` in the JSON): it proves the script
-runs end to end; its numbers are not GPU figures. Results: results/bench/gpu/<stamp>-<size>.json.
+- ``kernels``: are the flash-linear-attention (fla) kernels the ones transformers calls for Qwen3.5?
+  Not ``import fla``: the functions Qwen3.5's Gated-DeltaNet layer calls are resolved (transformers
+  binds them when ``modeling_qwen3_5`` is imported), and on CUDA a profiled forward (prefill and one
+  decode step) must launch fla's Triton kernels.
+- ``equality`` (tiny Qwen3.5, fp32): each engine of ``engines.ENGINES`` against the plain loop on
+  forced multi-turn trajectories (same tokens), rows of a batch against their single-row runs (max
+  logit difference), and one ES step per engine from the same seeds (member rewards and the updated
+  weights compared with the loop's).
+- ``engine`` (one per engine of ``engines.ENGINES``, so a new engine is measured without an edit;
+  0.8B-shaped Qwen3.5 in bf16 on CUDA): pure inference of the batch (new tokens/s, peak memory), a
+  probe run that reads the KV cache at every forward (width against the longest live row, bytes
+  against notebook 08's memory model, ``copes_lib.memory_model``), and one ES step on the same rows
+  (member evaluation time against the pure inference, perturb + restore share, rewards and update).
+- ``summary``: the issue's goals as pass / fail with the measured values (judged only on CUDA).
+
+The workload, the same for every engine: every row's trajectory is forced (a logits hook) through a
+script of tool calls whose count varies by row (r % 4 searches, (r + 1) % 6 Python calls) with free tokens in
+between; a third of the rows then runs to the token budget, the rest close with an answer, so row
+lengths differ; the counts stay within the paper's math budget of 3 searches and 5 Python calls
+(docs/paper_a_copes.md#model-and-tools). The tools are scripted too (``ScriptedEnv``): a search returns
+3 passages (``SEARCH_TOP_K`` of profiles/gpu.yaml) of ~130-170 tokens each (their length is not stated
+in the paper; ~100-word Wikipedia passages are assumed), a Python call an output of 4-200 tokens.
+Random weights never write a correct answer, so the reward is synthetic: the share of odd character
+codes in the model-written text. It depends on the free tokens, so it differs across ES members and
+the update is exercised (constant rewards would make it zero). Free tokens are drawn from the
+tokenizer's vocabulary only (the 0.8B shape keeps Qwen3.5's 248,320-row output layer).
+
+Without CUDA it runs only with ``--allow-cpu`` (the CPU dry run: tiny sizes, JSON marked
+``cpu_dry_run``): it proves the script runs end to end; its numbers are not GPU figures.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import inspect
 import json
+import os
 import platform
 import sys
 import time
 import traceback
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -32,15 +55,61 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from copes_lib.engines import QWEN35_SIZES, LoopEngine, SlotEngine, build_qwen35, check_gpu_engine  # noqa: E402
-from copes_lib.es import ES, ESConfig, es_step  # noqa: E402
-from copes_lib.es_objective import AgentObjective  # noqa: E402
-from copes_lib.protocols.substrate_setup import substrate_config  # noqa: E402
-from copes_lib.rollout import RolloutConfig, encode, make_env, rollout  # noqa: E402
-from copes_lib.substrate import get_tokenizer  # noqa: E402
-from copes_lib.tasks import load_tasks  # noqa: E402
+# The suite's imports can fail on a machine that lacks a wheel: main() then still writes the section's
+# JSON with the error instead of crashing before anything is written.
+try:
+    from copes_lib import engines
+    from copes_lib.config import ConfigError
+    from copes_lib.engines import QWEN35_SIZES, build_qwen35
+    from copes_lib.es import ES, ESConfig, es_step
+    from copes_lib.memory_model import ModelDescription, kv_bytes_per_token
+    from copes_lib.protocols.substrate_setup import substrate_config
+    from copes_lib.rollout import AgentEnv, RolloutConfig, encode, rollout
+    from copes_lib.substrate import train_agent_tokenizer
+    from copes_lib.tasks import format_prompt
+    from copes_lib.tasks.protocol import Task, python_observation, search_observation
+    IMPORT_ERROR = None
+except Exception:  # recorded by main()
+    IMPORT_ERROR = traceback.format_exc(limit=8)
+    AgentEnv, QWEN35_SIZES = object, {"tiny": None, "0.8b": None, "2b": None}
 
-SCRIPTS = ["<python>print(1+2)</python>", "<answer>\\boxed{3}</answer>", "<python>x = 5\nprint(x * 7 + 1)</python>", ""]
+# The goals (docs/gpu_check.md#goals, set before any GPU run), judged in the summary on CUDA only.
+GOALS = {"fast_over_loop": 4.0, "member_over_pure": 0.8, "kv_over_model_tolerance": 0.15, "slot_width": 1.25}
+WORDS = ("the city river was founded by its council in year north station museum old bridge market "
+         "school of history large small people first team won").split()
+
+
+# --------------------------------------------------------------------------- output
+def save(run_dir: Path, name: str, data: dict) -> Path:
+    """Atomic write of one section's JSON, mirrored to $OUT/gpu_check/<run>/ when OUT is set."""
+    text = json.dumps(data, indent=1, default=str)
+    targets = [run_dir / f"{name}.json"]
+    if os.environ.get("OUT"):
+        targets.append(Path(os.environ["OUT"]) / "gpu_check" / run_dir.name / f"{name}.json")
+    for path in targets:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)  # atomic: a reader sees the old file or the new one
+    return targets[0]
+
+
+def header(args) -> dict:
+    import importlib.metadata as md
+
+    def version(name):
+        try:
+            return md.version(name)
+        except md.PackageNotFoundError:
+            return None
+
+    cuda = torch.cuda.is_available()
+    return {"cpu_dry_run": not cuda, "started": datetime.datetime.now(datetime.UTC).isoformat(),
+            "device": torch.cuda.get_device_name(0) if cuda else platform.processor() or "cpu",
+            "python": platform.python_version(), "python_is_venv": sys.prefix != sys.base_prefix,
+            "versions": {n: version(n) for n in ("torch", "transformers", "huggingface_hub", "tokenizers",
+                                                 "flash-linear-attention", "fla-core", "triton", "einops")},
+            "args": {k: v for k, v in vars(args).items() if k != "dir"}}
 
 
 def sync(device) -> None:
@@ -48,177 +117,507 @@ def sync(device) -> None:
         torch.cuda.synchronize()
 
 
-def forcing(tokenizer, seen=None):
-    scripts = [encode(tokenizer, s) if s else [] for s in SCRIPTS]
-    count = {}
+# --------------------------------------------------------------------------- workload
+def text_of(tokenizer, tokens: int, salt: int) -> str:
+    """Text of about ``tokens`` tokens under ``tokenizer`` (words from WORDS, order by ``salt``)."""
+    words, n = [], 0
+    while n < tokens:
+        words.extend(WORDS[(salt + 7 * k) % len(WORDS)] for k in range(len(words), len(words) + 8))
+        n = len(encode(tokenizer, " ".join(words)))
+    return " ".join(words)
+
+
+class ScriptedEnv(AgentEnv):
+    """Math-kind tools whose observations have set lengths (no sandbox, no retriever) and a synthetic
+    reward that depends on every model-written character (see the module docstring)."""
+
+    def __init__(self, tokenizer):
+        super().__init__("math", retriever=None, search_k=3, limits={"python": 5, "search": 3})
+        self.tokenizer = tokenizer
+        self._texts: dict[tuple[int, int], str] = {}
+
+    def _text(self, tokens: int, salt: int) -> str:
+        if (tokens, salt) not in self._texts:
+            self._texts[(tokens, salt)] = text_of(self.tokenizer, tokens, salt)
+        return self._texts[(tokens, salt)]
+
+    def run_python(self, codes):
+        return [python_observation(self._text(4 + zlib.crc32(c.encode()) % 197, 1)) for c in codes]
+
+    def run_search(self, queries):
+        out = []
+        for q in queries:
+            h = zlib.crc32(q.encode())
+            out.append(search_observation([self._text(130 + (h >> (8 * k)) % 41, k) for k in range(3)]))
+        return out
+
+    def reward(self, prompts, completions, answers, tool_calls):
+        return [float(np.mean([ord(c) % 2 for c in text])) if text else 0.0 for text in completions]
+
+    def details(self, prompts, completions, answers):
+        return [{"correct": 0.0} for _ in completions]
+
+
+def make_tasks(rows: int) -> list[Task]:
+    """Math-kind questions of varied length (built here: the suite's task loaders need the retriever,
+    and so bm25s, which the GPU machine may lack; the tools are scripted anyway)."""
+    return [Task(f"gpu_check/{r}", "math", "What is " + " plus ".join(str(k) for k in range(2 + (5 * r) % 23)) + "?",
+                 ("3",), 0) for r in range(rows)]
+
+
+def make_tokenizer():
+    """The suite's agent tokenizer (byte-level BPE, protocol tags as single tokens) trained here on the
+    check's own text: the profile tokenizers are trained from task files that need the retriever."""
+    texts = [format_prompt(t) for t in make_tasks(64)] + [" ".join(WORDS)] * 4
+    texts += [f"<search>{w} history</search><python>print({k})</python><answer>\\boxed{{3}}</answer>"
+              for k, w in enumerate(WORDS)]
+    return train_agent_tokenizer(texts, substrate_config("smoke").vocab_size)
+
+
+def scripts(tokenizer, rows: int) -> list[list[int | None]]:
+    """Per row: the forced model tokens, None where the model picks freely."""
+    out = []
+    for r in range(rows):
+        script: list[int | None] = []
+        free = 3 + (7 * r) % 9
+        for s in range(r % 4):
+            script += [None] * free + encode(tokenizer, f"<search>{WORDS[(r + s) % len(WORDS)]} history</search>")
+        for p in range((r + 1) % 6):
+            script += [None] * free + encode(tokenizer, f"<python>print({r * 10 + p})</python>")
+        if r % 3:
+            script += [None] * free + encode(tokenizer, "<answer>\\boxed{3}</answer>")
+        out.append(script)
+    return out
+
+
+def forcing(row_scripts: list[list[int | None]], vocab: int):
+    """A logits hook: force each row's script (one vectorised write per forward), keep free tokens in
+    the tokenizer's vocabulary. Fresh per generate call: it counts each row's model tokens."""
+    count: dict[int, int] = {}
 
     def hook(rows, generating, logits):
+        if logits.shape[1] > vocab:
+            logits[:, vocab:] = float("-inf")
+        at, tokens = [], []
         for i, (r, g) in enumerate(zip(rows, generating)):
             if g:
                 t = count[r] = count.get(r, -1) + 1
-                if seen is not None:
-                    seen[(r, t)] = logits[i].detach().cpu().clone()
-                script = scripts[r % len(scripts)]
-                if t < len(script):
-                    logits[i] = float("-inf")
-                    logits[i, script[t]] = 0.0
+                script = row_scripts[r % len(row_scripts)]
+                if t < len(script) and script[t] is not None:
+                    at.append(i)
+                    tokens.append(script[t])
+        if at:
+            index = torch.tensor(at, device=logits.device)
+            logits[index] = float("-inf")
+            logits[index, torch.tensor(tokens, device=logits.device)] = 0.0
 
     return hook
 
 
-def as_row(hook, row: int):
-    """A single-row run's hook that forces (and records) as batch row ``row``."""
-    return lambda rows, generating, logits: hook([row], generating, logits)
+def generate(engine, tasks, env, config, row_scripts, vocab, seed=0):
+    hook = forcing(row_scripts, vocab)
+    if "logits_hook" not in inspect.signature(engine.generate).parameters:
+        if engine.name == "loop":  # the loop engine is rollout.rollout (its contract), which takes one
+            return rollout(engine.model, engine.tokenizer, tasks, env, config, seed=seed, logits_hook=hook)
+        raise TypeError(f"engine {engine.name!r}: generate() takes no logits_hook, so the scripted "
+                        "trajectories cannot be forced")
+    return engine.generate(tasks, env, config, seed=seed, logits_hook=hook)
 
 
-def equality(device, tokenizer, env) -> dict:
-    model = build_qwen35("tiny", len(tokenizer), seed=0, tokenizer=tokenizer, device=device)
-    tasks = load_tasks("smoke", "math", "val")[:4]
-    config = RolloutConfig(max_new_tokens=30)
-    seen = {}
-    batch = rollout(model, tokenizer, tasks, env, config, logits_hook=forcing(tokenizer, seen))
-    worst, same_tokens = 0.0, True
-    for row in range(len(tasks)):
-        single_seen = {}
-        single = rollout(model, tokenizer, [tasks[row]], env, config,
-                         logits_hook=as_row(forcing(tokenizer, single_seen), row))
-        same_tokens &= single.completion_ids[0] == batch.completion_ids[row]
-        for (r, t), v in single_seen.items():
-            finite = torch.isfinite(v)
-            worst = max(worst, float((seen[(r, t)][finite] - v[finite]).abs().max()))
-    slots = SlotEngine(model, tokenizer, slots=2).generate(tasks * 2, env, config, logits_hook=forcing(tokenizer))
-    loop = rollout(model, tokenizer, tasks * 2, env, config, logits_hook=forcing(tokenizer))
-    es_rewards = {}
-    for name in ("loop", "slots"):
-        es_model = build_qwen35("tiny", len(tokenizer), seed=0, tokenizer=tokenizer, device=device)
-        objective = AgentObjective(tokenizer, env, load_tasks("smoke", "math", "train"), tasks, config, 4, 1088)
-        objective.engine, objective.engine_options = name, ({"slots": 4} if name == "slots" else {})
-        es = ES(es_model, ESConfig(population=4, subspaces=2, sigma=0.05, alpha=0.02, chunk_size=4096, seed=33))
-        es_rewards[name] = [es_step(es, step, objective).rewards.tolist() for step in (1, 2)]
-    diff = float(np.abs(np.array(es_rewards["loop"]) - np.array(es_rewards["slots"])).max())
-    return {"rows_vs_single_max_logit_diff": worst, "rows_vs_single_same_tokens": bool(same_tokens),
-            "tool_calls_forced": sum(c["python"] for c in batch.tool_calls),
-            "slots_vs_loop_same_tokens": slots.completion_ids == loop.completion_ids,
-            "es_member_rewards": es_rewards, "es_rewards_max_abs_diff_loop_vs_slots": diff}
+class ScriptedObjective:
+    """ES fitness = mean synthetic reward of the engine's forced trajectories of ``tasks``."""
+
+    def __init__(self, engine, tasks, env, config, row_scripts, vocab):
+        self.engine, self.tasks, self.env, self.config = engine, tasks, env, config
+        self.row_scripts, self.vocab = row_scripts, vocab
+        self.member_rewards: list[list[float]] = []
+
+    def fitness(self, model, step):
+        out = generate(self.engine, self.tasks, self.env, self.config, self.row_scripts, self.vocab, seed=step)
+        self.member_rewards.append(out.rewards)
+        return float(np.mean(out.rewards))
+
+    def validate(self, model):
+        return {}
 
 
-def speed(device, tokenizer, env, size: str, batch: int, new_tokens: int, population: int) -> dict:
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    vocab = 248320 if size != "tiny" else len(tokenizer)
-    t0 = time.perf_counter()
-    model = build_qwen35(size, vocab, seed=0, tokenizer=tokenizer, device=device, dtype=dtype)
-    sync(device)
-    out = {"size": size, "dtype": str(dtype), "params": sum(p.numel() for p in model.parameters()),
-           "build_s": time.perf_counter() - t0, "batch": batch, "max_new_tokens": new_tokens}
-    tasks = (load_tasks("smoke", "math", "train") * 8)[:batch]
-    config = RolloutConfig(max_new_tokens=new_tokens, max_context=4096, batch_size=batch)
-    engines = {"loop": LoopEngine(model, tokenizer), "slots": SlotEngine(model, tokenizer, slots=batch)}
-    for name, engine in engines.items():
-        engine.generate(tasks[:2], env, RolloutConfig(max_new_tokens=4))  # warm-up
-        sync(device)
-        t0 = time.perf_counter()
-        result = engine.generate(tasks, env, config)
-        sync(device)
-        seconds = time.perf_counter() - t0
-        out[f"{name}_new_tokens"] = result.new_tokens
-        out[f"{name}_s"] = seconds
-        out[f"{name}_new_tokens_per_s"] = result.new_tokens / seconds
-    out["slots_over_loop_tokens_per_s"] = out["slots_new_tokens_per_s"] / out["loop_new_tokens_per_s"]
+def describe(model) -> ModelDescription:
+    cfg = model.config
+    full = sum(t == "full_attention" for t in cfg.layer_types)
+    return ModelDescription(name="qwen3_5-random", params=sum(p.numel() for p in model.parameters()),
+                            kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, full_attention_layers=full,
+                            layers=len(cfg.layer_types), heads=cfg.num_attention_heads, hidden=cfg.hidden_size,
+                            intermediate=cfg.intermediate_size, vocab=cfg.vocab_size)
+
+
+class CacheProbe:
+    """Reads the KV cache after every forward of ``model`` (a forward hook): cache width, allocated
+    K/V bytes, linear-attention state bytes, live rows and their lengths (the attention mask)."""
+
+    def __init__(self, model):
+        self.rows: list[dict] = []
+        self.handle = model.register_forward_hook(self._hook, with_kwargs=True)
+
+    @torch.compiler.disable  # runs eagerly even when an engine calls a torch.compile-d model
+    def _hook(self, module, args, kwargs, output):
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        mask = kwargs.get("attention_mask")
+        if cache is None or mask is None or not hasattr(cache, "layers"):
+            return
+        width, kv, states, seen = 0, 0, 0, set()
+        for layer in cache.layers:
+            for name in ("keys", "values"):
+                t = getattr(layer, name, None)
+                if torch.is_tensor(t) and t.numel():
+                    width = max(width, t.shape[-2])
+                    storage = t.untyped_storage()
+                    if storage.data_ptr() not in seen:
+                        seen.add(storage.data_ptr())
+                        kv += storage.nbytes()
+            for name in ("conv_states", "recurrent_states"):
+                for t in getattr(layer, name, None) or []:
+                    if torch.is_tensor(t):
+                        states += t.numel() * t.element_size()
+        lengths = mask.sum(1)
+        self.rows.append({"width": width, "kv_bytes": kv, "state_bytes": states, "live_rows": int(mask.shape[0]),
+                          "longest_row": int(lengths.max()), "tokens_held": int(lengths.sum())})
+
+    def close(self):
+        self.handle.remove()
+
+
+# --------------------------------------------------------------------------- sections
+def kernels(device, size: str) -> dict:
+    """Which gated-delta-rule / conv implementations Qwen3.5's layer calls, statically and at run time."""
+    import transformers.models.qwen3_5.modeling_qwen3_5 as q35
+
+    def implementation(fn, depth=0):
+        """The function a transformers kernel wrapper dispatches to (its closure's ``implementation``)."""
+        try:
+            closure = inspect.getclosurevars(fn).nonlocals
+        except TypeError:
+            return fn
+        if "implementation" in closure:
+            return closure["implementation"]
+        for value in closure.values():
+            if callable(value) and depth < 3 and value is not fn:
+                found = implementation(value, depth + 1)
+                if found is not value:
+                    return found
+        return fn
+
+    out = {"is_fast_path_available": getattr(q35, "is_fast_path_available", "not defined by this transformers")}
+    try:
+        import fla
+
+        out["fla_import"] = getattr(fla, "__version__", "ok")
+    except Exception as err:  # recorded: what the machine lacks
+        out["fla_import"] = f"failed: {type(err).__name__}: {err}"
+    resolved = {}
+    for name in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "chunk_gated_delta_rule",
+                 "fused_recurrent_gated_delta_rule", "causal_conv1d_fn", "causal_conv1d_update"):
+        fn = getattr(q35, name, None)
+        if callable(fn):
+            impl = implementation(fn)
+            resolved[name] = f"{getattr(impl, '__module__', '?')}.{getattr(impl, '__qualname__', '?')}"
+    # the measured size's head dimensions (the kernels' block shapes depend on them), a small vocabulary
+    model = build_qwen35(size, 64, seed=0, device=device, dtype=torch.bfloat16 if device.type == "cuda"
+                         else torch.float32)
+    layer = next(m for m in model.modules() if type(m).__name__.endswith("GatedDeltaNet"))
+    for name in ("chunk_gated_delta_rule", "recurrent_gated_delta_rule", "causal_conv1d_fn", "causal_conv1d_update"):
+        fn = getattr(layer, name, None)
+        if callable(fn):  # older transformers bind the implementations on the layer
+            impl = implementation(fn)
+            resolved[f"layer.{name}"] = f"{getattr(impl, '__module__', '?')}.{getattr(impl, '__qualname__', '?')}"
+    out["resolved"] = resolved
+    delta_rule = {k: v for k, v in resolved.items() if "delta_rule" in k}
+    out["static_uses_fla"] = bool(delta_rule) and all(v.startswith("fla.") for v in delta_rule.values())
     if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    objective = AgentObjective(tokenizer, env, tasks, tasks[:1], config, batch, 1088)
-    objective.engine, objective.engine_options = "slots", {"slots": batch}
-    es = ES(model, ESConfig(population=population, subspaces=2, sigma=1e-3, alpha=5e-4, seed=33))
-    steps = []
-    for step in (1, 2):
-        es.perturb_s = 0.0
-        tokens_before = objective.tokens
-        result = es_step(es, step, objective)
-        steps.append({"step_s": result.step_s, "rollout_s": result.rollout_s, "fitness_s": result.fitness_s,
-                      "perturb_restore_s": es.perturb_s, "noise_s": result.noise_s,
-                      "tokens": objective.tokens - tokens_before})
-    member_s = np.mean([s["fitness_s"] / population for s in steps])
-    out["es_steps"] = steps
-    out["es_member_rollout_s"] = float(member_s)
-    out["perturb_restore_per_member_s"] = float(np.mean([s["perturb_restore_s"] / population for s in steps]))
-    out["perturb_restore_over_member_rollout"] = out["perturb_restore_per_member_s"] / member_s
-    out["es_member_time_over_pure_inference"] = float(member_s / out["slots_s"])
-    out["es_member_throughput_over_pure_inference"] = float(out["slots_s"] / member_s)
-    if device.type == "cuda":
-        out["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
-        out["memory_model"] = memory_model(model, batch, new_tokens)
+        from torch.profiler import ProfilerActivity, profile
+
+        ids = torch.randint(3, 64, (2, 40), device=device)
+        cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as prefill:
+            cache = model(input_ids=ids, use_cache=True).past_key_values
+            torch.cuda.synchronize()
+        with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as decode:
+            model(input_ids=ids[:, -1:], use_cache=True, **{cache_arg: cache})
+            torch.cuda.synchronize()
+        # names of fla-core 0.6's forward Triton kernels (fla/ops/gated_delta_rule, fla/ops/common, utils)
+        markers = ("gated_delta", "fused_recurrent", "chunk_fwd_kernel", "chunk_o_fwd", "chunk_scaled_dot_kkt",
+                   "chunk_local_cumsum", "solve_tril", "merge_16x16", "recompute_w_u", "gdn_gate", "l2norm_fwd")
+        for label, prof in (("prefill", prefill), ("decode", decode)):
+            names = sorted({e.key for e in prof.key_averages()})
+            out[f"{label}_fla_kernels"] = [n for n in names if any(m in n for m in markers)][:40]
+            out[f"{label}_kernel_count"] = len(names)
+        out["runtime_uses_fla"] = bool(out["prefill_fla_kernels"]) and bool(out["decode_fla_kernels"])
+        out["fla_kernels_used"] = out["static_uses_fla"] and out["runtime_uses_fla"]
+    else:
+        out["fla_kernels_used"] = None
+        out["why_not_judged"] = "no CUDA: fla's Triton kernels run on CUDA only"
     return out
 
 
-def memory_model(model, batch: int, new_tokens: int) -> dict:
-    """The analytic ES line (bf16 weights + KV cache) plus what it leaves out here."""
-    cfg = model.config
-    full = sum(t == "full_attention" for t in cfg.layer_types)
-    linear = len(cfg.layer_types) - full
-    params = sum(p.numel() for p in model.parameters())
+def equality(device, tokenizer, rows: int, population: int) -> dict:
+    env = ScriptedEnv(tokenizer)
+    vocab = len(tokenizer)
+    tasks = make_tasks(rows)
+    row_scripts = scripts(tokenizer, len(tasks))
+    config = RolloutConfig(max_new_tokens=48, max_context=4096, max_turns=0)
+    model = build_qwen35("tiny", vocab, seed=0, tokenizer=tokenizer, device=device)
+    out = {"engines": {}}
+    # rows of a batch vs their single-row runs (the loop), logits recorded under forcing
+    seen = {}
+
+    def recording(store):
+        inner = forcing(row_scripts, vocab)
+
+        def hook(rows, generating, logits):
+            inner(rows, generating, logits)
+            for i, (r, g) in enumerate(zip(rows, generating)):
+                if g:
+                    t = sum(1 for key in store if key[0] == r)
+                    store[(r, t)] = logits[i].detach().cpu().clone()
+        return hook
+
+    singles = min(2, rows)
+    batch = rollout(model, tokenizer, tasks, env, config, logits_hook=recording(seen))
+    worst, same = 0.0, True
+    for row in range(singles):
+        store: dict = {}
+        hook = recording(store)
+        single = rollout(model, tokenizer, [tasks[row]], env, config,
+                         logits_hook=lambda rows, g, logits, h=hook, r=row: h([r], g, logits))
+        same &= single.completion_ids[0] == batch.completion_ids[row]
+        for key, v in store.items():
+            finite = torch.isfinite(v) & torch.isfinite(seen[key])
+            worst = max(worst, float((seen[key][finite] - v[finite]).abs().max()))
+    out["rows_vs_single_max_logit_diff"], out["rows_vs_single_same_tokens"] = worst, bool(same)
+    reference = None
+    for name in engines.ENGINES:
+        row: dict = {}
+        out["engines"][name] = row
+        try:
+            engine = engines.make_engine(name, model, tokenizer)
+        except ConfigError as err:  # an engine that refuses this machine (e.g. CUDA only) is skipped, with why
+            row["skipped"] = str(err)
+            continue
+        try:
+            result = generate(engine, tasks, env, config, row_scripts, vocab)
+            row["tool_calls"] = {k: sum(c[k] for c in result.tool_calls) for k in ("python", "search")}
+            es_model = build_qwen35("tiny", vocab, seed=0, tokenizer=tokenizer, device=device)
+            objective = ScriptedObjective(engines.make_engine(name, es_model, tokenizer), tasks, env, config,
+                                          row_scripts, vocab)
+            es = ES(es_model, ESConfig(population=population, subspaces=1, sigma=0.05, alpha=0.02, chunk_size=4096, seed=33))
+            step = es_step(es, 1, objective)
+            row["member_rewards"] = step.rewards.tolist()
+            row["update_norm"] = float(step.update_norm)
+            weights = torch.cat([p.detach().flatten().float().cpu() for p in es_model.parameters()])
+            row["rewards_differ_across_members"] = bool(np.ptp(step.rewards) > 0)
+            if name == "loop":
+                reference = {"tokens": result.completion_ids, "rewards": step.rewards, "weights": weights}
+            elif reference is not None:
+                row["same_tokens_as_loop"] = result.completion_ids == reference["tokens"]
+                row["rewards_max_abs_diff_vs_loop"] = float(np.abs(step.rewards - reference["rewards"]).max())
+                row["weights_max_abs_diff_vs_loop"] = float((weights - reference["weights"]).abs().max())
+        except Exception:
+            row["error"] = traceback.format_exc(limit=6)
+    env.close()
+    return out
+
+
+def engine_check(device, tokenizer, name: str, size: str, batch: int, new_tokens: int, population: int,
+                 run_dir: Path, base: dict) -> dict:
+    cuda = device.type == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    vocab = len(tokenizer)
+    try:  # an engine that refuses this machine (e.g. CUDA only) is skipped, with why
+        engines.make_engine(name, build_qwen35("tiny", vocab, seed=0, tokenizer=tokenizer, device=device), tokenizer)
+    except ConfigError as err:
+        return {**base, "engine": name, "skipped": str(err)}
+    t0 = time.perf_counter()
+    model = build_qwen35(size, 248320 if size != "tiny" else vocab, seed=0, tokenizer=tokenizer, device=device,
+                         dtype=dtype)
+    sync(device)
+    desc = describe(model)
+    out = {**base, "engine": name, "size": size, "dtype": str(dtype), "params": desc.params,
+           "build_s": time.perf_counter() - t0, "batch": batch, "max_new_tokens": new_tokens}
+    env = ScriptedEnv(tokenizer)
+    tasks = make_tasks(batch)
+    row_scripts = scripts(tokenizer, batch)
+    config = RolloutConfig(max_new_tokens=new_tokens, max_context=4096, max_turns=0, batch_size=batch)
+    engine = engines.make_engine(name, model, tokenizer)
+
+    t0 = time.perf_counter()  # warm-up (and, for a compiled engine, its compilation)
+    generate(engine, tasks[:2], env, RolloutConfig(max_new_tokens=8, max_context=4096), row_scripts, vocab)
+    sync(device)
+    out["warmup_s"] = time.perf_counter() - t0
+
+    # 1. pure inference of the batch
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    pure = generate(engine, tasks, env, config, row_scripts, vocab, seed=1)
+    sync(device)
+    out["pure_s"] = time.perf_counter() - t0
+    out["new_tokens"] = pure.new_tokens
+    out["new_tokens_per_s"] = pure.new_tokens / out["pure_s"]
+    out["forward_calls"] = pure.forward_calls
+    out["tool_calls"] = {k: sum(c[k] for c in pure.tool_calls) for k in ("python", "search")}
+    lengths = [len(p) + len(c) for p, c in zip(pure.prompt_ids, pure.completion_ids)]
+    out["row_tokens"] = {"min": min(lengths), "max": max(lengths), "mean": float(np.mean(lengths))}
+    out["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
+    save(run_dir, f"engine-{name}", out)
+
+    # 2. one ES step on the same rows: members vs the pure inference
+    objective = ScriptedObjective(engine, tasks, env, config, row_scripts, vocab)
+    es = ES(model, ESConfig(population=population, subspaces=1, sigma=1e-3 if cuda else 0.05,
+                            alpha=5e-4 if cuda else 0.02, seed=33))
+    before = [p.detach().float().norm().item() for p in list(model.parameters())[:4]]
+    es.perturb_s = 0.0
+    step = es_step(es, 1, objective)
+    sync(device)
+    after = [p.detach().float().norm().item() for p in list(model.parameters())[:4]]
+    member_s = step.rollout_s / population  # perturb + generate + restore of one member
+    out["es"] = {"population": population, "rewards": step.rewards.tolist(),
+                 "rewards_differ_across_members": bool(np.ptp(step.rewards) > 0),
+                 "weights_changed": before != after, "step_s": step.step_s, "rollout_s": step.rollout_s,
+                 "fitness_s": step.fitness_s, "perturb_restore_s": es.perturb_s,
+                 "perturb_restore_share": es.perturb_s / step.rollout_s, "member_s": member_s,
+                 "member_over_pure_inference": out["pure_s"] / member_s}
+    save(run_dir, f"engine-{name}", out)
+
+    # 3. the KV cache at every forward: a separate run, last (the hook syncs every forward and makes a
+    #    compiled engine break its graph or recompile; what came before is saved by then). After the ES
+    #    update: the forced scripts and the budget, not the weights, set the row lengths
+    probe = CacheProbe(model)
     try:
-        from copes_lib.memory_model import ModelDescription, es_memory
-    except ImportError:  # the memory model moved
-        from copes_lib.memory import ModelDescription, es_memory  # type: ignore
-    desc = ModelDescription(name="qwen3_5-random", params=params, kv_heads=cfg.num_key_value_heads,
-                            head_dim=cfg.head_dim, full_attention_layers=full, layers=len(cfg.layer_types),
-                            heads=cfg.num_attention_heads, hidden=cfg.hidden_size,
-                            intermediate=cfg.intermediate_size, vocab=cfg.vocab_size)
-    context_k = (200 + new_tokens) / 1024  # prompt ~200 tokens + the budget
-    es_line = es_memory(desc, weight_bytes=2, kv_dtype_bytes=2, sequences=batch).at(context_k)
-    master = 4 * params / 2**30
-    states = batch * linear * 4 * cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim
-    states += batch * linear * 4 * (2 * cfg.linear_num_key_heads * cfg.linear_key_head_dim
-                                    + cfg.linear_num_value_heads * cfg.linear_value_head_dim) * cfg.linear_conv_kernel_dim
-    return {"es_line_gib": es_line, "fp32_master_gib": master, "linear_states_gib": states / 2**30,
-            "total_gib": es_line + master + states / 2**30}
+        generate(engine, tasks, env, config, row_scripts, vocab, seed=1)
+    finally:
+        probe.close()
+    if probe.rows:
+        per_token = kv_bytes_per_token(desc, dtype_bytes=torch.tensor([], dtype=dtype).element_size())
+        peak = max(probe.rows, key=lambda r: r["kv_bytes"])
+        widest = max(probe.rows, key=lambda r: r["width"] / max(1, r["longest_row"]))
+        model_bytes = per_token * peak["live_rows"] * peak["longest_row"]  # 08's ES line: sequences x L
+        out["kv"] = {"forwards_seen": len(probe.rows), "at_peak": peak, "model_bytes_at_peak": model_bytes,
+                     "kv_over_model": peak["kv_bytes"] / model_bytes if model_bytes else None,
+                     "kv_over_packed_tokens": peak["kv_bytes"] / (per_token * peak["tokens_held"]),
+                     "max_width_over_longest_row": widest["width"] / max(1, widest["longest_row"]),
+                     "at_widest": widest, "max_width": max(r["width"] for r in probe.rows)}
+    else:
+        out["kv"] = {"forwards_seen": 0, "why": "the engine does not call the model module (compiled or "
+                     "external): its cache is not observable from here"}
+    save(run_dir, f"engine-{name}", out)
+
+    env.close()
+    return out
+
+
+def summary(run_dir: Path, base: dict) -> dict:
+    sections = {p.stem: json.loads(p.read_text()) for p in sorted(run_dir.glob("*.json")) if p.stem != "summary"}
+    judged = not base["cpu_dry_run"]
+    goals = []
+
+    def goal(name, value, threshold, passed, note=""):
+        goals.append({"goal": name, "value": value, "threshold": threshold,
+                      "pass": (bool(passed) if value is not None else None) if judged else None,
+                      "measured_pass_on_this_device": bool(passed) if value is not None else None, "note": note})
+
+    measured = {k[len("engine-"):]: v for k, v in sections.items() if k.startswith("engine-")}
+    missing = {e: measured.get(e, {}).get("skipped", "no result (timed out or failed)") for e in engines.ENGINES
+               if "new_tokens_per_s" not in measured.get(e, {})}
+    measured = {e: m for e, m in measured.items() if "skipped" not in m}
+    loop = measured.get("loop", {}).get("new_tokens_per_s")
+    fast = {e: m["new_tokens_per_s"] / loop for e, m in measured.items()
+            if e != "loop" and loop and "new_tokens_per_s" in m}
+    best = max(fast, key=fast.get) if fast else None
+    size_ok = all(m.get("size") == "0.8b" and m.get("batch") == 64 for m in measured.values())
+    goal("fast path >= 4x the loop in new tokens/s (batch 64, 0.8B Qwen3.5)", fast.get(best) if best else None,
+         GOALS["fast_over_loop"], best and fast[best] >= GOALS["fast_over_loop"],
+         f"best engine: {best}; all: {fast}" + ("" if size_ok else "; not at batch 64 / 0.8b"))
+    for e, m in measured.items():
+        es_part = m.get("es", {})
+        ratio = es_part.get("member_over_pure_inference")
+        exercised = es_part.get("rewards_differ_across_members") and es_part.get("weights_changed")
+        goal(f"{e}: ES member evaluation >= 80% of pure inference, update exercised", ratio,
+             GOALS["member_over_pure"], ratio is not None and ratio >= GOALS["member_over_pure"] and exercised,
+             f"rewards differ: {es_part.get('rewards_differ_across_members')}, weights changed: "
+             f"{es_part.get('weights_changed')}, perturb+restore share: {es_part.get('perturb_restore_share')}")
+        kv = m.get("kv", {})
+        ratio = kv.get("kv_over_model")
+        goal(f"{e}: KV memory within 15% of notebook 08's model (rows x longest row)", ratio,
+             GOALS["kv_over_model_tolerance"], ratio is not None and abs(ratio - 1) <= GOALS["kv_over_model_tolerance"],
+             kv.get("why", ""))
+        if e == "slots":  # the goal is the slot engine's; a static cache's width is its allocation, by design
+            width = kv.get("max_width_over_longest_row")
+            goal(f"{e}: cache width <= 1.25 x the longest live row", width, GOALS["slot_width"],
+                 width is not None and width <= GOALS["slot_width"], kv.get("why", ""))
+    # the same ES step (same model seed, same member seeds, same rows) on every engine: bf16 on a GPU
+    # need not give the loop's tokens exactly, so this is reported, not judged
+    rewards = {e: np.asarray(m["es"]["rewards"]) for e, m in measured.items() if "rewards" in m.get("es", {})}
+    es_vs_loop = {e: float(np.abs(r - rewards["loop"]).max()) for e, r in rewards.items()
+                  if e != "loop" and "loop" in rewards and r.shape == rewards["loop"].shape}
+    kern = sections.get("kernels", {})
+    goal("fla kernels are what transformers calls for Qwen3.5", kern.get("fla_kernels_used"), True,
+         kern.get("fla_kernels_used") is True, kern.get("why_not_judged", ""))
+    errors = {k: v["error"][-400:] for k, v in sections.items() if isinstance(v, dict) and "error" in v}
+    exits = [json.loads(p.read_text()) for p in sorted(run_dir.glob("exit-*.txt"))]  # written by gpu_check.sh
+    return {**base, "judged": judged, "goals": goals, "engines_not_measured": missing, "section_errors": errors,
+            "section_exits": exits, "es_member_rewards_max_abs_diff_vs_loop": es_vs_loop,
+            "all_pass": all(g["pass"] for g in goals) if judged else None,
+            "note": "" if judged else "CPU dry run: the script ran end to end; these are not GPU figures"}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--section", required=True, choices=["kernels", "equality", "engine", "summary"])
+    parser.add_argument("--engine", help="engine of copes_lib.engines.ENGINES (--section engine)")
     parser.add_argument("--size", default="0.8b", choices=list(QWEN35_SIZES))
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--population", type=int, default=4)
-    parser.add_argument("--out", default=str(ROOT / "results" / "bench" / "gpu"))
+    parser.add_argument("--population", type=int, default=2)
+    parser.add_argument("--dir", type=Path, required=True, help="the run's folder (one JSON per section)")
+    parser.add_argument("--allow-cpu", action="store_true", help="CPU dry run (use tiny sizes)")
     args = parser.parse_args()
-    cuda = torch.cuda.is_available()
-    device = torch.device("cuda" if cuda else "cpu")
-    import transformers
-
-    record = {"cpu_dry_run": not cuda, "started": datetime.datetime.now(datetime.UTC).isoformat(),
-              "device": torch.cuda.get_device_name(0) if cuda else platform.processor() or "cpu",
-              "python": platform.python_version(), "torch": torch.__version__,
-              "transformers": transformers.__version__, "args": vars(args), "sections": {}}
-    if cuda:
-        try:
-            check_gpu_engine(build_qwen35("tiny", 64, seed=0))
-            record["fla_kernels"] = True
-        except Exception as err:  # recorded, the check goes on with transformers' PyTorch fallback
-            record["fla_kernels"] = f"missing: {err}"
-    tokenizer = get_tokenizer("smoke", substrate_config("smoke").vocab_size)
-    env = make_env("math", "smoke")
-    sections = {"equality": lambda: equality(device, tokenizer, env),
-                "speed": lambda: speed(device, tokenizer, env, args.size, args.batch, args.new_tokens,
-                                       args.population)}
-    for name, run in sections.items():
-        t0 = time.perf_counter()
-        try:
-            record["sections"][name] = run()
-        except Exception:
-            record["sections"][name] = {"error": traceback.format_exc(limit=8)}
-        record["sections"][name]["seconds"] = time.perf_counter() - t0
-        print(f"{name}: {json.dumps(record['sections'][name], default=str)[:800]}", flush=True)
-    env.close()
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
-    path = out_dir / f"{stamp}-{args.size}{'-cpu-dry-run' if not cuda else ''}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=1, default=str))
-    tmp.replace(path)  # atomic; the timestamp keeps earlier results
-    print(f"wrote {path}")
-    return 1 if any("error" in s for s in record["sections"].values()) else 0
+    if not torch.cuda.is_available() and not args.allow_cpu:
+        print("gpu_check: no CUDA device; pass --allow-cpu for the CPU dry run (its numbers are not GPU figures)",
+              file=sys.stderr)
+        return 2
+    base = header(args)
+    name = f"engine-{args.engine}" if args.section == "engine" else args.section
+    if IMPORT_ERROR is not None:
+        save(args.dir, name, {**base, "error": f"the suite does not import here:\n{IMPORT_ERROR}"})
+        print(IMPORT_ERROR, file=sys.stderr)
+        return 1
+    if args.section == "engine" and args.engine not in engines.ENGINES:
+        parser.error(f"--engine = {args.engine!r} is not valid; valid values: {list(engines.ENGINES)}")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    t0 = time.perf_counter()
+    try:
+        if args.section == "summary":
+            result = summary(args.dir, base)
+        else:
+            tokenizer = make_tokenizer()
+            if args.section == "kernels":
+                result = {**base, **kernels(device, args.size)}
+            elif args.section == "equality":
+                result = {**base, **equality(device, tokenizer, min(args.batch, 8), args.population)}
+            else:
+                result = engine_check(device, tokenizer, args.engine, args.size, args.batch, args.new_tokens,
+                                      args.population, args.dir, base)
+    except Exception:
+        previous = args.dir / f"{name}.json"  # keep what the section had saved before it failed
+        result = {**(json.loads(previous.read_text()) if previous.exists() else base),
+                  "error": traceback.format_exc(limit=8)}
+    result["seconds"] = time.perf_counter() - t0
+    path = save(args.dir, name, result)
+    print(f"{name}: {json.dumps(result, default=str)[:600]}\nwrote {path}", flush=True)
+    if "error" in result:
+        return 1
+    if args.section == "summary" and result["judged"] and not result["all_pass"]:
+        return 3  # measured, and a goal failed
+    return 0
 
 
 if __name__ == "__main__":

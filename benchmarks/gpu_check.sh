@@ -1,30 +1,75 @@
 #!/usr/bin/env bash
-# GPU check of the rollout engines and ES on a randomly initialised Qwen3.5 (under 8 minutes on one
-# H100/H200). Needs on the machine: Python >= 3.11, torch with CUDA, Triton, numpy. No network and no
-# model files: the models are built on the machine. The suite's own small dependencies (transformers
-# 5.24 and its tokenizers, flash-linear-attention, bm25s, math-verify, ...) come as wheels made on a
-# networked machine with `make gpu-wheels` (benchmarks/gpu_wheels/, ~50 MB); they are installed into
-# a venv that sees the machine's torch (--system-site-packages).
-#   benchmarks/gpu_check.sh                 # 0.8B model, batch 64, 128 new tokens
+# GPU check of the rollout engines, ES and GRPO on randomly initialised models (its section limits add
+# up to under 6 minutes on one GPU, so a rerun fits a 15-minute lease). Runs on the machine's own Python (>= 3.11; it may
+# itself be a venv) with its torch + CUDA and Triton; no network and no model files. What that Python
+# lacks of benchmarks/gpu_wheels.txt (transformers 5.24, huggingface_hub < 2, flash-linear-attention,
+# ...) comes from benchmarks/gpu_wheels/ (made with `make gpu-wheels` on a networked machine, ~27 MB):
+# installed with pip --no-deps --target into $GPU_CHECK_SITE, put first on PYTHONPATH. No venv is made.
+#   benchmarks/gpu_check.sh                      # 0.8B-shaped Qwen3.5, batch 64 (the issue's goals)
 #   benchmarks/gpu_check.sh --size 2b
-#   benchmarks/gpu_check.sh --size tiny --batch 4 --new-tokens 8   # CPU dry run (JSON marked cpu_dry_run)
-# Results: results/bench/gpu/<UTC stamp>-<size>.json and <UTC stamp>-grpo.json (never overwritten).
-set -euo pipefail
+#   benchmarks/gpu_check.sh --dry-run            # CPU dry run: tiny sizes, --allow-cpu (make test runs it)
+# Results: results/bench/gpu/<UTC stamp>[-cpu-dry-run]/<section>.json, each written when measured
+# (never overwritten) and mirrored to $OUT/gpu_check/ when OUT is set; summary.json has the goals.
+# Exit 0 when every section ran (and on CUDA every goal passed), 3 when a goal failed, 1 on errors.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 WHEELS=${WHEELS:-benchmarks/gpu_wheels}
-if compgen -G "$WHEELS/*.whl" > /dev/null; then
-    VENV=${GPU_CHECK_VENV:-/tmp/copes_gpu_check_venv}
-    [ -x "$VENV/bin/python" ] || "$PY" -m venv --system-site-packages "$VENV"
-    "$VENV/bin/python" -m pip install --quiet --no-index --no-deps "$WHEELS"/*.whl
-    PY="$VENV/bin/python"
+SITE=${GPU_CHECK_SITE:-/tmp/copes_gpu_check_site}
+RESULTS=${GPU_CHECK_RESULTS:-results/bench/gpu}
+dry=0
+args=()
+for a in "$@"; do
+    if [ "$a" = "--dry-run" ]; then dry=1; else args+=("$a"); fi
+done
+# per-section limits (seconds): kernels, equality, all engines together, GRPO, summary
+T_KERNELS=${T_KERNELS:-25} T_EQUALITY=${T_EQUALITY:-40} T_ENGINES=${T_ENGINES:-215} T_GRPO=${T_GRPO:-40} T_SUMMARY=${T_SUMMARY:-15}
+if [ "$dry" = 1 ]; then
+    args=(--allow-cpu --size tiny --batch 4 --new-tokens 32 "${args[@]}")
+    # CPU limits are generous (a shared 2-core machine); the GPU limits above are what must hold
+    T_KERNELS=120 T_EQUALITY=240 T_ENGINES=300 T_GRPO=120 T_SUMMARY=60
 fi
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-# ES / engines first (most of the time), then GRPO at scale (chunked log-probs, bf16 rollout copy, memory
-# against copes_lib/grpo_memory.py); each has its own time limit so one cannot starve the other.
+export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+if compgen -G "$WHEELS/*.whl" > /dev/null; then
+    "$PY" benchmarks/install_wheels.py "$WHEELS" "$SITE" || echo "gpu_check: installing wheels failed" >&2
+fi
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
+DIR="$RESULTS/$stamp$([ "$dry" = 1 ] && echo -cpu-dry-run)"
+mkdir -p "$DIR"
+echo "gpu_check: results in $DIR"
 status=0
-timeout "${GPU_CHECK_TIMEOUT:-340}" "$PY" benchmarks/gpu_check.py "$@" || status=$?
-timeout "${GPU_CHECK_GRPO_TIMEOUT:-120}" "$PY" benchmarks/gpu_check_grpo.py \
-    --out "results/bench/gpu/${stamp}-grpo.json" || status=$?
+section() {  # section NAME LIMIT COMMAND...: a timed-out or failed section is recorded, the rest still run
+    local name=$1 limit=$2 rc=0
+    shift 2
+    timeout -k 10 "$limit" "$@" || rc=$?
+    if [ "$rc" != 0 ]; then
+        echo "gpu_check: section $name exit $rc$([ "$rc" = 124 ] && echo " (ran past ${limit} s)")" >&2
+        echo "{\"section\": \"$name\", \"exit\": $rc, \"limit_s\": $limit}" > "$DIR/exit-$name.txt"
+        if [ "$rc" = 3 ]; then [ "$status" = 0 ] && status=3; else status=1; fi
+    fi
+}
+check=("$PY" benchmarks/gpu_check.py --dir "$DIR" "${args[@]}")
+section kernels "$T_KERNELS" "${check[@]}" --section kernels
+section equality "$T_EQUALITY" "${check[@]}" --section equality
+engines=$("$PY" -c "from copes_lib.engines import ENGINES; print(' '.join(ENGINES))" 2>/dev/null || echo "loop slots")
+# In ENGINES' order, each engine gets what is left of T_ENGINES less 40 s for each one still to come,
+# so a fast engine leaves its time to the next (a compiled one spends it compiling).
+n=$(wc -w <<< "$engines")
+left=$T_ENGINES
+i=0
+for engine in $engines; do
+    i=$((i + 1))
+    limit=$((left - 40 * (n - i)))
+    [ "$limit" -lt 40 ] && limit=40
+    t0=$SECONDS
+    section "engine-$engine" "$limit" "${check[@]}" --section engine --engine "$engine"
+    left=$((left - (SECONDS - t0)))
+done
+grpo_args=()
+[ "$dry" = 1 ] && grpo_args=(--allow-cpu)
+section grpo "$T_GRPO" "$PY" benchmarks/gpu_check_grpo.py --out "$DIR/grpo.json" "${grpo_args[@]}"
+section summary "$T_SUMMARY" "${check[@]}" --section summary
+if [ -n "${OUT:-}" ]; then
+    mkdir -p "$OUT/gpu_check" && cp -r "$DIR" "$OUT/gpu_check/"
+fi
 exit "$status"

@@ -8,8 +8,9 @@
    master weights, activation checkpointing) on 2 GPUs for 2 updates, its peak per GPU vs the
    prediction, and its update time.
 
-Writes results/bench/gpu/grpo.json (atomically). Without a CUDA device it exits with status 2 and
-writes nothing, unless ``--allow-cpu`` (a dry run of this script's logic, written to --out only).
+Writes --out (default results/bench/gpu/grpo.json) atomically, mirrored to $OUT/gpu_check/ when OUT
+is set. Without a CUDA device it exits with status 2 and writes nothing, unless ``--allow-cpu`` (a dry
+run of this script's logic; gpu_check.sh --dry-run passes it).
 Run: ``python benchmarks/gpu_check_grpo.py [--out results/bench/gpu/grpo.json]``.
 """
 
@@ -122,6 +123,8 @@ def main() -> int:
               "sharded_2gpu": sharded(sizes, config) if cuda else {"ran": False, "why": "CPU dry run"},
               "device": runs.device_info(), "git": runs.git_state(), "dry_run_on_cpu": not cuda}
     path = runs.atomic_write_json(args.out, result)
+    if os.environ.get("OUT"):  # the GPU machine's folder that comes back (gpu_check.sh sets the layout)
+        runs.atomic_write_json(Path(os.environ["OUT"]) / "gpu_check" / Path(args.out).parent.name / "grpo.json", result)
     print(json.dumps({k: result[k] for k in ("single_process", "liger")}, indent=1, default=str)[:3000])
     print(f"saved {path}")
     return 0

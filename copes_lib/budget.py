@@ -32,6 +32,7 @@ import time
 import weakref
 from typing import Any
 
+from copes_lib import runs
 from copes_lib.config import Config, ConfigError, param
 from copes_lib.memory_model import (
     METHODS,
@@ -247,7 +248,7 @@ def measure_peak_bytes(method: str, sizes: SubstrateSizes, context_len: int, seq
         raise ConfigError(f"method = {method!r} is not valid; valid values: {list(METHODS)}")
     if context_len <= new_tokens:
         raise ConfigError(f"context_len = {context_len} must exceed new_tokens = {new_tokens}")
-    cuda = device.startswith("cuda")
+    cuda = runs.check_device(device).startswith("cuda")
     if cuda:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
@@ -359,6 +360,7 @@ def measure_step_costs(method: str, sizes: SubstrateSizes, prompts: int, populat
 
     if method not in ("es", "grpo"):
         raise ConfigError(f"method = {method!r} is not valid; valid values: ['es', 'grpo']")
+    runs.check_device(device)
     model = build_substrate_model(sizes, seed, device)
     generator = torch.Generator().manual_seed(seed + 1)
     prompt_ids = torch.randint(3, sizes.vocab, (prompts, prompt_len), generator=generator).to(device)

@@ -199,6 +199,10 @@ def worker(job_dir: str | Path) -> None:
         if dist.get_rank() == 0:
             runs.save_checkpoint(job_dir / "result.pt", {"trainable": state, "grads": grads, "stats": rows,
                                                          "processes": dist.get_world_size(), "state": carried})
+        # Every process waits for process 0's write before any tears down: without it a process that
+        # left first could take the process group down under the others (seen with gloo as "terminate
+        # called without an active exception" after result.pt was written).
+        dist.barrier(group)
     finally:
         dist.destroy_process_group()
 
@@ -265,10 +269,27 @@ def launch(model_dir: str | Path, updates: list[dict[str, Any]], config: grpo.GR
         raise TimeoutError(f"sharded GRPO job {job_dir} ran past ShardingConfig.timeout_s = "
                            f"{sharding.timeout_s}") from err
     (job_dir / "torchrun.log").write_text(done.stdout + done.stderr)
-    if done.returncode != 0 or not (job_dir / "result.pt").exists():
-        raise RuntimeError(f"sharded GRPO job failed (exit {done.returncode}); log: {job_dir / 'torchrun.log'}\n"
-                           + (done.stdout + done.stderr)[-3000:])
-    return runs.load_checkpoint(job_dir / "result.pt")
+    return _job_result(job_dir, done.returncode, done.stdout + done.stderr)
+
+
+def _job_result(job_dir: Path, returncode: int, log: str) -> dict[str, Any]:
+    """Process 0's result of a finished job. A job whose result.pt exists completed: process 0 writes
+    it atomically after the last collective (the gathers of the trained state), so every process
+    had finished its work; a non-zero exit then comes from teardown only and is logged, not raised."""
+    path = job_dir / "result.pt"
+    if not path.exists():
+        raise RuntimeError(f"sharded GRPO job failed (exit {returncode}); log: {job_dir / 'torchrun.log'}\n"
+                           + log[-3000:])
+    result = runs.load_checkpoint(path, required=True, rebuild="rerun the job in a new job_dir")
+    if returncode != 0:
+        import warnings
+
+        note = (f"sharded GRPO job {job_dir}: exit {returncode} after process 0 wrote result.pt (a process "
+                "failed at teardown); the result is complete and used")
+        with open(job_dir / "torchrun.log", "a") as log_file:
+            log_file.write("\n" + note + "\n")
+        warnings.warn(note, RuntimeWarning, stacklevel=3)
+    return result
 
 
 class ShardedUpdater:

@@ -179,6 +179,26 @@ def device_info() -> dict[str, Any]:
     return info
 
 
+def check_device(device: Any, name: str = "device") -> str:
+    """``device`` if this machine has it, else a ConfigError naming the parameter ``name`` and the valid
+    values here (instead of torch's ``AttributeError ... _cuda_resetPeakMemoryStats`` on a CPU build)."""
+    import torch
+
+    from copes_lib.config import ConfigError
+
+    valid = ["cpu"] + (["cuda"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+                       if torch.cuda.is_available() else [])
+    kind = str(device).split(":")[0]
+    if kind not in ("cpu", "cuda"):
+        raise ConfigError(f"{name} = {device!r} is not valid; valid values: {valid}")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"{name} = {device!r} but this machine has no CUDA device (torch {torch.__version__}, "
+                          f"torch.cuda.is_available() is False); valid values here: {valid}")
+    if kind == "cuda" and str(device) not in valid:
+        raise ConfigError(f"{name} = {device!r} is not a device of this machine; valid values: {valid}")
+    return str(device)
+
+
 def peak_memory_gib(device: Any = "cpu") -> float:
     """Peak accelerator memory allocated (CUDA) or peak resident set size of this process (CPU), GiB.
 

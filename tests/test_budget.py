@@ -232,3 +232,23 @@ def test_step_costs_time_the_training_engines(monkeypatch):
                                         seed=0)
         assert row["update_s"] > 0
     assert calls == ["es.ES.update", "grpo.grpo_update"]
+
+
+def test_cuda_device_without_cuda_is_refused_by_name(monkeypatch):
+    import torch
+
+    from copes_lib import runs
+    from copes_lib.config import ConfigError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"DEVICE = 'cuda' but this machine has no CUDA device.*\['cpu'\]"):
+        runs.check_device("cuda", "DEVICE")
+    with pytest.raises(ConfigError, match=r"DEVICE = 'tpu' is not valid; valid values: \['cpu'\]"):
+        runs.check_device("tpu", "DEVICE")
+    assert runs.check_device("cpu") == "cpu"
+    sizes = budget.SubstrateSizes(layers=1, hidden=16, heads=2, kv_heads=1, head_dim=8, intermediate=32, vocab=32)
+    with pytest.raises(ConfigError, match="device = 'cuda'"):
+        budget.measure_peak_bytes("es", sizes, 16, 1, 0, device="cuda")
+    with pytest.raises(ConfigError, match="device = 'cuda'"):
+        budget.measure_step_costs("es", sizes, prompts=1, population=2, group=2, prompt_len=4, new_tokens=2, seed=0,
+                                  device="cuda")

@@ -1,0 +1,121 @@
+"""Checks that ``make venv-gpu`` runs before and after it builds .venv-gpu, with a clear message for
+what a researcher's box lacks. Standard library only: it runs on the interpreter the venv is made
+from, before anything is installed (``python copes_lib/install_check.py python|torch|venv|cuda``).
+
+- ``python``: the gpu environment takes Python 3.11-3.13 (the pins have wheels for each; the CPU
+  environment, ``make venv``, stays on 3.11, the tested reference).
+- ``torch`` (``SYSTEM_TORCH=1``): the interpreter already has a CUDA build of torch >= 2.7, which the
+  venv then reuses (``--system-site-packages``) instead of installing torch 2.13 beside it. A Python
+  that is itself a venv is refused: a venv made from it sees the base interpreter's packages, not its.
+- ``venv``: an existing .venv-gpu was made the same way (with or without the system's packages).
+- ``torch-in-venv`` (``SYSTEM_TORCH=1``): after the install, torch is still the system's.
+- ``cuda``: after the install, whether torch in the venv sees a CUDA GPU (a warning only: a login
+  node without a GPU can still build the environment).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+GPU_PYTHONS = ((3, 11), (3, 12), (3, 13))
+MIN_SYSTEM_TORCH = (2, 7)
+REFERENCE_TORCH = "2.13.0"  # requirements.txt's pin: the version the suite is tested with
+
+
+def python_error(version: tuple[int, int]) -> str | None:
+    if tuple(version[:2]) in GPU_PYTHONS:
+        return None
+    valid = ", ".join(f"{a}.{b}" for a, b in GPU_PYTHONS)
+    return (f"error: Python {version[0]}.{version[1]} cannot build .venv-gpu; valid versions: {valid} "
+            "(set PYTHON_GPU=/path/to/python3.12, for example)")
+
+
+def _release(version: str) -> tuple[int, ...]:
+    parts = []
+    for piece in version.split("+")[0].split("."):
+        digits = "".join(c for c in piece if c.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+def torch_error(version: str | None, cuda: str | None, is_venv: bool) -> str | None:
+    """Why ``SYSTEM_TORCH=1`` cannot reuse this interpreter's torch (None: it can)."""
+    if is_venv:
+        return ("error: SYSTEM_TORCH=1 needs a Python that is not itself a venv (a venv made from a venv sees "
+                "the base interpreter's packages, not the venv's torch); use the base or conda Python that "
+                "has torch as PYTHON_GPU, or install the suite into your venv directly: "
+                "pip install -r requirements-system-torch.txt && pip install --no-deps -e .")
+    if version is None:
+        return ("error: SYSTEM_TORCH=1 but this Python has no torch: install a CUDA build of torch >= "
+                f"{'.'.join(map(str, MIN_SYSTEM_TORCH))}, or run `make venv-gpu` without SYSTEM_TORCH "
+                f"(installs torch {REFERENCE_TORCH}, the tested reference)")
+    if _release(version) < MIN_SYSTEM_TORCH:
+        return (f"error: SYSTEM_TORCH=1 but torch {version} is older than "
+                f"{'.'.join(map(str, MIN_SYSTEM_TORCH))}; upgrade it, or run `make venv-gpu` without "
+                f"SYSTEM_TORCH (torch {REFERENCE_TORCH})")
+    if cuda is None:
+        return (f"error: SYSTEM_TORCH=1 but torch {version} is a CPU build (torch.version.cuda is None); no CUDA "
+                f"torch found. Install a CUDA build, or run `make venv-gpu` without SYSTEM_TORCH (torch "
+                f"{REFERENCE_TORCH})")
+    return None
+
+
+def venv_error(pyvenv_cfg: str, system_torch: bool) -> str | None:
+    """Whether an existing venv's ``pyvenv.cfg`` matches the requested kind."""
+    shared = any(line.replace(" ", "").lower() == "include-system-site-packages=true"
+                 for line in pyvenv_cfg.splitlines())
+    if shared == system_torch:
+        return None
+    made = "with" if shared else "without"
+    return (f"error: .venv-gpu was made {made} the system's packages but SYSTEM_TORCH="
+            f"{'1' if system_torch else '0'} asks otherwise; delete .venv-gpu and rerun")
+
+
+def _torch_info() -> tuple[str | None, str | None, bool]:
+    try:
+        import torch
+    except ImportError:
+        return None, None, False
+    return torch.__version__, torch.version.cuda, bool(torch.cuda.is_available())
+
+
+def main(argv: list[str]) -> int:
+    what = argv[0] if argv else ""
+    if what == "python":
+        error = python_error(sys.version_info[:2])
+    elif what == "torch":
+        version, cuda, _ = _torch_info()
+        error = torch_error(version, cuda, sys.prefix != sys.base_prefix)
+        if error is None:
+            print(f"using this Python's torch {version} (CUDA {cuda}); the tested reference is {REFERENCE_TORCH}")
+    elif what == "torch-in-venv":  # after the install: still the system's torch, not one pip added
+        import torch
+
+        version, cuda, _ = _torch_info()
+        error = torch_error(version, cuda, False)
+        if error is None and Path(torch.__file__).resolve().is_relative_to(Path(sys.prefix).resolve()):
+            error = (f"error: pip installed torch {version} into {sys.prefix} although SYSTEM_TORCH=1 (a pinned "
+                     "package asked for another torch); delete .venv-gpu, and check the system torch's version")
+    elif what == "venv":
+        error = venv_error((Path(sys.prefix) / "pyvenv.cfg").read_text(), "--system-torch" in argv)
+        error = error or python_error(sys.version_info[:2])
+    elif what == "cuda":
+        version, cuda, available = _torch_info()
+        if not available:
+            print(f"warning: torch {version} in {sys.prefix} sees no CUDA GPU (CUDA build: {cuda}); "
+                  "requirements-gpu.txt says how to get the CUDA wheel", file=sys.stderr)
+        return 0
+    else:
+        error = (f"error: install_check what = {what!r} is not valid; valid values: ['python', 'torch', 'venv', "
+                 "'torch-in-venv', 'cuda']")
+    if error:
+        print(error, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,115 @@
+"""benchmarks/gpu_check.sh's CPU dry run end to end, laid out as on the GPU machine as far as a CPU
+allows: the interpreter is a venv, bm25s does not import, no wheel folder; and the wheel installer
+(pip --no-deps --target, no nested venv) on a wheel built here. Numbers of a dry run are not GPU figures."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_cpu_dry_run_writes_every_section_and_judges_nothing(tmp_path):
+    assert sys.prefix != sys.base_prefix, "run from the venv: the GPU machine's python3 is a venv too"
+    shim = tmp_path / "shim" / "bm25s"
+    shim.mkdir(parents=True)
+    (shim / "__init__.py").write_text("raise ImportError('simulated: bm25s is not installed')\n")
+    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(shim.parent), "WHEELS": str(tmp_path / "none"),
+           "GPU_CHECK_SITE": str(tmp_path / "site"), "GPU_CHECK_RESULTS": str(tmp_path / "results"),
+           "OUT": str(tmp_path / "out"), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_check.sh"), "--dry-run"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (run,) = (tmp_path / "results").iterdir()
+    assert run.name.endswith("-cpu-dry-run")
+    from copes_lib.engines import ENGINES
+
+    names = {"kernels", "equality", "grpo", "summary"} | {f"engine-{e}" for e in ENGINES}
+    assert {p.stem for p in run.glob("*.json")} == names
+    assert {p.stem for p in (tmp_path / "out" / "gpu_check" / run.name).glob("*.json")} == names  # mirrored
+    sections = {p.stem: json.loads(p.read_text()) for p in run.glob("*.json")}
+    assert not any("error" in s for s in sections.values())
+    summary = sections["summary"]
+    assert summary["cpu_dry_run"] and not summary["judged"] and summary["all_pass"] is None
+    assert all(g["pass"] is None for g in summary["goals"])  # never a GPU figure from a CPU
+    # every engine is measured, unless it refuses a CPU with a ConfigError (then it says why)
+    assert "loop" not in summary["engines_not_measured"]
+    assert all(sections[f"engine-{e}"].get("skipped") for e in summary["engines_not_measured"])
+    kernels = sections["kernels"]
+    assert kernels["static_uses_fla"] is False  # no fla here: transformers' PyTorch fallback is what runs
+    equality = sections["equality"]
+    assert equality["rows_vs_single_same_tokens"] and equality["rows_vs_single_max_logit_diff"] < 1e-4
+    for name in ENGINES:
+        row = equality["engines"][name]
+        if "skipped" in row:
+            assert name in summary["engines_not_measured"]
+            continue
+        assert row["rewards_differ_across_members"] and row["update_norm"] > 0  # the ES update is exercised
+        assert row["tool_calls"]["search"] > 0
+        if name != "loop":
+            assert row["same_tokens_as_loop"] and row["weights_max_abs_diff_vs_loop"] == 0.0
+        engine = sections[f"engine-{name}"]
+        assert engine["kv"]["forwards_seen"] > 0 and engine["es"]["weights_changed"]
+        assert engine["row_tokens"]["max"] > 2 * engine["row_tokens"]["min"]  # varied row lengths
+    assert sections["grpo"]["dry_run_on_cpu"]
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a CUDA machine runs the real check")
+def test_gpu_check_refuses_cpu_without_allow_cpu(tmp_path):
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--section", "kernels",
+                           "--dir", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "--allow-cpu" in done.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def _wheel(folder: Path, name: str, version: str) -> Path:
+    """A minimal pure-Python wheel (one module that knows its version)."""
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    info = f"{name}-{version}.dist-info"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(f"{name}/__init__.py", f"VERSION = {version!r}\n")
+        z.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(f"{info}/RECORD", "")
+    return path
+
+
+def test_install_wheels_adds_only_what_the_interpreter_lacks(tmp_path):
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    _wheel(wheels, "copes_fake_pkg", "1.0")
+    _wheel(wheels, "packaging", "0.1")  # marked "if missing": the interpreter has packaging, so never installed
+    listing = tmp_path / "list.txt"
+    listing.write_text("copes_fake_pkg==1.0\npackaging==0.1  # if missing\nnot_in_folder==2.0\n")
+    target = tmp_path / "site"
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    cmd = [sys.executable, str(REPO / "benchmarks" / "install_wheels.py"), str(wheels), str(target), "--list",
+           str(listing)]
+    first = json.loads(subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout)
+    assert first["installed"] == ["copes_fake_pkg-1.0-py3-none-any.whl"]
+    assert first["absent_from_folder"] == ["not_in_folder==2.0 (installed: None)"]
+    assert any(p.startswith("packaging==") for p in first["present"])
+    check = subprocess.run([sys.executable, "-c", "import copes_fake_pkg, packaging; print(copes_fake_pkg.VERSION,"
+                            " packaging.__version__ != '0.1')"], env=env, capture_output=True, text=True, check=True)
+    assert check.stdout.split() == ["1.0", "True"]
+    second = json.loads(subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout)
+    assert second["installed"] == [] and "copes_fake_pkg==1.0" in second["present"]  # a rerun installs nothing
+
+
+def test_wheel_list_pins_hub_below_2_and_every_line():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from install_wheels import read_list
+
+    pins = {name.lower().replace("-", "_"): version for name, version, _ in read_list(REPO / "benchmarks" /
+                                                                                          "gpu_wheels.txt")}
+    assert int(pins["huggingface_hub"].split(".")[0]) < 2  # 2.x imports httpx2
+    for name in ("transformers", "tokenizers", "flash_linear_attention", "fla_core", "einops"):
+        assert name in pins
+    assert pytest.importorskip("transformers").__version__ == pins["transformers"]  # the suite's reference
