@@ -47,6 +47,7 @@ import torch
 from torch import nn
 
 from copes_lib.config import Config, ConfigError, param
+from copes_lib.lowrank import check_rank, dense_noise, factors, matrix_names, row_chunks
 
 _MASK64 = (1 << 64) - 1
 
@@ -64,6 +65,7 @@ def mix_seed(*values: int) -> int:
 
 _PARTITION_TAG = 0x5EED_0001
 _MEMBER_TAG = 0x5EED_0002
+_LOWRANK_TAG = 0x5EED_0003
 
 
 # =========================================================================== config
@@ -90,9 +92,16 @@ class ESConfig(Config):
                          choices=("sequential", "batched", "ray"))
     members_per_batch: int = param(0, "batched backend: members per batched forward (0 = all N)", ge=0)
     ray_workers: int = param(2, "ray backend: number of worker replicas", ge=1)
+    noise_rank: int = param(0, "0: full-rank noise (the paper's); r >= 1: low-rank noise A B^T / sqrt(r) on every "
+                            "Linear/Embedding weight, other parameters frozen (EGGROLL; docs/lowrank_es.md)", ge=0)
     seed: int = param(33, "seed of noise and partitions (paper's ES runs: 33)", ge=0)
 
     def check(self) -> None:
+        if self.noise_rank and self.backend == "ray":
+            raise ConfigError(
+                f"ESConfig.noise_rank = {self.noise_rank} with backend = 'ray': low-rank noise runs on the "
+                "backends 'batched' (members on shared weights) or 'sequential' (the dense reference); valid "
+                "noise_rank with 'ray': 0")
         if self.population % self.subspaces:
             raise ConfigError(
                 f"ESConfig.population = {self.population} is not divisible by subspaces = "
@@ -230,7 +239,17 @@ class ES:
         if self.mixed and config.restore == "subtract":
             raise ConfigError("ESConfig.restore = 'subtract' needs fp32 parameters (it is not exact in "
                               f"{sorted({str(p.dtype) for p in self.params})}); use restore='backup'")
-        self.chunks = make_chunks(self.params, config.chunk_size)
+        self.lowrank: set[int] = set()  # indices of the low-rank perturbed matrices (noise_rank > 0)
+        if config.noise_rank:
+            check_rank(model, config.noise_rank)
+            ids = matrix_names(model)
+            self.lowrank = {j for j, p in enumerate(model.parameters()) if id(p) in ids}
+            # chunks are blocks of whole rows of the matrices; every other parameter is frozen
+            self.chunks = [Chunk(j, a, b) for j in sorted(self.lowrank)
+                           for a, b in row_chunks(self.params[j].shape, config.chunk_size)]
+        else:
+            self.chunks = make_chunks(self.params, config.chunk_size)
+        self._factor_cache: tuple[tuple, tuple[torch.Tensor, torch.Tensor]] | None = None
         self.noise_s = 0.0  # time spent generating noise (benchmarks read it)
         self.fitness_s = 0.0  # time spent inside the objective (the rollouts alone)
         self.perturb_s = 0.0  # time spent making and undoing members (benchmarks read it)
@@ -257,10 +276,57 @@ class ES:
         device = target.device
         if device not in self._generator:
             self._generator[device] = torch.Generator(device=device)
-        gen = self._generator[device].manual_seed(mix_seed(seed, tensor_key, chunk.start))
-        eps = torch.randn(chunk.size, generator=gen, device=device, dtype=torch.float32)
+        if self.config.noise_rank:  # E = A B^T / sqrt(r) on the chunk's rows (copes_lib.lowrank)
+            eps = dense_noise(*self.factors(seed, chunk.tensor), chunk.start, chunk.stop)
+        else:
+            gen = self._generator[device].manual_seed(mix_seed(seed, tensor_key, chunk.start))
+            eps = torch.randn(chunk.size, generator=gen, device=device, dtype=torch.float32)
         self.noise_s += time.perf_counter() - t0
         return eps
+
+    def factors(self, seed: int, tensor: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Low-rank mode: (A, B) of one member on matrix ``tensor`` (the last pair is kept: a member's
+        chunks of one matrix are visited one after another)."""
+        tensor_key = tensor if self.config.noise == "iid" else 0
+        target = self.params[tensor]
+        key = (seed, tensor_key, tuple(target.shape), target.device)
+        if self._factor_cache is None or self._factor_cache[0] != key:
+            if target.device not in self._generator:
+                self._generator[target.device] = torch.Generator(device=target.device)
+            self._factor_cache = (key, factors(mix_seed(seed, tensor_key, _LOWRANK_TAG), target.shape,
+                                               self.config.noise_rank, target.device,
+                                               self._generator[target.device]))
+        return self._factor_cache[1]
+
+    def member_factors(self, plan: StepPlan, members: Sequence[tuple[int, int]]
+                       ) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """Low-rank mode: stacked factors (A (G, out, r), B (G, in, r)) of ``members`` per matrix,
+        keyed by id of the model's Parameter, A's rows outside the member's subspace zeroed (what
+        ``lowrank.LowRankPopulation`` reads). Memory: G (out + in) r per matrix, no weight copies."""
+        t0 = time.perf_counter()
+        rank, out = self.config.noise_rank, {}
+        rows = [dict() for _ in plan.partition]  # rows[k][tensor]: row mask of subspace k
+        for k, chunk_ids in enumerate(plan.partition):
+            for c in chunk_ids:
+                chunk = self.chunks[c]
+                in_f = self.params[chunk.tensor].shape[1]
+                mask = rows[k].setdefault(chunk.tensor, torch.zeros(self.params[chunk.tensor].shape[0],
+                                                                    dtype=torch.bool))
+                mask[chunk.start // in_f: chunk.stop // in_f] = True
+        for param_obj, (j, p) in zip(self.model.parameters(), enumerate(self.params)):
+            if j not in self.lowrank:
+                continue
+            a_stack = torch.zeros(len(members), p.shape[0], rank, device=p.device)
+            b_stack = torch.zeros(len(members), p.shape[1], rank, device=p.device)
+            for g, (k, i) in enumerate(members):
+                if j not in rows[k]:
+                    continue  # this matrix has no rows in subspace k: A = 0
+                a, b = self.factors(plan.seeds[k][i], j)
+                a_stack[g] = a * rows[k][j].to(p.device).unsqueeze(1)
+                b_stack[g] = b
+            out[id(param_obj)] = (a_stack, b_stack)
+        self.noise_s += time.perf_counter() - t0
+        return out
 
     def _flat(self, tensors: list[torch.Tensor], chunk: Chunk) -> torch.Tensor:
         return tensors[chunk.tensor].view(-1)[chunk.start:chunk.stop]

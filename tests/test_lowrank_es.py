@@ -1,0 +1,162 @@
+"""Low-rank ES noise (ESConfig.noise_rank, copes_lib.lowrank): members equal the dense model perturbed by
+the same E_i on Qwen3, Qwen3.5 and Llama; seeds replay; batched = sequential; frozen vectors; bad input."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from copes_lib.config import ConfigError
+from copes_lib.es import ES, ESConfig, es_step
+from copes_lib.es_backends import make_backend
+from copes_lib.lowrank import LowRankPopulation, matrix_names
+from tests.test_es import GreedyTokens, flat, tiny_qwen
+
+VOCAB = 20
+
+
+def tiny_llama(seed=0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                         max_position_embeddings=64)
+    return LlamaForCausalLM(config).eval()
+
+
+def tiny_qwen35(seed=0):
+    from copes_lib.engines import build_qwen35
+
+    return build_qwen35("tiny", VOCAB, seed)
+
+
+ARCHS = {"qwen3": tiny_qwen, "qwen3_5": tiny_qwen35, "llama": tiny_llama}
+
+
+def lowrank(**kw):
+    base = dict(population=4, subspaces=2, sigma=0.3, alpha=0.1, chunk_size=256, noise_rank=2)
+    return ESConfig(**{**base, **kw})
+
+
+def batched_logits(es, plan, members, ids):
+    rows = len(ids)
+    pop = LowRankPopulation(es.model, es.member_factors(plan, members), plan.sigma_k / es.config.noise_rank ** 0.5,
+                            rows)
+    with torch.no_grad(), pop:
+        pop.row_hook(list(range(rows * len(members))))
+        return es.model(input_ids=ids.repeat(len(members), 1), use_cache=False).logits
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+@pytest.mark.parametrize("subspaces", [1, 2])
+def test_member_forward_equals_dense_perturbed_model(arch, subspaces):
+    model = ARCHS[arch](1)
+    es = ES(model, lowrank(subspaces=subspaces, sigma=0.01))
+    plan = es.plan(1)
+    members = plan.members()
+    ids = torch.randint(0, VOCAB, (2, 7), generator=torch.Generator().manual_seed(1))
+    batched = batched_logits(es, plan, members, ids)
+    backup = es.backup()
+    before = flat(model).clone()
+    with torch.no_grad():
+        clean = model(input_ids=ids, use_cache=False).logits
+        for g, (k, i) in enumerate(members):
+            # the dense reference: W + sigma_k A B^T / sqrt(r), built here from the factors
+            dense = copy.deepcopy(model)
+            names = matrix_names(model)
+            for j, (p, q) in enumerate(zip(model.parameters(), dense.parameters())):
+                if id(p) not in names:
+                    continue
+                a, b = es.factors(plan.seeds[k][i], j)
+                rows = torch.zeros(p.shape[0], dtype=torch.bool)
+                for c in plan.partition[k]:
+                    chunk = es.chunks[c]
+                    if chunk.tensor == j:
+                        rows[chunk.start // p.shape[1]: chunk.stop // p.shape[1]] = True
+                q.data.add_((a * rows.unsqueeze(1)) @ b.T, alpha=plan.sigma_k / 2 ** 0.5)
+            reference = dense(input_ids=ids, use_cache=False).logits
+            es.perturb(plan, k, i)  # the engine's own in-place member (sequential backend)
+            single = model(input_ids=ids, use_cache=False).logits
+            es.restore(plan, k, i, backup)
+            assert torch.allclose(single, reference, atol=1e-5)
+            assert torch.allclose(batched[2 * g: 2 * g + 2], reference, atol=1e-5)
+            assert not torch.allclose(reference, clean, atol=1e-3)  # the member differs from theta
+    assert torch.equal(flat(model), before)
+
+
+def test_seeds_replay_and_tensors_differ():
+    model = tiny_qwen(0)
+    a1, b1 = ES(model, lowrank()).factors(123, 1)
+    a2, b2 = ES(copy.deepcopy(model), lowrank()).factors(123, 1)
+    assert torch.equal(a1, a2) and torch.equal(b1, b2)
+    es = ES(model, lowrank())
+    shapes = [p.shape for p in es.params]
+    same = [j for j in es.lowrank if shapes[j] == shapes[1] and j != 1]
+    assert same, "the tiny model has same-shaped matrices"
+    assert not torch.equal(es.factors(123, same[0])[0], a1)  # iid: same-shaped tensors differ
+    corr = ES(copy.deepcopy(model), lowrank(noise="paper_correlated"))
+    assert torch.equal(corr.factors(123, same[0])[0], corr.factors(123, 1)[0])
+    # a step is a function of (config, step): two runs give the same weights
+    runs = []
+    for _ in range(2):
+        m = tiny_qwen(0)
+        obj = GreedyTokens(torch.randint(0, VOCAB, (3, 5), generator=torch.Generator().manual_seed(0)))
+        e = ES(m, lowrank(backend="batched"))
+        es_step(e, 1, obj, make_backend(e))
+        runs.append(flat(m))
+    assert torch.equal(runs[0], runs[1])
+
+
+def test_vectors_frozen_and_update_is_full_rank():
+    model = tiny_qwen35(0)
+    before = [p.detach().clone() for p in model.parameters()]
+    es = ES(model, lowrank(subspaces=1, population=6))
+    names = matrix_names(model)
+    plan = es.plan(1)
+    rhat = np.array([[1.0, -1.0, 0.5, -0.5, 2.0, -2.0]])
+    es.update(plan, rhat)
+    changed_matrix = False
+    for p, b in zip(model.parameters(), before):
+        if id(p) in names:
+            changed_matrix |= not torch.equal(p, b)
+            if min(p.shape) >= 6:
+                # a sum of 6 rank-2 terms: rank 12 (or full), more than one member's rank
+                assert torch.linalg.matrix_rank(p - b) > es.config.noise_rank
+        else:
+            assert torch.equal(p, b), "vectors / norms / conv1d are frozen in low-rank mode"
+    assert changed_matrix
+
+
+def test_batched_equals_sequential_steps():
+    prompts = torch.randint(0, VOCAB, (4, 6), generator=torch.Generator().manual_seed(0))
+    seq_model, bat_model = tiny_qwen(), tiny_qwen()
+    seq_es, bat_es = ES(seq_model, lowrank(population=6)), ES(bat_model, lowrank(population=6, backend="batched",
+                                                                                 members_per_batch=4))
+    seen = []
+    for step in (1, 2):
+        r_seq = es_step(seq_es, step, GreedyTokens(prompts, target=13)).rewards
+        r_bat = es_step(bat_es, step, GreedyTokens(prompts, target=13), make_backend(bat_es)).rewards
+        assert np.array_equal(r_seq, r_bat)
+        seen += r_seq.ravel().tolist()
+    assert len(set(seen)) > 1  # the perturbations matter
+    assert not torch.equal(flat(seq_model), flat(tiny_qwen()))  # and the steps moved the weights
+    assert torch.allclose(flat(seq_model), flat(bat_model), atol=1e-6)
+    assert "forward" not in vars(bat_model.lm_head)
+
+
+def test_full_rank_default_untouched():
+    assert ESConfig().noise_rank == 0
+    model = tiny_qwen(0)
+    es = ES(model, ESConfig(population=4, subspaces=1, chunk_size=256))
+    assert not es.lowrank and sum(c.size for c in es.chunks) == sum(p.numel() for p in es.params)
+
+
+def test_bad_rank_and_backend():
+    with pytest.raises(ConfigError, match=r"noise_rank = 17 exceeds min\(out, in\) = 16 .*valid range.*1\.\.16"):
+        ES(tiny_qwen(0), lowrank(noise_rank=17))
+    with pytest.raises(ConfigError, match=r"noise_rank = 2 with backend = 'ray'.*valid noise_rank with 'ray': 0"):
+        lowrank(backend="ray")
+    with pytest.raises(ConfigError, match="noise_rank"):
+        lowrank(noise_rank=-1)
