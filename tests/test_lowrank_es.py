@@ -160,3 +160,45 @@ def test_bad_rank_and_backend():
         lowrank(backend="ray")
     with pytest.raises(ConfigError, match="noise_rank"):
         lowrank(noise_rank=-1)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
+def test_agent_rollouts_batched_equal_sequential(family):
+    """Through the real agent rollout (prompts of different lengths; Qwen3.5's row-exact linear attention
+    calls row_hook per row group): every member's completions equal the sequential member's."""
+    import zlib
+
+    from copes_lib.engines import build_qwen35
+    from copes_lib.es_objective import AgentObjective
+    from copes_lib.protocols.substrate_setup import substrate_config
+    from copes_lib.rollout import RolloutConfig, make_env
+    from copes_lib.substrate import build_agent_model, get_tokenizer
+    from copes_lib.tasks import load_tasks
+
+    tok = get_tokenizer("smoke", substrate_config("smoke").vocab_size)
+    env = make_env("math", "smoke")
+    env.reward = lambda prompts, texts, answers, calls: [zlib.crc32(t.encode()) % 97 / 97 for t in texts]
+    tasks = load_tasks("smoke", "math", "train")
+    completions = {}
+    weights = {}
+    try:
+        for backend in ("sequential", "batched"):
+            model = (build_agent_model("smoke", len(tok), 0, 512, tok) if family == "qwen3"
+                     else build_qwen35("tiny", len(tok), 0, tokenizer=tok)).eval()
+            objective = AgentObjective(tok, env, tasks, tasks[:2], RolloutConfig(max_new_tokens=6), 3, 5)
+            seen = completions[backend] = []
+            generate = objective._generate
+
+            def spy(*a, _generate=generate, _seen=seen, **kw):
+                out = _generate(*a, **kw)
+                _seen.extend(out.completion_ids)
+                return out
+            objective._generate = spy
+            es = ES(model, lowrank(population=4, sigma=0.05, backend=backend))
+            rewards = es_step(es, 1, objective, make_backend(es)).rewards
+            weights[backend] = flat(model)
+            assert len(set(rewards.ravel().tolist())) > 1
+    finally:
+        env.close()
+    assert completions["sequential"] == completions["batched"] and len(completions["batched"]) == 12
+    assert torch.allclose(weights["sequential"], weights["batched"], atol=1e-6)
