@@ -114,6 +114,12 @@ class ESConfig(Config):
                 "subspace (the paper recommends N_k >= 10)"
             )
 
+    def to_dict(self) -> dict:
+        out = super().to_dict()
+        if not out["noise_rank"]:  # full-rank runs keep their cache keys and resumable checkpoints
+            del out["noise_rank"]
+        return out
+
     @property
     def members_per_subspace(self) -> int:
         return self.population // self.subspaces

@@ -148,6 +148,9 @@ def test_batched_equals_sequential_steps():
 
 def test_full_rank_default_untouched():
     assert ESConfig().noise_rank == 0
+    # full-rank configs serialise as before the option existed (cache keys, checkpoints' saved config)
+    assert "noise_rank" not in ESConfig().to_dict() and lowrank().to_dict()["noise_rank"] == 2
+    assert ESConfig(**lowrank().to_dict()) == lowrank()
     model = tiny_qwen(0)
     es = ES(model, ESConfig(population=4, subspaces=1, chunk_size=256))
     assert not es.lowrank and sum(c.size for c in es.chunks) == sum(p.numel() for p in es.params)
@@ -202,3 +205,16 @@ def test_agent_rollouts_batched_equal_sequential(family):
         env.close()
     assert completions["sequential"] == completions["batched"] and len(completions["batched"]) == 12
     assert torch.allclose(weights["sequential"], weights["batched"], atol=1e-6)
+
+
+def test_notebooks_offer_noise_rank():
+    from copes_lib.protocols import params
+
+    for cls in (params.StandardESNotebookParams, params.CoPESNotebookParams, params.FixedBudgetParams):
+        assert cls().es_config().noise_rank == 0  # the paper's full-rank noise by default
+        assert cls(NOISE_RANK=4).es_config().noise_rank == 4
+    assert params.AblationParams().es_config().noise_rank == 0  # 06 keeps full rank (not a parameter there)
+    with pytest.raises(ConfigError, match=r"NOISE_RANK = 2 with BACKEND = 'ray'.*valid noise_rank with 'ray': 0"):
+        params.CoPESNotebookParams(NOISE_RANK=2, BACKEND="ray")
+    with pytest.raises(ConfigError, match="NOISE_RANK"):
+        params.FixedBudgetParams(NOISE_RANK=-1)
