@@ -400,6 +400,8 @@ class ES:
     def update(self, plan: StepPlan, rhat: np.ndarray) -> list[float]:
         """theta += alpha * sum_k P_k g_k on the fp32 master, chunk by chunk, then the compute
         weights are refreshed from it; returns ||alpha P_k g_k|| per subspace."""
+        if self.config.noise_rank:
+            return self._update_lowrank(plan, rhat)
         alpha, norms = self.config.alpha, []
         for k, chunk_ids in enumerate(plan.partition):
             n_k = len(plan.seeds[k])
@@ -419,6 +421,41 @@ class ES:
                 self._flat(self.master, chunk).add_(step.to(master.device))
                 if master is not self.params[chunk.tensor]:
                     self._flat(self.params, chunk).copy_(self._flat(self.master, chunk))
+            norms.append(math.sqrt(sq))
+        return norms
+
+    def _update_lowrank(self, plan: StepPlan, rhat: np.ndarray) -> list[float]:
+        """The same update for low-rank noise: per subspace and matrix, sum_i r_hat_i A_i B_i^T / sqrt(r)
+        on the subspace's rows as ONE matmul, [r_hat_i A_i] (rows x N r) @ [B_i]^T (N r x in): a full-rank
+        step from N rank-r terms, added to the fp32 master (members' factors regenerated once each)."""
+        alpha, rank, norms = self.config.alpha, self.config.noise_rank, []
+        for k, chunk_ids in enumerate(plan.partition):
+            n_k = len(plan.seeds[k])
+            active = [i for i in range(n_k) if rhat[k][i] != 0.0]
+            if not active:
+                norms.append(0.0)
+                continue
+            rows: dict[int, list[int]] = {}
+            for c in chunk_ids:
+                chunk = self.chunks[c]
+                in_f = self.params[chunk.tensor].shape[1]
+                rows.setdefault(chunk.tensor, []).extend(range(chunk.start // in_f, chunk.stop // in_f))
+            sq = 0.0
+            for j, row_ids in rows.items():
+                param, master = self.params[j], self.master[j]
+                index = torch.as_tensor(row_ids, device=param.device)
+                a_parts, b_parts = [], []
+                t0 = time.perf_counter()
+                for i in active:
+                    a, b = self.factors(plan.seeds[k][i], j)
+                    a_parts.append(a[index] * float(rhat[k][i]))
+                    b_parts.append(b)
+                self.noise_s += time.perf_counter() - t0
+                step = (torch.cat(a_parts, 1) @ torch.cat(b_parts, 1).T).mul_(alpha / (n_k * math.sqrt(rank)))
+                sq += float(step.pow(2).sum())
+                master.index_add_(0, index.to(master.device), step.to(master.device))
+                if master is not param:
+                    param[index] = master[index.to(master.device)].to(param.device, param.dtype)
             norms.append(math.sqrt(sq))
         return norms
 

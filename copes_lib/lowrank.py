@@ -105,11 +105,23 @@ class LowRankPopulation:
         self.modules = [m for m in model.modules() if isinstance(m, (nn.Linear, nn.Embedding))
                         and id(m.weight) in factors]
         self.members: torch.Tensor | None = None
+        self.blocks: tuple[torch.Tensor | None, int] | None = None  # (members of the call or None: all, rows each)
+        self.group = len(next(iter(factors.values()))[0]) if factors else 0
         self._device_members: dict[torch.device, torch.Tensor] = {}
 
     def row_hook(self, rows: list[int]) -> None:
-        self.members = torch.as_tensor([r // self.rows_per_member for r in rows], dtype=torch.long)
+        members = [r // self.rows_per_member for r in rows]
+        self.members = torch.as_tensor(members, dtype=torch.long)
         self._device_members = {}
+        # the common case: rows member-major, every member of the call with the same count c of rows;
+        # then x is viewed as (members, c rows, ...) and only those members' factors are read (no gather
+        # of one factor copy per row); all G members in order: the stacked factors themselves
+        self.blocks = None
+        c = members.count(members[0]) if members else 0
+        if c and len(members) % c == 0:
+            firsts = members[::c]
+            if members == [m for m in firsts for _ in range(c)] and len(set(firsts)) == len(firsts):
+                self.blocks = (None if firsts == list(range(self.group)) else torch.as_tensor(firsts), c)
 
     def __enter__(self) -> LowRankPopulation:
         for module in self.modules:
@@ -138,9 +150,15 @@ class LowRankPopulation:
         def forward(x: torch.Tensor) -> torch.Tensor:
             members = self._rows(x.shape[0], x.device)
             base = F.linear(x, module.weight, module.bias)
-            xs = x.reshape(x.shape[0], -1, x.shape[-1])  # (rows, tokens, in)
-            xb = torch.bmm(xs, b_all[members].to(x.dtype))  # (rows, tokens, r): x B_i
-            delta = torch.bmm(xb, a_all[members].to(x.dtype).transpose(1, 2))  # (rows, tokens, out)
+            if self.blocks is not None:
+                pick, c = self.blocks
+                a, b = (a_all, b_all) if pick is None else (a_all[pick.to(x.device)], b_all[pick.to(x.device)])
+                xs = x.reshape(len(a), -1, x.shape[-1])  # (members, c rows x tokens, in)
+            else:  # rows in any order: one factor copy per row
+                a, b = a_all[members], b_all[members]
+                xs = x.reshape(x.shape[0], -1, x.shape[-1])  # (rows, tokens, in)
+            xb = torch.bmm(xs, b.to(x.dtype))  # x B_i: (., ., r)
+            delta = torch.bmm(xb, a.to(x.dtype).transpose(1, 2))  # (x B_i) A_i^T: (., ., out)
             return base.add_(delta.view(base.shape), alpha=self.scale)
 
         return forward

@@ -84,6 +84,16 @@ def test_member_forward_equals_dense_perturbed_model(arch, subspaces):
             assert torch.allclose(batched[2 * g: 2 * g + 2], reference, atol=1e-5)
             assert not torch.allclose(reference, clean, atol=1e-3)  # the member differs from theta
     assert torch.equal(flat(model), before)
+    # rows in another order, and a subset of the members: each row still gets its member's noise
+    order = torch.randperm(2 * len(members), generator=torch.Generator().manual_seed(3))
+    pop = LowRankPopulation(model, es.member_factors(plan, members), plan.sigma_k / 2 ** 0.5, 2)
+    with torch.no_grad(), pop:
+        pop.row_hook(order.tolist())
+        shuffled = model(input_ids=ids.repeat(len(members), 1)[order], use_cache=False).logits
+        pop.row_hook([2, 3, 6, 7])  # members 1 and 3
+        subset = model(input_ids=ids.repeat(2, 1), use_cache=False).logits
+    assert torch.allclose(shuffled, batched[order], atol=1e-5)
+    assert torch.allclose(subset, torch.cat([batched[2:4], batched[6:8]]), atol=1e-5)
 
 
 def test_seeds_replay_and_tensors_differ():
@@ -116,7 +126,14 @@ def test_vectors_frozen_and_update_is_full_rank():
     names = matrix_names(model)
     plan = es.plan(1)
     rhat = np.array([[1.0, -1.0, 0.5, -0.5, 2.0, -2.0]])
+    expected = {}
+    for j in es.lowrank:
+        a_b = [es.factors(plan.seeds[0][i], j) for i in range(6)]
+        expected[j] = sum(float(rhat[0][i]) * (a @ b.T) for i, (a, b) in enumerate(a_b)) * (0.1 / 6 / 2 ** 0.5)
     es.update(plan, rhat)
+    for j, p in enumerate(model.parameters()):
+        if j in expected:  # the one-matmul update = alpha / N sum_i r_hat_i E_i
+            assert torch.allclose(p - before[j], expected[j], atol=1e-6)
     changed_matrix = False
     for p, b in zip(model.parameters(), before):
         if id(p) in names:
