@@ -322,14 +322,20 @@ class ES:
         for param_obj, (j, p) in zip(self.model.parameters(), enumerate(self.params)):
             if j not in self.lowrank:
                 continue
-            a_stack = torch.zeros(len(members), p.shape[0], rank, device=p.device)
-            b_stack = torch.zeros(len(members), p.shape[1], rank, device=p.device)
+            a_stack = torch.empty(len(members), p.shape[0], rank, device=p.device)
+            b_stack = torch.empty(len(members), p.shape[1], rank, device=p.device)
+            key = j if self.config.noise == "iid" else 0
+            gen = self._generator.setdefault(p.device, torch.Generator(device=p.device))
             for g, (k, i) in enumerate(members):
-                if j not in rows[k]:
-                    continue  # this matrix has no rows in subspace k: A = 0
-                a, b = self.factors(plan.seeds[k][i], j)
-                a_stack[g] = a * rows[k][j].to(p.device).unsqueeze(1)
-                b_stack[g] = b
+                if j not in rows[k]:  # this matrix has no rows in subspace k: A = 0
+                    a_stack[g].zero_()
+                    b_stack[g].zero_()
+                    continue
+                # the same stream as self.factors, written in place
+                factors(mix_seed(plan.seeds[k][i], key, _LOWRANK_TAG), p.shape, rank, p.device, gen,
+                        out=(a_stack[g], b_stack[g]))
+                if not bool(rows[k][j].all()):
+                    a_stack[g][~rows[k][j].to(p.device)] = 0.0
             out[id(param_obj)] = (a_stack, b_stack)
         self.noise_s += time.perf_counter() - t0
         return out

@@ -73,13 +73,14 @@ def row_chunks(shape: Sequence[int], chunk_size: int) -> list[tuple[int, int]]:
     return [(a * in_f, min(a + rows, out_f) * in_f) for a in range(0, out_f, rows)]
 
 
-def factors(seed: int, shape: Sequence[int], rank: int, device,
-            generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def factors(seed: int, shape: Sequence[int], rank: int, device, generator: torch.Generator,
+            out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(A (out x r), B (in x r)) of one member on one matrix, fp32, regenerated from ``seed`` (``ES``
-    mixes it from the member's seed, the tensor's index and a low-rank tag)."""
+    mixes it from the member's seed, the tensor's index and a low-rank tag); ``out``: write them there."""
     generator.manual_seed(seed)
-    a = torch.randn(shape[0], rank, generator=generator, device=device, dtype=torch.float32)
-    b = torch.randn(shape[1], rank, generator=generator, device=device, dtype=torch.float32)
+    a_out, b_out = out if out is not None else (None, None)
+    a = torch.randn(shape[0], rank, generator=generator, device=device, dtype=torch.float32, out=a_out)
+    b = torch.randn(shape[1], rank, generator=generator, device=device, dtype=torch.float32, out=b_out)
     return a, b
 
 
@@ -146,32 +147,38 @@ class LowRankPopulation:
 
     def _linear_forward(self, module: nn.Linear):
         a_all, b_all = self.factors[id(module.weight)]
+        a_t = a_all.transpose(1, 2).contiguous()  # (G, r, out), once: bmm reads it without a copy per call
 
         def forward(x: torch.Tensor) -> torch.Tensor:
             members = self._rows(x.shape[0], x.device)
             base = F.linear(x, module.weight, module.bias)
             if self.blocks is not None:
                 pick, c = self.blocks
-                a, b = (a_all, b_all) if pick is None else (a_all[pick.to(x.device)], b_all[pick.to(x.device)])
+                a, b = (a_t, b_all) if pick is None else (a_t[pick.to(x.device)], b_all[pick.to(x.device)])
                 xs = x.reshape(len(a), -1, x.shape[-1])  # (members, c rows x tokens, in)
             else:  # rows in any order: one factor copy per row
-                a, b = a_all[members], b_all[members]
+                a, b = a_t[members], b_all[members]
                 xs = x.reshape(x.shape[0], -1, x.shape[-1])  # (rows, tokens, in)
-            xb = torch.bmm(xs, b.to(x.dtype))  # x B_i: (., ., r)
-            delta = torch.bmm(xb, a.to(x.dtype).transpose(1, 2))  # (x B_i) A_i^T: (., ., out)
+            if xs.shape[1] == 1:  # one token of one row per member (decode): products beat tiny bmm calls
+                xb = (xs.transpose(1, 2) * b.to(x.dtype)).sum(1, keepdim=True)  # x B_i: (., 1, r)
+                delta = (xb.transpose(1, 2) * a.to(x.dtype)).sum(1)  # (x B_i) A_i^T: (., out)
+            else:
+                xb = torch.bmm(xs, b.to(x.dtype))  # x B_i: (., ., r)
+                delta = torch.bmm(xb, a.to(x.dtype))  # (x B_i) A_i^T: (., ., out)
             return base.add_(delta.view(base.shape), alpha=self.scale)
 
         return forward
 
     def _embedding_forward(self, module: nn.Embedding):
         a_all, b_all = self.factors[id(module.weight)]
+        b_t = b_all.transpose(1, 2).contiguous()  # (G, r, dim)
 
         def forward(ids: torch.Tensor) -> torch.Tensor:
             members = self._rows(ids.shape[0], ids.device)
             base = F.embedding(ids, module.weight, module.padding_idx)
             flat = ids.reshape(ids.shape[0], -1)
             a_rows = a_all[members.unsqueeze(1), flat].to(base.dtype)  # (rows, tokens, r): A_i[ids]
-            delta = torch.bmm(a_rows, b_all[members].to(base.dtype).transpose(1, 2))  # (rows, tokens, dim)
+            delta = torch.bmm(a_rows, b_t[members].to(base.dtype))  # (rows, tokens, dim): A_i[ids] B_i^T
             return base.add_(delta.view(base.shape), alpha=self.scale)
 
         return forward
