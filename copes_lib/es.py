@@ -23,6 +23,10 @@ How this departs from the paper (and why):
   reproduces Qiu's flaw: the seed ignores the tensor, so same-shaped tensors get identical noise.
 - ``restore="backup"`` (the paper's; default) copies the perturbed chunks back from a copy of theta
   held on the CPU; ``"subtract"`` (Qiu) regenerates and subtracts the noise (not bit-exact in float).
+- ``noise_rank = r > 0`` (not the paper's; EGGROLL's lever, docs/lowrank_es.md): member noise on every
+  Linear / Embedding weight is A B^T / sqrt(r), other parameters are frozen, chunks are blocks of whole
+  rows; ``ES.noise`` returns the dense noise of a chunk, so perturb / restore are the code above, and
+  the update is the same sum done as one matmul per subspace and matrix (``copes_lib.lowrank``).
 - "std == 0" is taken as std <= 1e-12 * max(1, |mean|): equal float rewards can give a tiny std.
 - Backends: sequential (the model plus one chunk of noise; :func:`member_rewards`, here), and in
   ``copes_lib.es_backends`` population-batched (``population.py``: members x prompts in one forward)
