@@ -235,3 +235,25 @@ def test_notebooks_offer_noise_rank():
         params.CoPESNotebookParams(NOISE_RANK=2, BACKEND="ray")
     with pytest.raises(ConfigError, match="NOISE_RANK"):
         params.FixedBudgetParams(NOISE_RANK=-1)
+
+
+def test_copes_update_touches_each_subspace_s_rows_only():
+    model = tiny_qwen(3)
+    before = [p.detach().clone() for p in model.parameters()]
+    es = ES(model, lowrank(population=4, subspaces=2, chunk_size=64))
+    plan = es.plan(2)
+    rhat = np.array([[1.0, -1.0], [0.5, -2.0]])
+    expected = [torch.zeros_like(b) for b in before]
+    for k, chunk_ids in enumerate(plan.partition):
+        for c in chunk_ids:
+            chunk = es.chunks[c]
+            in_f = before[chunk.tensor].shape[1]
+            rows = slice(chunk.start // in_f, chunk.stop // in_f)
+            for i in range(2):
+                a, b = es.factors(plan.seeds[k][i], chunk.tensor)
+                expected[chunk.tensor][rows] += float(rhat[k][i]) * (a[rows] @ b.T) * (0.1 / 2 / 2 ** 0.5)
+    norms = es.update(plan, rhat)
+    for p, b, e in zip(model.parameters(), before, expected):
+        assert torch.allclose(p - b, e, atol=1e-6)
+    assert len(norms) == 2 and all(n > 0 for n in norms)
+    assert np.isclose(np.hypot(*norms), float(torch.cat([e.view(-1) for e in expected]).norm()), rtol=1e-4)
