@@ -182,17 +182,30 @@ def direction_test(model: nn.Module, fitness: Fitness, updates: dict[str, torch.
     if not norm > 0 or not math.isfinite(norm):
         raise ConfigError(f"norm = {norm}: the common step length must be positive and finite")
     dim = n_parameters(model)
-    base = float(perturbed_fitness(model, fitness, [torch.zeros(dim)])[0])
     names = list(updates)
-    directions = [rescaled(updates[name], norm) for name in names]
+    # theta itself goes through the same (batched or sequential) path as every direction, so a
+    # path's rounding cannot shift all deltas at once
+    directions = [torch.zeros(dim)] + [rescaled(updates[name], norm) for name in names]
     directions += [random_direction(dim, norm, _draw_seed(seed, j)) for j in range(n_random)]
-    values = perturbed_fitness(model, fitness, directions, members_per_batch=members_per_batch) - base
+    values = perturbed_fitness(model, fitness, directions, members_per_batch=members_per_batch)
+    base, values = float(values[0]), values[1:] - values[0]
     random_deltas = values[len(names):]
     mean, low, high = mean_ci(random_deltas, level)
     return {"base": base, "norm": float(norm), "n_random": n_random,
             "random": {"deltas": random_deltas.tolist(), "mean": mean, "mean_low": low, "mean_high": high,
                        "sd": float(random_deltas.std(ddof=1))},
             "updates": {name: tail_stats(float(v), random_deltas, level) for name, v in zip(names, values)}}
+
+
+def norm_ladder(model: nn.Module, fitness: Fitness, direction: torch.Tensor, norms: Sequence[float], *,
+                members_per_batch: int = 0) -> dict[str, Any]:
+    """Held-out fitness change along ``direction`` rescaled to each of ``norms`` (a line search
+    without a choice): shows whether a direction that overshoots at one length gains at a shorter one.
+    No random distribution per length (cost): read it beside ``direction_test``'s at its norm."""
+    dim = n_parameters(model)
+    directions = [torch.zeros(dim)] + [rescaled(direction, n) for n in norms]
+    values = perturbed_fitness(model, fitness, directions, members_per_batch=members_per_batch)
+    return {"norms": [float(n) for n in norms], "deltas": (values[1:] - values[0]).tolist(), "base": float(values[0])}
 
 
 def _draw_seed(seed: int, j: int) -> int:
@@ -262,6 +275,47 @@ def finite_difference_hvp(model: nn.Module, loss_fn: Callable[[nn.Module], torch
     return hvp
 
 
+def softmax_ggn_vp(model: nn.Module, logits_fn: Callable[[nn.Module], tuple[torch.Tensor, torch.Tensor]],
+                   eps: float = 1e-3) -> Callable[[torch.Tensor], torch.Tensor]:
+    """v -> G v, G the generalized Gauss-Newton matrix of a weighted softmax cross-entropy
+    sum_i w_i CE(z_i(theta), y_i) at the model's theta: G = sum_i w_i J_i^T (diag p_i - p_i p_i^T) J_i,
+    J_i = dz_i / dtheta. ``logits_fn(model)`` returns (z, w): the logits (M, V) of the M scored
+    positions and their weights (M,). G is positive semi-definite by construction (unlike the
+    Hessian away from a minimum) and equals the Hessian's part that survives where the model fits
+    (the dropped term is sum_i w_i (p_i - onehot(y_i)) . d^2 z_i / dtheta^2). J v is a central finite
+    difference of logits along v (two forwards, step length ``eps``); J^T u one backward at theta."""
+    if not eps > 0:
+        raise ConfigError(f"eps = {eps}: the finite-difference step must be positive")
+    params = list(model.parameters())
+
+    def gvp(v: torch.Tensor) -> torch.Tensor:
+        h = eps / float(v.norm())
+        backup = [p.detach().clone() for p in params]
+        outs = []
+        try:
+            for sign in (1.0, -1.0):
+                with torch.no_grad():
+                    for p, b, part in zip(params, backup, _split(model, v.to(params[0].device))):
+                        p.copy_(b + (sign * h) * part.to(p.dtype))
+                    outs.append(logits_fn(model)[0].float())
+        finally:
+            with torch.no_grad():
+                for p, b in zip(params, backup):
+                    p.copy_(b)
+        jv = (outs[0] - outs[1]) / (2 * h)
+        del outs
+
+        def loss_fn(m):
+            z, w = logits_fn(m)
+            p = torch.softmax(z.detach().float(), dim=-1)
+            u = w.detach().float()[:, None] * (p * jv - p * (p * jv).sum(-1, keepdim=True))
+            return (z.float() * u).sum()
+
+        return flat_gradient(model, loss_fn)
+
+    return gvp
+
+
 def hutchinson_trace(hvp: Callable[[torch.Tensor], torch.Tensor], dim: int, probes: int, seed: int = 0,
                      level: float = 0.95) -> dict[str, Any]:
     """tr(H) ~ mean over Rademacher probes z of z^T H z (Hutchinson 1989), with a t-interval over probes."""
@@ -309,9 +363,10 @@ def effective_rank(model: nn.Module, loss_fn: Callable[[nn.Module], torch.Tensor
                    level: float = 0.95) -> dict[str, Any]:
     """d_eff = tr(H) / lambda_max(H) at the model's theta (MeZO's local effective rank), H the Hessian
     of ``loss_fn`` (or the given ``hvp``). The interval is Hutchinson's trace interval over
-    lambda_max (the power-iteration value taken as known). d_eff is None when tr(H) <= 0 or
-    lambda_max <= 0: H is then not positive semi-definite in the sense the effective rank needs (a
-    saddle or a maximum of the surrogate), which the returned trace and eigenvalue show."""
+    lambda_max (the power-iteration value taken as known). d_eff is None when tr(H) <= 0,
+    lambda_max <= 0 or the trace estimate is below lambda_max (impossible for a PSD H; d_eff < 1): H
+    is then not positive semi-definite in the sense the effective rank needs (a saddle of the
+    surrogate), or the probes too few, which the returned trace and eigenvalue show."""
     if hvp is None:
         if loss_fn is None:
             raise ConfigError("effective_rank needs loss_fn (a differentiable surrogate) or hvp")
@@ -320,7 +375,8 @@ def effective_rank(model: nn.Module, loss_fn: Callable[[nn.Module], torch.Tensor
     trace = hutchinson_trace(hvp, dim, probes, seed, level)
     top = power_iteration(hvp, dim, iters, seed + 1)
     lam = top["eigenvalue"]
-    ok = trace["trace"] > 0 and lam > 0
+    # a PSD H has tr(H) >= lambda_max: an estimate below it is an indefinite H (or too few probes)
+    ok = trace["trace"] > 0 and lam > 0 and trace["trace"] >= lam
     d_eff = trace["trace"] / lam if ok else None
     low = max(trace["low"] / lam, 1.0) if ok and math.isfinite(trace["low"]) else None
     high = min(trace["high"] / lam, float(dim)) if ok and math.isfinite(trace["high"]) else None
@@ -391,6 +447,6 @@ def predicted_z(rho2: float | None, population: int) -> float | None:
 
 
 __all__ = ["flat_parameters", "n_parameters", "random_direction", "rescaled", "Fitness", "perturbed_fitness",
-           "tail_stats", "direction_test", "gain_ratio", "flat_gradient", "finite_difference_hvp",
+           "tail_stats", "direction_test", "norm_ladder", "gain_ratio", "flat_gradient", "finite_difference_hvp", "softmax_ggn_vp",
            "hutchinson_trace", "power_iteration", "effective_rank", "antithetic_fitness", "linear_share",
            "predicted_efficiency", "predicted_z"]

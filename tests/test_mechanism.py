@@ -177,3 +177,52 @@ def test_batched_and_sequential_perturbed_fitness_agree():
 def test_bad_input_names_the_parameter(call, message):
     with pytest.raises(ConfigError, match=message):
         call()
+
+
+def test_softmax_ggn_matches_the_explicit_gauss_newton_matrix_and_is_psd():
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3, bias=False)
+    x = torch.randn(5, 4)
+    w = torch.full((5,), 0.2)
+
+    def logits_fn(m):
+        return m(x), w
+
+    gvp = mech.softmax_ggn_vp(model, logits_fn, eps=0.1)  # logits are linear in W: any step is exact
+    dim = mech.n_parameters(model)
+    # explicit G = sum_i w_i J_i^T (diag p_i - p_i p_i^T) J_i; logits_i = W x_i, so J_i = I_3 kron x_i^T
+    g = torch.zeros(dim, dim, dtype=torch.float64)
+    with torch.no_grad():
+        p = torch.softmax(model(x), -1).double()
+    for i in range(5):
+        j = torch.kron(torch.eye(3, dtype=torch.float64), x[i].double()[None])
+        g += 0.2 * j.T @ (torch.diag(p[i]) - torch.outer(p[i], p[i])) @ j
+    for seed in range(3):
+        v = torch.randn(dim, generator=torch.Generator().manual_seed(seed))
+        np.testing.assert_allclose(gvp(v).numpy(), (g @ v.double()).numpy(), rtol=1e-3, atol=1e-5)
+    assert float(torch.linalg.eigvalsh(g).min()) > -1e-6  # PSD up to p's float32 rounding
+    r = mech.effective_rank(model, hvp=gvp, probes=64, iters=60, seed=0)
+    eig = torch.linalg.eigvalsh(g)
+    assert r["lambda_max"] == pytest.approx(float(eig.max()), rel=0.02)
+    assert r["trace"] == pytest.approx(float(eig.sum()), rel=0.2)
+
+
+def test_an_indefinite_surrogate_with_trace_below_lambda_max_has_no_effective_rank():
+    diag = torch.tensor([4.0, -3.0, 0.1, 0.1])  # tr 1.2 < lambda_max 4: no PSD matrix does that
+    r = mech.effective_rank(Vector(4), hvp=lambda v: diag * v, probes=32, iters=40)
+    assert r["lambda_max"] == pytest.approx(4.0, rel=1e-2) and r["d_eff"] is None
+
+
+def test_norm_ladder_shows_a_gradient_that_overshoots_at_one_length_and_gains_at_a_shorter_one():
+    dim = 10
+    model = Vector(dim)
+
+    class Sharp:  # f = g . theta - 50 |theta|^2: the gradient direction gains only for short steps
+        g = torch.ones(dim)
+
+        def fitness(self, m):
+            t = m.theta.detach()
+            return float(self.g @ t - 50 * (t @ t))
+
+    r = mech.norm_ladder(model, Sharp(), Sharp.g, [1.0, 0.01])
+    assert r["deltas"][0] < 0 < r["deltas"][1]

@@ -350,7 +350,8 @@ def rewarded_nll(model, tokenizer, env, tasks, rollout_config, *, group_size: in
     info = {"trajectories": len(batch.rewards), "rewarded": len(keep)}
     if not keep:
         return None, info
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    pad = getattr(tokenizer, "pad_token_id", None)
+    pad = pad if pad is not None else (getattr(tokenizer, "eos_token_id", None) or 0)
     packed = grpo.pack([batch.prompt_ids[i] for i in keep], [batch.completion_ids[i] for i in keep],
                        [batch.model_mask[i] for i in keep], int(pad), next(model.parameters()).device)
     info["tokens"] = int(packed.completion_mask.sum())
@@ -364,7 +365,23 @@ def rewarded_nll(model, tokenizer, env, tasks, rollout_config, *, group_size: in
             m.train(was)
         return -(logps * packed.completion_mask).sum() / packed.completion_mask.sum()
 
+    def logits_fn(m):
+        """Logits of the scored (model-written) positions, equal weights: the GGN of the same NLL."""
+        was = m.training
+        m.eval()
+        try:
+            out = m(input_ids=packed.input_ids, attention_mask=packed.attention_mask,
+                    position_ids=packed.position_ids, use_cache=False)
+        finally:
+            m.train(was)
+        z = out.logits[:, packed.prompt_width - 1:-1][packed.completion_mask > 0]
+        return z, torch.full((z.shape[0],), 1.0 / z.shape[0], device=z.device)
+
+    loss_fn.logits_fn = logits_fn  # the Gauss-Newton curvature of the same objective (docs/mechanism.md#m5-added-after-the-first-run)
     return loss_fn, info
+
+
+LADDER = (0.3, 0.1, 0.03, 0.01)  # fractions of ES's norm at which the GRPO direction is also evaluated
 
 
 def mechanism(params: ScaleStudyParams, sub: Substrate, model=None) -> dict[str, Any]:
@@ -409,6 +426,14 @@ def mechanism(params: ScaleStudyParams, sub: Substrate, model=None) -> dict[str,
                                     n_random=params.MECH_RANDOM, seed=params.SEED,
                                     members_per_batch=params.MECH_MEMBERS_PER_BATCH) if norm else None)
         times["direction_test_s"] = time.perf_counter() - t0
+        # added after the first run (docs/mechanism.md#m5-added-after-the-first-run): at ES's norm the raw
+        # GRPO gradient overshoots (its curvature is far above a random direction's); shorter steps show
+        # whether it carries signal. Exploratory: no random distribution per length, no rule.
+        t0 = time.perf_counter()
+        ladder = (mech.norm_ladder(model, heldout_fitness(sub, params.MECH_HELDOUT), updates["grpo"],
+                                   [norm * f for f in LADDER], members_per_batch=params.MECH_MEMBERS_PER_BATCH)
+                  if norm and norms["grpo"] > 0 else None)
+        times["grpo_ladder_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         plus, minus = mech.antithetic_fitness(model, _Fitness(sub.objective, step), sigma=params.SIGMA,
                                               members=params.POPULATION, seed=params.SEED,
@@ -418,13 +443,21 @@ def mechanism(params: ScaleStudyParams, sub: Substrate, model=None) -> dict[str,
         t0 = time.perf_counter()
         loss_fn, nll_info = rewarded_nll(model, sub.tokenizer, sub.env, tasks, sub.rollout_config,
                                          group_size=params.MECH_GROUP, seed=params.SEED + 2000)
+        # d_eff is computed at the base; the surrogate's gradient there says how far from its own optimum
+        # the base is (a Hessian far from a minimum can be indefinite, reported as d_eff None)
         curvature = (mech.effective_rank(model, loss_fn, probes=params.MECH_PROBES, iters=params.MECH_POWER_ITERS,
                                          seed=params.SEED, eps=params.MECH_FD_EPS)
                      if loss_fn is not None else {"d_eff": None, "d_eff_low": None, "d_eff_high": None})
         curvature.update(nll_info)
         times["curvature_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        ggn = (mech.effective_rank(model, hvp=mech.softmax_ggn_vp(model, loss_fn.logits_fn, params.MECH_FD_EPS),
+                                   probes=params.MECH_PROBES, iters=params.MECH_POWER_ITERS, seed=params.SEED)
+               if loss_fn is not None else {"d_eff": None, "d_eff_low": None, "d_eff_high": None})
+        times["curvature_ggn_s"] = time.perf_counter() - t0
         return {"direction_test": test, "linear_share": share, "plus": plus.tolist(), "minus": minus.tolist(),
-                "curvature": curvature, "grpo_gradient": grad_info, "norms": norms,
+                "curvature": curvature, "curvature_ggn": ggn, "grpo_ladder": ladder, "grpo_gradient": grad_info,
+                "norms": norms,
                 "population": params.POPULATION, "times": times}
 
     return _cached_json(params, "scale_mechanism", key, compute)
@@ -562,6 +595,19 @@ def mechanism_summary(cell: dict[str, Any]) -> dict[str, Any]:
     for k in ("d_eff", "d_eff_low", "d_eff_high", "trace", "lambda_max", "rewarded", "trajectories"):
         out[f"mech_{k}"] = curv.get(k)
     out["mech_power_converged"] = curv.get("power_converged")
+    # exploratory, added after the first run (docs/mechanism.md#m5-added-after-the-first-run): no rule reads these
+    ggn = m.get("curvature_ggn") or {}
+    out["mech_d_eff_ggn"], out["mech_d_eff_ggn_low"], out["mech_d_eff_ggn_high"] = (
+        ggn.get("d_eff"), ggn.get("d_eff_low"), ggn.get("d_eff_high"))
+    ladder = m.get("grpo_ladder")
+    if ladder:
+        best = int(np.argmax(ladder["deltas"]))
+        out["mech_grpo_ladder_best_delta"] = float(ladder["deltas"][best])
+        out["mech_grpo_ladder_best_fraction"] = float(ladder["norms"][best] / test["norm"])
+        out["mech_grpo_ladder_deltas"] = [float(d) for d in ladder["deltas"]]
+    else:
+        out["mech_grpo_ladder_best_delta"] = out["mech_grpo_ladder_best_fraction"] = None
+        out["mech_grpo_ladder_deltas"] = None
     out["mech_predicted_z_es"] = mech.predicted_z(share["rho2"], n)
     bound = mech.predicted_z(share["high"], n)
     out["mech_z_bound"] = None if bound is None else bound + _Z95
