@@ -398,7 +398,8 @@ def mechanism(params: ScaleStudyParams, sub: Substrate, model=None) -> dict[str,
     from copes_lib.es import checksum
 
     model = sub.model if model is None else model
-    key = {**sub.key, "base_checksum": checksum(model),
+    # "version": what the measurement contains (cache keys do not cover code): bump it when that changes
+    key = {**sub.key, "base_checksum": checksum(model), "version": 2,
            "mech": {k: getattr(params, k) for k in ("MECH_RANDOM", "MECH_HELDOUT", "MECH_GROUP", "MECH_PROBES",
                                                     "MECH_POWER_ITERS", "MECH_FD_EPS", "POPULATION", "SUBSPACES",
                                                     "SIGMA", "ALPHA", "CHUNK_SIZE", "BACKEND", "BATCH_SIZE",
