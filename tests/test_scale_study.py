@@ -24,6 +24,7 @@ def params(**kw):
     ({"PROTOCOLS": "paper,tuned"}, "PROTOCOLS"),
     ({"POPULATION": 10}, "POPULATION = 10"),
     ({"MECH_RANDOM": 1}, "MECH_RANDOM = 1"),
+    ({"MECH_HELDOUT": 200, "VAL_PROBLEMS": 100}, "MECH_HELDOUT = 200 exceeds VAL_PROBLEMS = 100"),
 ])
 def test_bad_parameters_name_themselves(bad, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):

@@ -121,6 +121,9 @@ class ScaleStudyParams(NotebookParams):
         if self.POPULATION % self.SUBSPACES or self.POPULATION // self.SUBSPACES < 2:
             raise ConfigError(f"POPULATION = {self.POPULATION} must be a multiple of SUBSPACES = {self.SUBSPACES} "
                               "with at least 2 members per subspace")
+        if self.MECH_HELDOUT > self.VAL_PROBLEMS:
+            raise ConfigError(f"MECH_HELDOUT = {self.MECH_HELDOUT} exceeds VAL_PROBLEMS = {self.VAL_PROBLEMS}: the "
+                              "direction test's held-out problems are the first MECH_HELDOUT validation problems")
         if 0 < self.MECH_RANDOM < 2:
             raise ConfigError(f"MECH_RANDOM = {self.MECH_RANDOM}: the direction test needs 0 (off) or >= 2 random "
                               "directions (>= 20 for a p-value that can reach 0.05)")
