@@ -14,8 +14,16 @@ model). This module runs, on the suite's miniature substrate:
   ("converged") warm start, each trained for exactly ``UNDER_WARM_STEPS`` / ``CONVERGED_WARM_STEPS``
   steps: 01's stopping rule is switched off for them, since with it a longer cap stops at the same step
   as 01's recipe and the axis would compare a base model with itself;
-- **mechanism**: at the warm-started weights, ``copes_lib.estimator_agreement``'s cosines (two
-  independent populations; each against the GRPO policy gradient on the same prompts).
+- **mechanism** (``mechanism``, engine ``copes_lib.mechanism``; docs/mechanism.md): at the base, the
+  held-out fitness change along ES's, CoPES's and the GRPO gradient's one-step directions against
+  ``MECH_RANDOM`` random directions of ES's update norm, the linear share rho^2 of ES's fitness, d_eff
+  of the rewarded trajectories' log-likelihood, and rho^2 N / (d_eff + N - 1) against ES's measured
+  per-step efficiency, with the five registered verdicts (``mechanism_verdicts``). It replaced two
+  populations' cosine vs chance, which could not detect even a perfect estimator (E[cos] ~ 1e-5,
+  chance spread 8.5e-4 at 1.37M parameters: docs/mechanism.md#m4-why-the-old-mechanism-test-could-not-find-anything).
+  ``mechanism(params, sub, model)`` takes any base of the cell's shape, so the map can call it per cell;
+- **trends**: ``slope_test`` (slope and its interval over sizes; a 4B value only with >= 4 sizes and a
+  slope interval excluding 0).
 
 Every arm is scored per validation problem (greedy, 0/1) at the budget step, so the CoPES - ES gap is
 judged with ``stats.compare`` (seeds x problems noise model). Gain recovery = (arm at the budget -
@@ -79,12 +87,16 @@ class ScaleStudyParams(NotebookParams):
                                   "rule; 0 skips it)", ge=0)
     CONVERGED_WARM_STEPS: int = param(675, "warm-start steps of the converged base, trained exactly (no stopping "
                                       "rule; 0 skips it)", ge=0)
-    MECH_POPULATIONS: int = param(3, "independent populations per estimator for the agreement cosines "
-                                  "(0: no mechanism measurement)", ge=0)
-    MECH_POPULATION: int = param(16, "N of each population in the mechanism measurement", ge=2)
-    MECH_REFERENCES: int = param(2, "GRPO policy-gradient estimates per size (their own agreement is the ceiling)",
-                                 ge=1)
-    MECH_GROUP: int = param(8, "sampled trajectories per prompt of each GRPO gradient estimate", ge=2)
+    MECH_RANDOM: int = param(32, "random directions of the mechanism's direction test (docs/mechanism.md); 0: no "
+                             "mechanism measurement; at least 20 lets its p-value reach 0.05", ge=0)
+    MECH_HELDOUT: int = param(128, "held-out (validation) problems of the direction test's fitness", ge=1)
+    MECH_GROUP: int = param(8, "sampled trajectories per prompt of the GRPO gradient and of the curvature's "
+                            "rewarded trajectories", ge=2)
+    MECH_PROBES: int = param(16, "Hutchinson probes of tr(H) (d_eff)", ge=2)
+    MECH_POWER_ITERS: int = param(20, "at most this many power-iteration products for lambda_max(H) (d_eff)", ge=1)
+    MECH_FD_EPS: float = param(1e-2, "step length of the finite-difference Hessian-vector products", gt=0.0)
+    MECH_MEMBERS_PER_BATCH: int = param(4, "directions per batched forward in the direction test (memory only)",
+                                        ge=1)
 
     def sizes(self) -> list[str]:
         return [s.strip() for s in self.SIZES.split(",") if s.strip()]
@@ -106,10 +118,15 @@ class ScaleStudyParams(NotebookParams):
         bad = [p for p in self.protocols() if p not in ("paper", "step_matched")]
         if not self.protocols() or bad:
             raise ConfigError(f"PROTOCOLS = {self.PROTOCOLS!r}: valid values are 'paper' and 'step_matched'")
-        for name, n in (("POPULATION", self.POPULATION), ("MECH_POPULATION", self.MECH_POPULATION)):
-            if n % self.SUBSPACES or n // self.SUBSPACES < 2:
-                raise ConfigError(f"{name} = {n} must be a multiple of SUBSPACES = {self.SUBSPACES} with at "
-                                  "least 2 members per subspace")
+        if self.POPULATION % self.SUBSPACES or self.POPULATION // self.SUBSPACES < 2:
+            raise ConfigError(f"POPULATION = {self.POPULATION} must be a multiple of SUBSPACES = {self.SUBSPACES} "
+                              "with at least 2 members per subspace")
+        if self.MECH_HELDOUT > self.VAL_PROBLEMS:
+            raise ConfigError(f"MECH_HELDOUT = {self.MECH_HELDOUT} exceeds VAL_PROBLEMS = {self.VAL_PROBLEMS}: the "
+                              "direction test's held-out problems are the first MECH_HELDOUT validation problems")
+        if 0 < self.MECH_RANDOM < 2:
+            raise ConfigError(f"MECH_RANDOM = {self.MECH_RANDOM}: the direction test needs 0 (off) or >= 2 random "
+                              "directions (>= 20 for a p-value that can reach 0.05)")
 
 
 def slug(size: str) -> str:
@@ -287,29 +304,167 @@ def grpo_arm(params: ScaleStudyParams, sub: Substrate, seed_index: int) -> dict[
     return _cached_json(params, "scale_grpo", key, compute)
 
 
-def mechanism(params: ScaleStudyParams, sub: Substrate) -> list[dict[str, Any]]:
-    """estimator_agreement's rows at the base weights, on the prompts of ES step 1."""
-    from copes_lib import estimator_agreement as ea
+class _Fitness:
+    """mechanism.Fitness over an es.AgentObjective at one step: its greedy mean paper reward on that
+    step's prompt batch (one member, or ``population_fitness``'s stacked members)."""
 
-    key = {**sub.key, "mech": [params.MECH_POPULATIONS, params.MECH_POPULATION, params.MECH_REFERENCES,
-                               params.MECH_GROUP, params.SUBSPACES, params.SIGMA, params.ALPHA,
-                               params.CHUNK_SIZE, params.BACKEND, params.BATCH_SIZE, params.BATCH_SEED]}
+    def __init__(self, objective: AgentObjective, step: int):
+        self.objective, self.step = objective, step
+
+    def fitness(self, model) -> float:
+        return self.objective.fitness(model, self.step)
+
+    def rows_per_member(self) -> int:
+        return self.objective.rows_per_member(self.step)
+
+    def population_fitness(self, model, n_members: int, row_hook) -> list[float]:
+        return self.objective.population_fitness(model, self.step, n_members, row_hook)
+
+
+class _HeldOut(AgentObjective):
+    """ES's fitness on fixed held-out problems: every "batch" is all of them, greedy."""
+
+    def batch(self, step: int) -> list:
+        return list(self.train_tasks)
+
+
+def heldout_fitness(sub: Substrate, n_problems: int) -> _Fitness:
+    """Greedy mean paper reward on the first ``n_problems`` validation problems (no update saw them)."""
+    greedy = dataclasses.replace(sub.rollout_config, temperature=0.0, top_p=1.0)
+    tasks = sub.val_tasks[:n_problems]
+    return _Fitness(_HeldOut(sub.tokenizer, sub.env, tasks, tasks, greedy, len(tasks), 0), step=0)
+
+
+def rewarded_nll(model, tokenizer, env, tasks, rollout_config, *, group_size: int, seed: int, rollout_fn=None):
+    """(loss_fn, info): the negative log-likelihood (mean over model-written tokens) of the base's
+    REWARDED trajectories among ``group_size`` samples (temperature 1, GRPO's) per task: the surrogate
+    whose curvature d_eff measures (docs/mechanism.md#m1-what-is-measured). loss_fn is None when no
+    trajectory was rewarded."""
+    import torch
+
+    from copes_lib import grpo
+
+    if rollout_fn is None:
+        from copes_lib.rollout import rollout as rollout_fn
+    sample = dataclasses.replace(rollout_config, temperature=1.0, top_p=1.0)
+    with torch.no_grad():
+        batch = rollout_fn(model, tokenizer, [t for t in tasks for _ in range(group_size)], env, sample, seed)
+    keep = [i for i, r in enumerate(batch.rewards) if r > 0 and sum(batch.model_mask[i]) > 0]
+    info = {"trajectories": len(batch.rewards), "rewarded": len(keep)}
+    if not keep:
+        return None, info
+    pad = getattr(tokenizer, "pad_token_id", None)
+    pad = pad if pad is not None else (getattr(tokenizer, "eos_token_id", None) or 0)
+    packed = grpo.pack([batch.prompt_ids[i] for i in keep], [batch.completion_ids[i] for i in keep],
+                       [batch.model_mask[i] for i in keep], int(pad), next(model.parameters()).device)
+    info["tokens"] = int(packed.completion_mask.sum())
+
+    def loss_fn(m):
+        was = m.training
+        m.eval()
+        try:
+            logps, _ = grpo.completion_logprobs(m, packed, 1.0)
+        finally:
+            m.train(was)
+        return -(logps * packed.completion_mask).sum() / packed.completion_mask.sum()
+
+    def logits_fn(m):
+        """Logits of the scored (model-written) positions, equal weights: the GGN of the same NLL."""
+        was = m.training
+        m.eval()
+        try:
+            out = m(input_ids=packed.input_ids, attention_mask=packed.attention_mask,
+                    position_ids=packed.position_ids, use_cache=False)
+        finally:
+            m.train(was)
+        z = out.logits[:, packed.prompt_width - 1:-1][packed.completion_mask > 0]
+        return z, torch.full((z.shape[0],), 1.0 / z.shape[0], device=z.device)
+
+    loss_fn.logits_fn = logits_fn  # the Gauss-Newton curvature of the same objective (docs/mechanism.md#m5-added-after-the-first-run)
+    return loss_fn, info
+
+
+LADDER = (0.3, 0.1, 0.03, 0.01)  # fractions of ES's norm at which the GRPO direction is also evaluated
+
+
+def mechanism(params: ScaleStudyParams, sub: Substrate, model=None) -> dict[str, Any]:
+    """The mechanism measurement at the base of one cell (docs/mechanism.md#m1-what-is-measured):
+    ES's, CoPES's and the GRPO gradient's one-step directions on ES step 1's prompts against
+    ``MECH_RANDOM`` random directions of ES's update norm (held-out fitness), the linear share rho^2
+    of ES's fitness (antithetic pairs), d_eff of the rewarded trajectories' NLL, the prediction.
+    ``model``: the base to measure at (default ``sub.model``; any base model of ``sub``'s shape,
+    e.g. another regime's warm start). Cached; the result is JSON (timings included)."""
+    import time
+
+    from copes_lib import estimator_agreement as ea
+    from copes_lib import mechanism as mech
+    from copes_lib.es import checksum
+
+    model = sub.model if model is None else model
+    # "version": what the measurement contains (cache keys do not cover code): bump it when that changes
+    key = {**sub.key, "base_checksum": checksum(model), "version": 2,
+           "mech": {k: getattr(params, k) for k in ("MECH_RANDOM", "MECH_HELDOUT", "MECH_GROUP", "MECH_PROBES",
+                                                    "MECH_POWER_ITERS", "MECH_FD_EPS", "POPULATION", "SUBSPACES",
+                                                    "SIGMA", "ALPHA", "CHUNK_SIZE", "BACKEND", "BATCH_SIZE",
+                                                    "BATCH_SEED", "ES_SEED", "SEED")}}
 
     def compute():
-        arms = {}
-        for name, subspaces in (("es", 1), ("copes", params.SUBSPACES)):
-            config = es_arm_config(params, "es" if subspaces == 1 else "copes_paper", 0)
-            config = dataclasses.replace(config, population=params.MECH_POPULATION)
-            arms[name] = ea.population_estimates(sub.model, sub.objective, ea.Arm(name, config), step=1,
-                                                 populations=params.MECH_POPULATIONS, seed=params.SEED)
-        tasks = sub.objective.batch(1)
-        references = [ea.grpo_direction(sub.model, sub.tokenizer, sub.env, tasks, sub.rollout_config,
-                                        group_size=params.MECH_GROUP, seed=1000 + r,
-                                        micro_batch_size=params.MICRO_BATCH)[0]
-                      for r in range(params.MECH_REFERENCES)]
-        return {"rows": ea.summarize_agreement(arms, references)}
+        times: dict[str, float] = {}
+        t0 = time.perf_counter()
+        step = 1
+        updates = {arm: ea.es_update_vector(model, sub.objective, es_arm_config(params, arm, 0), step)[0]
+                   for arm in ("es", "copes_paper")}
+        tasks = sub.objective.batch(step)
+        grad, grad_info = ea.grpo_direction(model, sub.tokenizer, sub.env, tasks, sub.rollout_config,
+                                            group_size=params.MECH_GROUP, seed=params.SEED + 1000,
+                                            micro_batch_size=params.MICRO_BATCH)
+        updates["grpo"] = grad
+        times["updates_s"] = time.perf_counter() - t0
+        norms = {k: float(v.norm()) for k, v in updates.items()}
+        # a zero update (every member tied: z-scores 0; every GRPO group tied) has no direction to test
+        nonzero = {k: v for k, v in updates.items() if norms[k] > 0}
+        # the common length: ES's step; if ES's update is zero, CoPES's / sqrt(K) (ES's expected length)
+        norm = norms["es"] or norms["copes_paper"] / math.sqrt(params.SUBSPACES) or None
+        t0 = time.perf_counter()
+        test = (mech.direction_test(model, heldout_fitness(sub, params.MECH_HELDOUT), nonzero, norm=norm,
+                                    n_random=params.MECH_RANDOM, seed=params.SEED,
+                                    members_per_batch=params.MECH_MEMBERS_PER_BATCH) if norm else None)
+        times["direction_test_s"] = time.perf_counter() - t0
+        # added after the first run (docs/mechanism.md#m5-added-after-the-first-run): at ES's norm the raw
+        # GRPO gradient overshoots (its curvature is far above a random direction's); shorter steps show
+        # whether it carries signal. Exploratory: no random distribution per length, no rule.
+        t0 = time.perf_counter()
+        ladder = (mech.norm_ladder(model, heldout_fitness(sub, params.MECH_HELDOUT), updates["grpo"],
+                                   [norm * f for f in LADDER], members_per_batch=params.MECH_MEMBERS_PER_BATCH)
+                  if norm and norms["grpo"] > 0 else None)
+        times["grpo_ladder_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        plus, minus = mech.antithetic_fitness(model, _Fitness(sub.objective, step), sigma=params.SIGMA,
+                                              members=params.POPULATION, seed=params.SEED,
+                                              members_per_batch=params.MECH_MEMBERS_PER_BATCH)
+        share = mech.linear_share(plus, minus, seed=params.SEED)
+        times["linear_share_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        loss_fn, nll_info = rewarded_nll(model, sub.tokenizer, sub.env, tasks, sub.rollout_config,
+                                         group_size=params.MECH_GROUP, seed=params.SEED + 2000)
+        # d_eff is computed at the base; the surrogate's gradient there says how far from its own optimum
+        # the base is (a Hessian far from a minimum can be indefinite, reported as d_eff None)
+        curvature = (mech.effective_rank(model, loss_fn, probes=params.MECH_PROBES, iters=params.MECH_POWER_ITERS,
+                                         seed=params.SEED, eps=params.MECH_FD_EPS)
+                     if loss_fn is not None else {"d_eff": None, "d_eff_low": None, "d_eff_high": None})
+        curvature.update(nll_info)
+        times["curvature_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        ggn = (mech.effective_rank(model, hvp=mech.softmax_ggn_vp(model, loss_fn.logits_fn, params.MECH_FD_EPS),
+                                   probes=params.MECH_PROBES, iters=params.MECH_POWER_ITERS, seed=params.SEED)
+               if loss_fn is not None else {"d_eff": None, "d_eff_low": None, "d_eff_high": None})
+        times["curvature_ggn_s"] = time.perf_counter() - t0
+        return {"direction_test": test, "linear_share": share, "plus": plus.tolist(), "minus": minus.tolist(),
+                "curvature": curvature, "curvature_ggn": ggn, "grpo_ladder": ladder, "grpo_gradient": grad_info,
+                "norms": norms,
+                "population": params.POPULATION, "times": times}
 
-    return _cached_json(params, "scale_mechanism", key, compute)["rows"]
+    return _cached_json(params, "scale_mechanism", key, compute)
 
 
 def es_family_arms(params: ScaleStudyParams) -> list[str]:
@@ -326,7 +481,7 @@ def run_cell(params: ScaleStudyParams, sub: Substrate, *, with_mechanism: bool =
     for arm in es_family_arms(params):
         cell[arm] = [es_arm(params, sub, arm, s, cell["base"]["accuracy"]) for s in range(params.SEEDS)]
         log(f"[{NOTEBOOK}] {sub.size} {arm}: mean val {np.mean([r['accuracy'] for r in cell[arm]]):.3f}")
-    cell["mechanism"] = mechanism(params, sub) if with_mechanism and params.MECH_POPULATIONS >= 2 else []
+    cell["mechanism"] = mechanism(params, sub) if with_mechanism and params.MECH_RANDOM else None
     return cell
 
 
@@ -364,32 +519,138 @@ def gap(cell: dict[str, Any], protocol: str = "paper"):
                          expected_sign=1, paired_seeds=True)
 
 
-def log_fit(n_params: list[float], values: list[float | None], at: float = QWEN35_4B_PARAMS) -> dict[str, Any]:
-    """Least-squares line value = a + b log10(params) over the finite points; its value at ``at``
-    (an EXTRAPOLATION, labelled so wherever it is shown). None with fewer than 2 points."""
-    points = [(math.log10(n), v) for n, v in zip(n_params, values) if v is not None and math.isfinite(v)]
+def slope_test(n_params: list[float], values: list[float | None], lows: list[float | None] | None = None,
+               highs: list[float | None] | None = None, at: float = QWEN35_4B_PARAMS,
+               min_points: int = 4) -> dict[str, Any]:
+    """The least-squares line value = a + b log10(params) over the sizes with a finite value, the
+    slope's 95% interval from the per-size 95% intervals (sizes are independent models, so their
+    variances add: claims S2 / S3's rule), and the 4B extrapolation rule of
+    docs/mechanism.md#m3-the-4b-extrapolation-rule: ``at`` (the value at ``at`` parameters) only when
+    ``min_points`` sizes back the line AND the slope's interval excludes 0, else None
+    (``extrapolation_allowed`` False). Without per-size intervals the slope has none and no
+    extrapolation is allowed."""
+    lows = lows if lows is not None else [None] * len(values)
+    highs = highs if highs is not None else [None] * len(values)
+    points = [(math.log10(n), v, lo, hi) for n, v, lo, hi in zip(n_params, values, lows, highs)
+              if v is not None and math.isfinite(v)]
+    out: dict[str, Any] = {"slope_per_decade": None, "slope_low": None, "slope_high": None, "intercept": None,
+                           "at": None, "n_points": len(points), "extrapolation_allowed": False}
     if len(points) < 2:
-        return {"slope_per_decade": None, "intercept": None, "at": None, "n_points": len(points)}
-    x, y = np.array(points).T
-    slope, intercept = np.polyfit(x, y, 1)
-    return {"slope_per_decade": float(slope), "intercept": float(intercept),
-            "at": float(intercept + slope * math.log10(at)), "n_points": len(points)}
+        return out
+    x = np.array([p[0] for p in points])
+    y = np.array([p[1] for p in points])
+    sxx = float(((x - x.mean()) ** 2).sum())
+    slope = float(((x - x.mean()) * y).sum() / sxx)
+    intercept = float(y.mean() - slope * x.mean())
+    out.update(slope_per_decade=slope, intercept=intercept)
+    if all(p[2] is not None and p[3] is not None and math.isfinite(p[2]) and math.isfinite(p[3]) for p in points):
+        se = np.array([(p[3] - p[2]) / (2 * 1.96) for p in points])
+        slope_se = float(math.sqrt((((x - x.mean()) ** 2) * se ** 2).sum()) / sxx)
+        out.update(slope_low=slope - 1.96 * slope_se, slope_high=slope + 1.96 * slope_se)
+        allowed = len(points) >= min_points and (out["slope_low"] > 0 or out["slope_high"] < 0)
+        out["extrapolation_allowed"] = bool(allowed)
+        if allowed:
+            out["at"] = float(intercept + slope * math.log10(at))
+    return out
 
 
 def _finite(v: float | None) -> float | None:
     return None if v is None or not math.isfinite(v) else float(v)
 
 
-def mechanism_values(cell: dict[str, Any]) -> dict[str, float | None]:
-    out: dict[str, float | None] = {}
-    for row in cell["mechanism"]:
-        arm = row["arm"]
-        if arm == "reference":
-            out["grpo_self_agreement"] = _finite(row["agreement"])
-            continue
-        out[f"agreement_{arm}"] = _finite(row["agreement"])
-        out[f"cos_grpo_{arm}"] = _finite(row["cos_reference"])
-        out[f"update_norm_{arm}"] = _finite(row["update_norm"])
+def budget_efficiency(cell: dict[str, Any], arm: str = "es") -> dict[str, float | None]:
+    """ES's measured per-step efficiency in training: (arm at the budget - base) / (full GRPO at the
+    budget - base), both ``STEPS`` steps from the same base; mean and t-interval over the arm's seeds
+    (GRPO's gain taken as known); None where GRPO did not gain at the budget."""
+    from copes_lib.stats import mean_ci
+
+    base = float(scores(cell, "base").mean())
+    grpo_gain = float(scores(cell, "grpo").mean()) - base
+    if grpo_gain <= 0:
+        return {"mean": None, "low": None, "high": None, "grpo_budget_gain": grpo_gain}
+    mean, low, high = mean_ci((scores(cell, arm).mean(axis=1) - base) / grpo_gain)
+    return {"mean": mean, "low": _finite(low), "high": _finite(high), "grpo_budget_gain": grpo_gain}
+
+
+_Z95 = 1.959963984540054
+
+
+def mechanism_summary(cell: dict[str, Any]) -> dict[str, Any]:
+    """The mechanism's flat values and the five verdicts of docs/mechanism.md#m2-predictions-and-rules
+    for one cell (keys without the cell's suffix; ``{}`` when the cell has no measurement)."""
+    from copes_lib import mechanism as mech
+
+    m = cell.get("mechanism")
+    if not m:
+        return {}
+    test, share, curv = m["direction_test"], m["linear_share"], m["curvature"]
+    ups, n = (test["updates"] if test else {}), m["population"]
+    rnd = test["random"] if test else {}
+    out: dict[str, Any] = {"mech_norm": test and test["norm"], "mech_n_random": test and test["n_random"],
+                           "mech_heldout_base": test and test["base"], "mech_random_mean": rnd.get("mean"),
+                           "mech_random_mean_low": _finite(rnd.get("mean_low")),
+                           "mech_random_mean_high": _finite(rnd.get("mean_high")),
+                           "mech_random_sd": rnd.get("sd")}
+    for name in ("es", "copes_paper", "grpo"):
+        row = ups.get(name)
+        for stat in ("delta", "z", "z_low", "z_high", "percentile", "p_tail", "tail_low", "tail_high"):
+            out[f"mech_{name}_{stat}"] = _finite(row[stat]) if row else None
+    out["mech_rho2"], out["mech_rho2_low"], out["mech_rho2_high"] = share["rho2"], share["low"], share["high"]
+    for k in ("d_eff", "d_eff_low", "d_eff_high", "trace", "lambda_max", "rewarded", "trajectories"):
+        out[f"mech_{k}"] = curv.get(k)
+    out["mech_power_converged"] = curv.get("power_converged")
+    # exploratory, added after the first run (docs/mechanism.md#m5-added-after-the-first-run): no rule reads these
+    ggn = m.get("curvature_ggn") or {}
+    out["mech_d_eff_ggn"], out["mech_d_eff_ggn_low"], out["mech_d_eff_ggn_high"] = (
+        ggn.get("d_eff"), ggn.get("d_eff_low"), ggn.get("d_eff_high"))
+    ladder = m.get("grpo_ladder")
+    if ladder:
+        best = int(np.argmax(ladder["deltas"]))
+        out["mech_grpo_ladder_best_delta"] = float(ladder["deltas"][best])
+        out["mech_grpo_ladder_best_fraction"] = float(ladder["norms"][best] / test["norm"])
+        out["mech_grpo_ladder_deltas"] = [float(d) for d in ladder["deltas"]]
+    else:
+        out["mech_grpo_ladder_best_delta"] = out["mech_grpo_ladder_best_fraction"] = None
+        out["mech_grpo_ladder_deltas"] = None
+    out["mech_predicted_z_es"] = mech.predicted_z(share["rho2"], n)
+    bound = mech.predicted_z(share["high"], n)
+    out["mech_z_bound"] = None if bound is None else bound + _Z95
+    out["mech_predicted_efficiency"] = mech.predicted_efficiency(share["high"], n, curv.get("d_eff"))
+    eff = budget_efficiency(cell, "es")
+    out["mech_measured_efficiency"], out["mech_measured_efficiency_low"], out["mech_measured_efficiency_high"] = (
+        eff["mean"], eff["low"], eff["high"])
+    for name in ("es", "copes_paper"):
+        ratio = mech.gain_ratio(test, name, "grpo") if "grpo" in ups and name in ups else {"ratio": None}
+        out[f"mech_equal_norm_ratio_{name}"] = ratio["ratio"]
+    out.update(mechanism_verdicts(out, grpo_gain=gain_recovery(cell, "es")["grpo_gain"]))
+    out["mech_cost_s"] = float(sum(m["times"].values()))
+    return out
+
+
+def mechanism_verdicts(v: dict[str, Any], grpo_gain: float) -> dict[str, str]:
+    """Rules 1-5 of docs/mechanism.md#m2-predictions-and-rules on a cell's ``mechanism_summary`` values."""
+    out = {}
+    if grpo_gain <= 0 or v["mech_grpo_p_tail"] is None:
+        out["mech_power_verdict"] = "no reference"
+    else:
+        out["mech_power_verdict"] = "powered" if v["mech_grpo_p_tail"] < 0.05 else "unpowered"
+    for name in ("es", "copes_paper"):
+        p, z = v[f"mech_{name}_p_tail"], v[f"mech_{name}_z"]
+        out[f"mech_{name}_chance_verdict"] = ("undefined" if p is None else "beats chance" if p < 0.05
+                                              else "at chance")  # undefined: a zero update (members tied)
+        bound = v["mech_z_bound"]
+        out[f"mech_{name}_bound_verdict"] = ("undefined" if bound is None or z is None else
+                                            "above bound" if z > bound else "within bound")
+    ze, zc = v["mech_es_z"], v["mech_copes_paper_z"]
+    diff = None if ze is None or zc is None else zc - ze
+    out["mech_copes_vs_es_verdict"] = ("undefined" if diff is None else "CoPES higher" if diff > _Z95 * math.sqrt(2)
+                                       else "ES higher" if diff < -_Z95 * math.sqrt(2) else "tie")
+    pred, low, high = v["mech_predicted_efficiency"], v["mech_measured_efficiency_low"], v["mech_measured_efficiency_high"]
+    if pred is None or low is None or high is None:
+        out["mech_efficiency_verdict"] = "undefined"
+    else:
+        out["mech_efficiency_verdict"] = ("consistent" if low <= pred <= high else
+                                          "ES below prediction" if high < pred else "ES above prediction")
     return out
 
 
@@ -412,9 +673,7 @@ def cell_summary(params: ScaleStudyParams, cell: dict[str, Any], tag: str) -> di
         s[f"copes_{protocol}_minus_es_high"] = _finite(c.high)
         s[f"copes_{protocol}_minus_es_p"] = _finite(c.p)
         s[f"copes_{protocol}_minus_es_verdict"] = c.verdict
-    s.update(mechanism_values(cell))
-    # two independent random directions in d dimensions have cosine ~ N(0, 1/d): the chance level
-    s["cos_chance_sd"] = 1.0 / math.sqrt(cell["n_params"])
+    s.update(mechanism_summary(cell))
     return {f"{k}_{tag}": v for k, v in s.items()}
 
 
@@ -436,4 +695,5 @@ def save_cell_scores(params: ScaleStudyParams, out_dir: str | Path, cell: dict[s
 
 
 __all__ = ["ScaleStudyParams", "Substrate", "load_substrate", "run_cell", "cell_summary", "gain_recovery", "gap",
-           "log_fit", "save_cell_scores", "scores_digest", "slug", "scores", "QWEN35_4B_PARAMS", "NOTEBOOK"]
+           "slope_test", "mechanism", "mechanism_summary", "mechanism_verdicts", "budget_efficiency", "heldout_fitness",
+           "rewarded_nll", "save_cell_scores", "scores_digest", "slug", "scores", "QWEN35_4B_PARAMS", "NOTEBOOK"]
