@@ -14,7 +14,8 @@ from torch import nn
 from copes_lib import estimator_agreement as ea
 from copes_lib import mechanism as mech
 from copes_lib.config import ConfigError
-from copes_lib.es import ESConfig, toy_quadratic
+from copes_lib.es import ESConfig
+from copes_lib.es_objective import toy_quadratic
 
 
 class Vector(nn.Module):
