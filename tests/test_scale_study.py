@@ -110,3 +110,24 @@ def test_warm_axis_bases_train_exactly_their_steps(monkeypatch):
     recipe, axis = seen
     assert recipe.math_target > 0 and recipe.model_size == "smoke"
     assert axis.math_target == 0.0 and axis.math_steps == 8 and axis.model_size == "smoke"
+
+
+def test_the_scale_study_stays_in_the_skill_gap_regime(monkeypatch):
+    """01's cpu base is the latent-protocol one (docs/regime.md); 09 keeps the paper-protocol recipe
+    (its cache entries and cost) until its map adds the regime axis."""
+    from copes_lib import substrate
+    from copes_lib.protocols.substrate_setup import substrate_config
+
+    seen = []
+
+    class Recorded(Exception):
+        pass
+
+    def fake_warm_start(profile, kind, seed=0, *, config, **kw):
+        seen.append(config)
+        raise Recorded
+
+    monkeypatch.setattr(substrate, "warm_start", fake_warm_start)
+    with pytest.raises(Recorded):
+        ss.load_substrate(params(PROFILE="cpu", SIZES="tiny,cpu", WARM_AXIS_SIZE=""), "tiny")
+    assert substrate_config("cpu").protocol == "latent" and seen[0].protocol == "paper"
