@@ -130,3 +130,21 @@ def test_paper_analogue_is_the_docs_arithmetic():
     assert (math["strict"], math["lenient"]) == pytest.approx((0.0922, 0.5744))
     assert (qa["strict"], qa["lenient"]) == pytest.approx((0.0827, 0.2951))
     assert (round(math["protocol_share"], 2), round(qa["protocol_share"], 2)) == (0.53, 0.23)
+
+
+def test_measure_regime_rolls_out_any_base_and_judges_it():
+    from copes_lib.protocols.substrate_setup import substrate_config
+    from copes_lib.rollout import make_env
+    from copes_lib.substrate import build_agent_model, get_tokenizer, warm_rollout_config
+    from copes_lib.tasks import load_tasks
+
+    config = substrate_config("smoke")
+    tokenizer = get_tokenizer("smoke", config.vocab_size)
+    model = build_agent_model("smoke", len(tokenizer), seed=0)  # untrained: babble, no skill, no protocol
+    tasks = load_tasks("smoke", "math", "val")[:4]
+    with make_env("math", "smoke") as env:
+        r = regime.measure_regime(model, tokenizer, tasks, env, warm_rollout_config(config))
+    assert r["n"] == 4 and r["evaluation"]["n"] == 4 and sum(r["classes"].values()) == 4
+    assert r["strict"] == 0.0 and not r["met"] and not r["checks"]["lenient"]
+    assert r["criterion"] == CRITERIA["math"].to_dict()
+
