@@ -31,6 +31,20 @@ def measure_regime(model, tokenizer, tasks, env, rollout_config, criterion: Regi
     return {**regime, "evaluation": result}
 
 
+def sampled_protocol(model, tokenizer, tasks, env, rollout_config, temperature: float = 1.0, seed: int = 0) -> dict:
+    """The latent prior as the base holds it: at ``temperature`` (GRPO's rollouts: 1.0) the share of
+    sampled trajectories in the reward's answer form (answer block and boxed value, r_f = 0) and their
+    strict accuracy. Greedy decoding hides p (the argmax takes the majority form); sampling shows it.
+    A diagnostic beside the criterion, not part of it (docs/regime.md#r3-the-latent-protocol-warm-start)."""
+    from copes_lib.rollout import evaluate
+
+    sampled = dataclasses.replace(rollout_config, temperature=temperature)
+    result = evaluate(model, tokenizer, tasks, env, sampled, seed=seed, return_batches=True)
+    regime = regime_from_batches(result["batches"], env.kind)
+    return {"protocol_rate": result["format_ok_rate"], "strict": regime["strict"], "lenient": regime["lenient"],
+            "temperature": temperature}
+
+
 def paper_analogue(kind: str) -> dict:
     """The paper's base in the criterion's terms (fractions; docs/regime.md#the-papers-analogue-and-the-targets-derived-from-it),
     from ``copes_lib.paper``: math, strict = GSM8K pass@1, lenient >= MATH-500 pass@1 (a lower bound of
@@ -102,4 +116,4 @@ def judge_r1(strict_math_accuracy: float, latent_base: bool) -> str:
     return "agrees" if strict_math_accuracy <= 0.05 else "does not" if strict_math_accuracy > 0.15 else "inconclusive"
 
 
-__all__ = ["measure_regime", "paper_analogue", "Prediction", "PREDICTIONS", "judge_r1"]
+__all__ = ["measure_regime", "sampled_protocol", "paper_analogue", "Prediction", "PREDICTIONS", "judge_r1"]
