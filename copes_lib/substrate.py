@@ -294,17 +294,20 @@ def latent_trace_mix(tasks: list, p: float, seed: int) -> tuple[list, int]:
 
 def converged(curve: list[dict], key: str = "val_lenient", delta: float = CONVERGENCE_DELTA,
               tail: float = CONVERGENCE_TAIL) -> bool:
-    """Whether a warm-start curve has converged on ``key``: the best score of its last ``tail`` of
-    points (at least one) beats the best before them by at most ``delta``
-    (docs/regime.md#r3-the-latent-protocol-warm-start).
+    """Whether a warm-start curve has converged on ``key``: it has left its starting level (its best
+    score beats the first point's by more than ``delta``; a curve flat at 0 has learned nothing) and
+    the best score of its last ``tail`` of points (at least one) beats the best before them by at most
+    ``delta`` (docs/regime.md#r3-the-latent-protocol-warm-start).
 
     >>> converged([{"val_lenient": v} for v in (0.0, 0.3, 0.6, 0.8, 0.82)])
     True
     >>> converged([{"val_lenient": v} for v in (0.0, 0.2, 0.4, 0.6, 0.8)])
     False
+    >>> converged([{"val_lenient": v} for v in (0.0, 0.0, 0.0, 0.0, 0.01)])
+    False
     """
     scores = [p[key] for p in curve if key in p]
-    if len(scores) < 2:
+    if len(scores) < 2 or max(scores) - scores[0] <= delta:
         return False
     n_tail = max(1, round(tail * len(scores)))
     return max(scores[-n_tail:]) - max(scores[:-n_tail]) <= delta

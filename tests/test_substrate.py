@@ -205,4 +205,5 @@ def test_converged_reads_the_lenient_curve():
 
     rising = [{"val_lenient": v} for v in (0.0, 0.1, 0.3, 0.5, 0.6, 0.7, 0.8, 0.9)]
     flat = [{"val_lenient": v} for v in (0.0, 0.4, 0.7, 0.8, 0.82, 0.81, 0.83, 0.82)]
-    assert not converged(rising) and converged(flat) and not converged(flat[:1])
+    untrained = [{"val_lenient": 0.0}] * 8
+    assert not converged(rising) and converged(flat) and not converged(flat[:1]) and not converged(untrained)
