@@ -98,7 +98,7 @@ class WarmStartConfig(Config):
                             "in [0, 1)", ge=0.0, lt=1.0)
     latent_math_steps: int = param(1000, "latent protocol: math warm-start steps, trained exactly (no stopping rule)",
                                    ge=1)
-    latent_qa_steps: int = param(500, "latent protocol: QA warm-start steps, trained exactly (no stopping rule)", ge=1)
+    latent_qa_steps: int = param(1000, "latent protocol: QA warm-start steps, trained exactly (no stopping rule)", ge=1)
 
 
 # --------------------------------------------------------------------------- tokenizer

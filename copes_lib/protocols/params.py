@@ -66,7 +66,7 @@ class SubstrateNotebookParams(NotebookParams):
                                  "protocol, in [0, 1)", ge=0.0, lt=1.0)
     WARM_LATENT_MATH_STEPS: int = param(1000, "latent protocol: math warm-start steps, trained exactly (no stopping "
                                         "rule; convergence is checked on the lenient curve)", ge=1)
-    WARM_LATENT_QA_STEPS: int = param(500, "latent protocol: QA warm-start steps, trained exactly (no stopping "
+    WARM_LATENT_QA_STEPS: int = param(1000, "latent protocol: QA warm-start steps, trained exactly (no stopping "
                                       "rule; convergence is checked on the lenient curve)", ge=1)
     WARM_BATCH: int = param(32, "warm-start traces per step", ge=1)
     WARM_LR: float = param(3e-3, "warm-start AdamW learning rate (after a linear warmup)", gt=0.0)
