@@ -193,3 +193,24 @@ def test_rewarded_nll_is_the_likelihood_of_rewarded_trajectories_and_has_an_effe
     none, info = ss.rewarded_nll(model, None, None, list(range(4)), ToyRolloutConfig(), group_size=8, seed=0,
                                  rollout_fn=unrewarded)
     assert none is None and info["rewarded"] == 0
+
+
+def test_the_scale_study_stays_in_the_skill_gap_regime(monkeypatch):
+    """01's cpu base is the latent-protocol one (docs/regime.md); 09 keeps the paper-protocol recipe
+    (its cache entries and cost) until its map adds the regime axis."""
+    from copes_lib import substrate
+    from copes_lib.protocols.substrate_setup import substrate_config
+
+    seen = []
+
+    class Recorded(Exception):
+        pass
+
+    def fake_warm_start(profile, kind, seed=0, *, config, **kw):
+        seen.append(config)
+        raise Recorded
+
+    monkeypatch.setattr(substrate, "warm_start", fake_warm_start)
+    with pytest.raises(Recorded):
+        ss.load_substrate(params(PROFILE="cpu", SIZES="tiny,cpu", WARM_AXIS_SIZE=""), "tiny")
+    assert substrate_config("cpu").protocol == "latent" and seen[0].protocol == "paper"

@@ -20,7 +20,7 @@ from copes_lib.engines import ENGINES
 from copes_lib.es import ESConfig
 from copes_lib.grpo import GRPOConfig
 from copes_lib.grpo_sharded import ShardingConfig
-from copes_lib.substrate import MODEL_SIZES, WarmStartConfig
+from copes_lib.substrate import MODEL_SIZES, PROTOCOLS, WarmStartConfig
 from copes_lib.tasks import AgentToolSettings, GPUDataPaths
 
 
@@ -59,7 +59,19 @@ class SubstrateNotebookParams(NotebookParams):
     WARM_QA_TARGET: float = param(0.35, "stop the QA warm start at the first curve point with validation "
                                   "F1 >= this (0 = always train the cap)", ge=0.0, le=1.0)
     WARM_SPREAD_SEEDS: int = param(2, "extra math warm-start seeds (SEED+1, ...) notebook 01 trains only to "
-                                   "measure the base accuracy's spread over seeds", ge=0)
+                                   "measure the base accuracy's spread over seeds (none when the base is loaded, "
+                                   "not trained: MODEL_PATH / the gpu profile)", ge=0)
+    WARM_PROTOCOL: str = param("latent", "answer protocol of the warm start's traces: latent (the papers' regime: "
+                               "a fraction WARM_LATENT_P of traces in the reward's protocol, the rest end in "
+                               "'Answer: ...'; docs/regime.md#r3-the-latent-protocol-warm-start) or paper (every "
+                               "trace in the reward's protocol, the target stopping rule: the skill-gap control)",
+                               choices=PROTOCOLS)
+    WARM_LATENT_P: float = param(0.1, "latent protocol: fraction p of training traces in the reward's answer "
+                                 "protocol, in [0, 1)", ge=0.0, lt=1.0)
+    WARM_LATENT_MATH_STEPS: int = param(1000, "latent protocol: math warm-start steps, trained exactly (no stopping "
+                                        "rule; convergence is checked on the lenient curve)", ge=1)
+    WARM_LATENT_QA_STEPS: int = param(1000, "latent protocol: QA warm-start steps, trained exactly (no stopping "
+                                      "rule; convergence is checked on the lenient curve)", ge=1)
     WARM_BATCH: int = param(32, "warm-start traces per step", ge=1)
     WARM_LR: float = param(3e-3, "warm-start AdamW learning rate (after a linear warmup)", gt=0.0)
     WARM_WARMUP: int = param(20, "linear learning-rate warmup steps", ge=0)
@@ -114,7 +126,20 @@ class SubstrateNotebookParams(NotebookParams):
             lr=self.WARM_LR, warmup=self.WARM_WARMUP, eval_every=self.WARM_EVAL_EVERY,
             eval_problems=self.WARM_EVAL_PROBLEMS, eval_batch=self.EVAL_BATCH, max_new_tokens=self.MAX_NEW_TOKENS,
             prompt_style="auto" if gpu else "plain", model_path=self.MODEL_PATH if gpu else "",
-            max_turns=self.MAX_TURNS, enable_thinking=self.THINKING if gpu else None)
+            max_turns=self.MAX_TURNS, enable_thinking=self.THINKING if gpu else None,
+            # a loaded checkpoint is trained on no traces: the protocol is the miniature's construction
+            protocol="paper" if gpu or self.MODEL_PATH else self.WARM_PROTOCOL, latent_p=self.WARM_LATENT_P,
+            latent_math_steps=self.WARM_LATENT_MATH_STEPS, latent_qa_steps=self.WARM_LATENT_QA_STEPS)
+
+    def trains_base(self) -> bool:
+        """Whether notebook 01 trains its base (smoke / cpu) rather than loading ``MODEL_PATH`` (gpu)."""
+        return not (self.PROFILE == "gpu" or self.MODEL_PATH)
+
+    def spread_seeds(self) -> list[int]:
+        """The extra warm-start seeds notebook 01 trains to measure the base's spread over seeds:
+        ``SEED+1 .. SEED+WARM_SPREAD_SEEDS``, none when the base is loaded (every seed would load the
+        same checkpoint: a spread of 0 by construction)."""
+        return list(range(self.SEED + 1, self.SEED + 1 + self.WARM_SPREAD_SEEDS)) if self.trains_base() else []
 
     def gpu_data_paths(self) -> GPUDataPaths:
         return GPUDataPaths(

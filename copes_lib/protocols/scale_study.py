@@ -199,7 +199,9 @@ def load_substrate(params: ScaleStudyParams, size: str, warm_steps: int | None =
 
     data = data_profile(params)
     recipe = substrate_config(data)
-    recipe = dataclasses.replace(recipe, model_size=size)
+    # The scale study stays in the skill-gap regime (the paper-protocol recipe, its cache entries and
+    # cost unchanged) until its map adds the regime axis (docs/regime.md#r4-predictions-ours-registered-before-the-run).
+    recipe = dataclasses.replace(recipe, model_size=size, protocol="paper")
     if warm_steps is not None:
         recipe = dataclasses.replace(recipe, math_steps=warm_steps, math_target=0.0)
     model, tokenizer, info = substrate.warm_start(data, "math", seed=0, config=recipe)
