@@ -763,7 +763,7 @@ def _judge_r1(ctx: Context) -> Judgement:
     power = "one greedy evaluation of the base on the validation split"
     if protocol != "latent":
         return Judgement(NOT_IN_REGIME, text, power, f"not a latent-protocol base (warm_protocol {protocol}): "
-                         f"R1 predicts what greedy decoding does on one{note}")
+                         f"R1 is a prediction about a latent-protocol base{note}")
     why = {AGREES: "<= 0.05", DISAGREES: "> 0.15"}.get(reading, "between 0.05 and 0.15")
     return Judgement(reading, text, power, f"strict accuracy {strict:.3g} {why}{note}")
 
