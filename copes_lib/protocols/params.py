@@ -225,10 +225,14 @@ class StandardESNotebookParams(ESSettings):
     STEPS: int = param(16, "ES steps of the main run (paper: the 16-step budget; best ES checkpoint at 112)",
                        ge=0)
     VAL_EVERY: int = param(8, "validate every this many steps (paper: 8)", ge=1)
-    SWEEP_SIGMAS: str = param("0.005,0.01", "comma-separated sigmas of the sweep; empty for no sweep")
+    SWEEP_SIGMAS: str = param("0.005,0.01,0.02", "comma-separated sigmas of the sweep (a geometric grid, widened "
+                              "while its best is at an edge); empty for no sweep")
     SWEEP_ALPHA_RATIO: float = param(0.5, "the sweep sets alpha to this ratio times sigma (paper: 0.5)", gt=0.0)
-    SWEEP_STEPS: int = param(4, "steps per sweep run", ge=1)
-    SWEEP_VAL_PROBLEMS: int = param(256, "validation problems for sweep runs", ge=1)
+    SWEEP_STEPS: int = param(4, "steps per sweep run (the same for every method's sweep)", ge=1)
+    SWEEP_VAL_PROBLEMS: int = param(256, "tuning-split problems each sweep run is scored on (the tuning split is "
+                                    "disjoint from validation, tasks.TUNING_SPLIT)", ge=1)
+    SWEEP_MAX_EXTEND: int = param(2, "values the sweep may add beyond an edge of SWEEP_SIGMAS (one grid step at a "
+                                  "time, while the best is at the edge; the same limit for every method)", ge=0)
     TASK_KIND: str = param("math", "task family", choices=("math", "qa"))
     MAIN_FROM_SWEEP: bool = param(True, "main run at the sweep's best (sigma, alpha); False: SIGMA, ALPHA")
 
@@ -247,8 +251,8 @@ class CoPESNotebookParams(StandardESNotebookParams):
     ZSCORE: str = _es_param("zscore", "joint", "z-score over all N (paper) or per subspace (ablation)")
     SIGMA: float = _es_param("sigma", 1e-2, "sigma; CoPES perturbs with sigma_k: sqrt(K) x sigma (the paper's "
                              "protocol shares ES's sigma)")
-    SWEEP_SIGMAS: str = param("0.005,0.01", "comma-separated sigmas of the CoPES sweep, separate from "
-                              "ES's; empty for no sweep")
+    SWEEP_SIGMAS: str = param("0.005,0.01,0.02", "comma-separated sigmas of the CoPES sweep, separate from "
+                              "ES's (widened while its best is at an edge); empty for no sweep")
     STEP_CONTROL: bool = param(False, "also run ES with sqrt(K) x alpha (CoPES's update size; docs/prior_measurements.md)")
 
 
