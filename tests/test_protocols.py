@@ -386,6 +386,18 @@ def test_notebooks_04_05_07_share_one_grpo_configuration_and_cache(profile, tmp_
     assert grpo_arm.run_folder(profile, agent, shared) != grpo_arm.run_folder(profile, agent, p04.grpo_config(True))
 
 
+@pytest.mark.parametrize("profile", ["smoke", "cpu"])
+def test_the_grpo_reference_has_three_seeds_and_a_cap_past_the_papers_peak(profile):
+    p04 = grpo_arm.grpo_params(profile)
+    assert p04.GRPO_SEEDS >= 3 and p04.LORA_SEEDS >= 3 and p04.PATIENCE >= 1
+    seeds = p04.seeds(False)
+    assert seeds[0] == p04.GRPO_SEED and len(set(seeds)) == len(seeds) == p04.GRPO_SEEDS
+    configs = [grpo_arm.grpo_config(profile, False, seed_index=i) for i in range(p04.GRPO_SEEDS)]
+    assert [c.seed for c in configs] == seeds and configs[0] == grpo_arm.grpo_config(profile, False)
+    if profile == "cpu":  # the cap leaves room past the paper's full-GRPO peak (16) and its LoRA peak (64)
+        assert p04.STEPS >= 64 and len(p04.sweep("full")) >= 3 and len(p04.sweep("lora")) >= 3
+
+
 def test_gpu_grpo_keeps_the_dtype_policy():
     gpu = grpo_arm.grpo_config("gpu", use_lora=False)
     assert gpu.amp_dtype == "bfloat16" and gpu.lr == 1e-6
