@@ -10,7 +10,7 @@ validation sets agree (the cpu and gpu profiles), instead of training it again u
 Notebook 04's reference is GRPO_SEEDS full and LORA_SEEDS LoRA runs (``seed_runs``, seed i = GRPO_SEED + i),
 each trained until PATIENCE validations without a new best show its peak, under a hard cap STEPS a run
 that reaches it is reported censored (``cap_censored``); its learning rates come from a sweep on the
-tuning split (``lr_sweep``).
+tuning split (``lr_sweep``). The rules: docs/reference.md#r1-the-grpo-reference-is-trained-past-its-peak.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ the optimum may lie beyond it, so the grid grows by one step in that direction (
 values next to that edge) and the new value is evaluated; this repeats until the best is an interior
 point or ``max_extend`` values have been added. A sweep still at an edge then says so
 (``GridSweep.at_edge``): its choice is a bound, not a bracketed optimum. Every method's sweep gets the
-same rule, the same steps per value and the same extension limit (the same budget per method).
+same rule, the same steps per value and the same extension limit (the same budget per method):
+docs/reference.md#r3-each-sweep-brackets-its-optimum-at-the-same-budget-per-method.
 """
 
 from __future__ import annotations
