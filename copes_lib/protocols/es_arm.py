@@ -167,8 +167,13 @@ def sweep_rows(grid: GridSweep) -> list[dict[str, Any]]:
 
 def sweep_summary(grid: GridSweep) -> dict[str, Any]:
     """The summary keys every sweep writes: whether the choice is bracketed, what the widening added."""
+    best = grid.rows[grid.chosen]
+    after, before = (best["final_val_accuracy"], best["base_val_accuracy"]) if "final_val_accuracy" in best else (
+        best["val_at_sweep_end"], best["base_val"])  # an ES row (02, 03) or a GRPO row (04)
     return {"sweep_split": "tune", "sweep_values": list(grid.values), "sweep_added": list(grid.added),
-            "sweep_at_edge": bool(grid.at_edge), "sweep_max_extend": grid.max_extend}
+            "sweep_at_edge": bool(grid.at_edge), "sweep_max_extend": grid.max_extend,
+            # the choice's tuning-split accuracy after SWEEP_STEPS minus the base's: <= 0 means no setting helped
+            "sweep_best_minus_base": float(after - before)}
 
 
 def run_sweep(params: StandardESNotebookParams, agent: AgentSetup, subspaces: int) -> list[dict[str, Any]]:
