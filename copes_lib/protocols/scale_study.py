@@ -106,9 +106,9 @@ class ScaleStudyParams(NotebookParams):
     MAP_PRIORS: str = param("0,0.1,0.3", "latent priors p of the latent-protocol bases, each in [0, 1), 0 included "
                             "(docs/regime.md#r3-the-latent-protocol-warm-start)")
     MAP_POPULATIONS: str = param("20,40,80", "populations N of the map, small to large")
-    MAP_SUBSPACES: int = param(0, "K of CoPES on the map (ES's sigma and alpha): 0, K = N / 10 at each N (N_k = 10, "
-                               "the paper's at N = 40, K = 4); else this K at every N, with every N / K >= 10",
-                               ge=0)
+    MAP_SUBSPACES: int = param(0, "K of CoPES on the map (ES's sigma and alpha): 0 gives K of N / 10 at each N (10 "
+                               "members per subspace, the paper's at N 40, K 4); else this K at every N, with at "
+                               "least 10 members per subspace", ge=0)
     MAP_CONTROL_POPULATIONS: str = param("40", "populations at which the controls (shuffled fitness, sqrt(K) alpha) "
                                          "run; empty: every MAP_POPULATIONS value")
     MAP_SEEDS: int = param(3, "noise seeds per arm and cell (prompt batches shared: paired)", ge=2)
