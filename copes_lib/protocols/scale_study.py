@@ -119,8 +119,9 @@ class ScaleStudyParams(NotebookParams):
     MAP_HEADLINE_P: float = param(0.1, "the headline latent prior (R3 / R5; the cpu profile's WARM_LATENT_P)",
                                   ge=0.0, lt=1.0)
     MAP_HEADLINE_N: int = param(40, "the headline population (R2, R5, R6; the paper's N)", ge=2)
-    MAP_LATENT_STEPS: int = param(0, "warm-start steps of each latent base, trained exactly; 0: 01's "
-                                  "WARM_LATENT_MATH_STEPS", ge=0)
+    MAP_LATENT_STEPS: int = param(1500, "warm-start steps of each latent base, trained exactly; 0: 01's "
+                                  "WARM_LATENT_MATH_STEPS (1,000: at tiny it missed the convergence rule of "
+                                  "docs/regime.md R3, 1,500 met it)", ge=0)
     MAP_SKILL_STEPS: int = param(0, "warm-start steps of the skill-gap base, trained exactly; 0: 01's paper "
                                  "recipe (its stopping rule included)", ge=0)
     MAP_MECHANISM: bool = param(True, "the mechanism measurement (d_eff, direction test) once per map base, at "
