@@ -392,3 +392,28 @@ def test_line_fit_recovers_a_slope_and_its_interval():
     fit = ss.line_fit([0.0, 0.1, 0.3], [0.0, 0.1, 0.3], [-0.05, 0.05, 0.25], [0.05, 0.15, 0.35])
     assert fit["slope"] == pytest.approx(1.0) and fit["low"] > 0 and fit["n_points"] == 3
     assert ss.line_fit([1.0], [1.0], [0.0], [2.0])["slope"] is None
+
+
+def test_map_bases_use_the_latent_recipe_with_their_prior_and_the_skill_gap_base_the_paper_recipe(monkeypatch):
+    """The scale axis stays in the skill-gap regime; the map's latent bases are 01's latent recipe at
+    MAP_SIZE with their own p and MAP_LATENT_STEPS, its skill-gap base 01's paper recipe."""
+    from copes_lib import substrate
+
+    seen = []
+
+    class Recorded(Exception):
+        pass
+
+    def fake_warm_start(profile, kind, seed=0, *, config, **kw):
+        seen.append(config)
+        raise Recorded
+
+    monkeypatch.setattr(substrate, "warm_start", fake_warm_start)
+    p = map_params(PROFILE="cpu", SIZES="tiny,cpu", WARM_AXIS_SIZE="")
+    for regime, prior in (("latent", 0.3), ("skill_gap", None)):
+        with pytest.raises(Recorded):
+            ss.load_map_base(p, regime, prior)
+    latent, skill = seen
+    assert (latent.protocol, latent.latent_p, latent.latent_math_steps, latent.model_size) == ("latent", 0.3, 1500,
+                                                                                             "tiny")
+    assert (skill.protocol, skill.model_size) == ("paper", "tiny") and skill.math_target > 0  # 01's stopping rule
