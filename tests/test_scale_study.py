@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 from copes_lib import runs, stats
 from copes_lib.config import ConfigError, build
@@ -214,3 +215,205 @@ def test_the_scale_study_stays_in_the_skill_gap_regime(monkeypatch):
     with pytest.raises(Recorded):
         ss.load_substrate(params(PROFILE="cpu", SIZES="tiny,cpu", WARM_AXIS_SIZE=""), "tiny")
     assert substrate_config("cpu").protocol == "latent" and seen[0].protocol == "paper"
+
+
+# ----------------------------------------------------------------------------------------- the map
+def map_params(**kw):
+    return params(**{"MAP_SIZE": "tiny", "MAP_PRIORS": "0,0.1,0.3", "MAP_POPULATIONS": "20,40,80",
+                     "MAP_SUBSPACES": 0, "MAP_CONTROL_POPULATIONS": "40", "MAP_HEADLINE_P": 0.1,
+                     "MAP_HEADLINE_N": 40, "BACKEND": "batched", "CHUNK_SIZE": 8, **kw})
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"MAP_POPULATIONS": "10,40,80"}, "MAP_POPULATIONS = '10,40,80' with MAP_SUBSPACES = 0: N = [10] give CoPES N_k"),
+    ({"MAP_POPULATIONS": "20,40,80", "MAP_SUBSPACES": 4}, "N = [20] give CoPES N_k = N / K < 10"),
+    ({"MAP_POPULATIONS": "40,45,80"}, "N = [45] give CoPES N_k"),
+    ({"MAP_SUBSPACES": 1}, "MAP_SUBSPACES = 1 is standard ES"),
+    ({"MAP_CONTROL_POPULATIONS": "40,160"}, "MAP_CONTROL_POPULATIONS = '40,160': [160] not in"),
+    ({"MAP_PRIORS": "0,0.5,1.0"}, "out of range: [1.0]"),
+    ({"MAP_PRIORS": "0,-0.1,0.1"}, "out of range: [-0.1]"),
+    ({"MAP_PRIORS": "0.1,0.3"}, "with 0 included"),
+    ({"MAP_HEADLINE_P": 0.2}, "MAP_HEADLINE_P = 0.2 must be one of MAP_PRIORS"),
+    ({"MAP_HEADLINE_N": 50}, "MAP_HEADLINE_N = 50 must be one of MAP_POPULATIONS"),
+    ({"MAP_POPULATIONS": "80,40"}, "small to large"),
+    ({"MAP_REGIMES": "latent,protocol"}, "MAP_REGIMES"),
+    ({"MAP_SIZE": "huge"}, "MAP_SIZE = 'huge'"),
+    ({"BACKEND": "sequential"}, "BACKEND = 'sequential'"),
+])
+def test_map_grid_errors_name_the_parameter(bad, message):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")):
+        map_params(**bad)
+
+
+def test_map_grid_and_tags():
+    p = map_params()
+    assert ss.map_bases(p) == [("latent", 0.0), ("latent", 0.1), ("latent", 0.3), ("skill_gap", None)]
+    assert ss.map_tag("latent", 0.1, 40) == "latent_p0_1_n40" and ss.map_tag("skill_gap", None, 160) == "skill_gap_n160"
+    assert ss.map_tag("latent", 0.0) == "latent_p0"
+    assert [p.map_subspaces(n) for n in p.map_populations()] == [2, 4, 8]  # N_k = 10 throughout
+    assert map_params(MAP_SUBSPACES=2).map_subspaces(80) == 2
+    assert map_params(MAP_CONTROL_POPULATIONS="").map_control_populations() == [20, 40, 80]
+    assert ss.map_bases(params(MAP_SIZE="")) == []  # no map: nothing to validate, nothing to run
+
+
+class LinearRegression:
+    """Fitness -mean((X W^T - Y)^2) of an nn.Linear on fixed rows; batched over members (Population)."""
+
+    def __init__(self, d=8, rows=16, seed=0):
+        gen = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(rows, d, generator=gen)
+        self.y = self.x @ torch.randn(d, d, generator=gen).T
+        self.calls = []
+
+    def rows_per_member(self, step):
+        return len(self.x)
+
+    def fitness(self, model, step):
+        return -float(((model(self.x) - self.y) ** 2).mean())
+
+    @torch.no_grad()
+    def population_fitness(self, model, step, n_members, row_hook):
+        row_hook(list(range(n_members * len(self.x))))
+        out = model(self.x.repeat(n_members, 1)).reshape(n_members, len(self.x), -1)
+        values = (-((out - self.y) ** 2).mean(dim=(1, 2))).tolist()
+        self.calls.append(values)
+        return values
+
+    def validate(self, model):
+        return {"score": self.fitness(model, 0)}
+
+    def gradient(self, model):
+        model.zero_grad()
+        (-((model(self.x) - self.y) ** 2).mean()).backward()
+        return model.weight.grad.flatten().clone()
+
+
+def one_update(config, objective, seed=0):
+    from copes_lib.es import ES, es_step
+    from copes_lib.es_backends import make_backend
+
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(8, 8, bias=False)
+    before = model.weight.detach().flatten().clone()
+    es = ES(model, config)
+    result = es_step(es, 1, objective, make_backend(es))
+    return model.weight.detach().flatten() - before, result, model
+
+
+def test_shuffled_fitness_permutes_the_rewards_and_its_update_is_uncorrelated_with_the_true_one():
+    p = map_params(SIGMA=0.05, ALPHA=0.05)
+    cos_true, cos_shuffled, cos_between = [], [], []
+    for s in range(12):
+        truth = LinearRegression(seed=s)
+        u_true, _, _ = one_update(ss.map_arm_config(p, "es", 40, s), truth)
+        inner = LinearRegression(seed=s)
+        shuffled = ss.ShuffledFitness(inner, seed=s)
+        u_shuf, _, _ = one_update(ss.map_arm_config(p, "es_shuffled", 40, s), shuffled)
+        # the wrapper hands ES a permutation of the very values the objective computed, not the identity
+        values = inner.calls[-1]
+        perm = shuffled.permutation(1, len(values))
+        assert sorted(np.asarray(values)[perm]) == sorted(values) and not np.array_equal(perm, np.arange(len(values)))
+        torch.manual_seed(s)
+        start = torch.nn.Linear(8, 8, bias=False)
+        grad = truth.gradient(start)
+        cos = torch.nn.functional.cosine_similarity
+        cos_true.append(float(cos(u_true, grad, dim=0)))
+        cos_shuffled.append(float(cos(u_shuf, grad, dim=0)))
+        cos_between.append(float(cos(u_shuf, u_true, dim=0)))
+    # the true update follows the gradient; the shuffled one does not, and is unrelated to the true one
+    # (chance |cos| in 64 dimensions ~ 1/8 per draw, ~0.036 for a mean of 12)
+    assert np.mean(cos_true) > 0.5
+    assert abs(np.mean(cos_shuffled)) < 0.12 and abs(np.mean(cos_between)) < 0.12
+
+
+def test_sqrtk_alpha_control_has_sqrtk_times_es_update_norm_and_copes_length():
+    p = map_params(SIGMA=0.05, ALPHA=0.05)
+    ratios_es, ratios_copes = [], []
+    for s in range(6):
+        u_es, r_es, _ = one_update(ss.map_arm_config(p, "es", 40, s), LinearRegression(seed=s))
+        u_k, r_k, _ = one_update(ss.map_arm_config(p, "es_sqrtk", 40, s), LinearRegression(seed=s))
+        _, r_c, _ = one_update(ss.map_arm_config(p, "copes", 40, s), LinearRegression(seed=s))
+        ratios_es.append(r_k.update_norm / r_es.update_norm)
+        ratios_copes.append(r_k.update_norm / r_c.update_norm)
+        # same noise and rewards: the same direction, sqrt(K) times longer
+        assert float(torch.nn.functional.cosine_similarity(u_es, u_k, dim=0)) == pytest.approx(1.0, abs=1e-5)
+    assert ratios_es == pytest.approx([2.0] * 6, rel=1e-4)  # sqrt(K), K = 4
+    assert np.mean(ratios_copes) == pytest.approx(1.0, abs=0.25)  # CoPES's own step length, in expectation
+    assert ss.map_arm_config(p, "copes", 40, 0).subspaces == 4 and ss.map_arm_config(p, "es_sqrtk", 40, 0).subspaces == 1
+
+
+def synthetic_map_base(rng, regime, p, pops=(20, 40, 80), base_strict=0.1, base_lenient=0.6, grpo_strict=0.5,
+                       es_strict=0.2, copes_strict=0.25, problems=200, seeds=3, d_eff=50.0):
+    def runs(strict, lenient, n):
+        return [{"strict": (rng.random(problems) < strict).astype(float).tolist(),
+                 "lenient": (rng.random(problems) < lenient).astype(float).tolist(),
+                 "scores": [0.0] * problems, "mean_update_norm": 1.0, "mean_step_s": 0.1} for _ in range(n)]
+    base = runs(base_strict, base_lenient, 1)[0]
+    base["criterion"] = {"met": True}
+    grpo = runs(grpo_strict, base_lenient, 3)
+    for r in grpo:
+        r["horizon_strict"], r["horizon_lenient"] = r["strict"], r["lenient"]
+    cells = {n: {"es": runs(es_strict, base_lenient, seeds), "copes": runs(copes_strict, base_lenient, seeds)}
+             for n in pops}
+    cells[40].update(es_shuffled=runs(base_strict, base_lenient, seeds), es_sqrtk=runs(es_strict, base_lenient, seeds))
+    return {"regime": regime, "p": p, "n_params": 45280, "warm_steps": 10, "converged": True, "base": base,
+            "grpo": grpo, "cells": cells, "mechanism": {"curvature": {"d_eff": d_eff}}}
+
+
+def test_map_summary_writes_the_prediction_keys_and_they_follow_the_scores(tmp_path):
+    rng = np.random.default_rng(0)
+    p = map_params()
+    bases = {("latent", 0.0): synthetic_map_base(rng, "latent", 0.0, es_strict=0.1),
+             ("latent", 0.1): synthetic_map_base(rng, "latent", 0.1, es_strict=0.3),
+             ("latent", 0.3): synthetic_map_base(rng, "latent", 0.3, es_strict=0.45),
+             ("skill_gap", None): synthetic_map_base(rng, "skill_gap", None, es_strict=0.1)}
+    s = ss.map_summary(p, bases)
+    for r in ("R2", "R5", "R6", "R7"):
+        for part in ("value", "low", "high"):
+            assert f"prediction_{r}_{part}" in s
+    assert s["prediction_R2_low"] < s["prediction_R2_value"] < s["prediction_R2_high"]
+    assert abs(s["prediction_R2_value"]) < 0.05  # ES at p = 0 gained nothing in these scores
+    assert s["prediction_R5_low"] > 0  # latent recovery 0.5 vs skill gap 0
+    assert s["prediction_R6_low"] > 0 and s["prediction_R6_points"] == 3  # recovery rises with p
+    assert s["prediction_R7_points"] == 12 and s["prediction_R7_low"] <= s["prediction_R7_value"] <= s["prediction_R7_high"]
+    assert s["map_es_gain_recovery_latent_p0_3_n40"] == pytest.approx(0.9, abs=0.15)
+    assert s["map_es_minus_es_shuffled_latent_p0_3_n40"] > 0 and "map_es_minus_es_shuffled_latent_p0_3_n80" not in s
+    assert s["map_subspaces_latent_p0_1_n80"] == 8
+    assert s["map_base_strict_skill_gap"] == pytest.approx(0.1, abs=0.05)
+    assert "map_es_delta_protocol_low_latent_p0_1_n80" in s
+    ss.save_map_scores(p, tmp_path, bases)
+    loaded = stats.load_scores(tmp_path)
+    assert loaded["map_strict_latent_p0_1_n40"].arms["es"].shape == (3, 200)
+    assert set(loaded["map_lenient_skill_gap_n40"].arms) == {"base", "full_grpo", *ss.MAP_ARMS}
+    assert set(loaded["map_lenient_skill_gap_n80"].arms) == {"base", "full_grpo", "es", "copes"}
+
+
+def test_line_fit_recovers_a_slope_and_its_interval():
+    fit = ss.line_fit([0.0, 0.1, 0.3], [0.0, 0.1, 0.3], [-0.05, 0.05, 0.25], [0.05, 0.15, 0.35])
+    assert fit["slope"] == pytest.approx(1.0) and fit["low"] > 0 and fit["n_points"] == 3
+    assert ss.line_fit([1.0], [1.0], [0.0], [2.0])["slope"] is None
+
+
+def test_map_bases_use_the_latent_recipe_with_their_prior_and_the_skill_gap_base_the_paper_recipe(monkeypatch):
+    """The scale axis stays in the skill-gap regime; the map's latent bases are 01's latent recipe at
+    MAP_SIZE with their own p and MAP_LATENT_STEPS, its skill-gap base 01's paper recipe."""
+    from copes_lib import substrate
+
+    seen = []
+
+    class Recorded(Exception):
+        pass
+
+    def fake_warm_start(profile, kind, seed=0, *, config, **kw):
+        seen.append(config)
+        raise Recorded
+
+    monkeypatch.setattr(substrate, "warm_start", fake_warm_start)
+    p = map_params(PROFILE="cpu", SIZES="tiny,cpu", WARM_AXIS_SIZE="")
+    for regime, prior in (("latent", 0.3), ("skill_gap", None)):
+        with pytest.raises(Recorded):
+            ss.load_map_base(p, regime, prior)
+    latent, skill = seen
+    assert (latent.protocol, latent.latent_p, latent.latent_math_steps, latent.model_size) == ("latent", 0.3, 1500,
+                                                                                             "tiny")
+    assert (skill.protocol, skill.model_size) == ("paper", "tiny") and skill.math_target > 0  # 01's stopping rule
