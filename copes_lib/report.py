@@ -41,7 +41,7 @@ SUITE_MAP: dict[str, tuple[str, str]] = {
     "07_multihop_qa": (PAPER_A, "Table 4: multi-hop QA with search"),
     "08_memory_and_gpu_hours": (PAPER_A, "Table S7 + Fig. 2 (memory vs context) + Table 2 (feasibility) + GPU-hours"),
     "09_scale_study": ("beyond the papers", "scale and mechanism study: ES / CoPES vs GRPO across model size, "
-                       "protocol and warm start; agreement of update estimates"),
+                       "protocol and warm start; updates vs random directions, d_eff, rho^2 N / d_eff"),
     "10_molora_substrate": (PAPER_B, "frozen substrate and adapter pool (B1)"),
     "11_molora_router": (PAPER_B, "router collapse: softmax monopoly vs sigmoid router (R)"),
     "12_molora_factorial": (PAPER_B, "2^3 factorial R x E x L with paired t-tests (B2)"),

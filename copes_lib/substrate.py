@@ -17,6 +17,12 @@
   interval's rise and the 128-problem evaluation noise); notebook 01 measures that spread over
   ``WARM_SPREAD_SEEDS`` extra math seeds. Training and evaluation run with ``threads.N_FIXED``
   threads. Cached under ``cache/<profile>/`` (key: config + data ids + library version).
+- Latent-protocol warm start (``protocol="latent"``, docs/regime.md#r3-the-latent-protocol-warm-start):
+  the papers' regime, a base that holds the skill but not the reward's answer protocol. Every trace
+  keeps its tool calls; all but a declared fraction ``latent_p`` end in ``Answer: x`` instead of
+  ``<answer>\\boxed{x}</answer>``. Trained exactly ``latent_math_steps`` / ``latent_qa_steps`` steps
+  (no stopping rule on the steep part of the curve), convergence checked on the lenient curve
+  (:func:`converged`). The reward, extraction and tools are unchanged.
 
 Departure from the paper: the paper post-trains Qwen3.5-4B, a model that already knows tool use;
 the smoke and cpu profiles must first *teach* a 0.1-10M-parameter model the protocol. The gpu
@@ -37,6 +43,12 @@ from copes_lib import runs, threads
 from copes_lib.config import Config, ConfigError, param
 
 PAD, EOS = "<pad>", "<eos>"
+#: Answer protocols of the warm start's traces (docs/regime.md#r3-the-latent-protocol-warm-start).
+PROTOCOLS = ("paper", "latent")
+#: The latent answer form: the final turn states the answer in plain text and ends the trajectory.
+LATENT_ANSWER = "Answer: {answer}"
+#: Converged: the best lenient score of the curve's last quarter beats the best before it by <= this.
+CONVERGENCE_DELTA, CONVERGENCE_TAIL = 0.05, 0.25
 
 #: Qwen3 shapes per size name (parameter counts with the default vocabulary in the docstring table
 #: of notebook 01).
@@ -78,6 +90,15 @@ class WarmStartConfig(Config):
     max_turns: int = param(6, "model turns per trajectory (each tool call ends one); 0 = every allowed call "
                            "plus the answer", ge=0)
     enable_thinking: bool | None = param(None, "chat prompts: the template's enable_thinking (None: not passed)")
+    protocol: str = param("paper", "answer protocol of the warm start's traces: paper (every trace ends in "
+                          "<answer>\\boxed{}</answer>; the target stopping rule) or latent (a fraction latent_p "
+                          "does, the rest end in 'Answer: ...'; trained exactly the latent step counts; "
+                          "docs/regime.md#r3-the-latent-protocol-warm-start)", choices=PROTOCOLS)
+    latent_p: float = param(0.1, "latent protocol: fraction of training traces in the reward's answer protocol, "
+                            "in [0, 1)", ge=0.0, lt=1.0)
+    latent_math_steps: int = param(1000, "latent protocol: math warm-start steps, trained exactly (no stopping rule)",
+                                   ge=1)
+    latent_qa_steps: int = param(1000, "latent protocol: QA warm-start steps, trained exactly (no stopping rule)", ge=1)
 
 
 # --------------------------------------------------------------------------- tokenizer
@@ -202,9 +223,12 @@ def load_pretrained(path: str, device: str | torch.device | None = None, dtype: 
 # --------------------------------------------------------------------------- warm start
 def encode_trace(tokenizer, task, max_len: int) -> tuple[list[int], list[int]]:
     """(ids, loss_mask) of prompt + gold trace; the mask is 1 on model-written tokens only. Segments
-    are tokenised separately, exactly as the rollout sees them."""
+    are tokenised separately, exactly as the rollout sees them. A trace that does not end on
+    ``</answer>`` (a latent-protocol trace) ends on the end-of-sequence token, which also ends a
+    rollout's turn, so the model learns to stop after its plain-text answer."""
     from copes_lib.rollout import encode
     from copes_lib.tasks import format_prompt, split_trace
+    from copes_lib.tasks.protocol import ANSWER_CLOSE
 
     ids = encode(tokenizer, format_prompt(task))
     mask = [0] * len(ids)
@@ -212,19 +236,81 @@ def encode_trace(tokenizer, task, max_len: int) -> tuple[list[int], list[int]]:
         piece = encode(tokenizer, text)
         ids += piece
         mask += [int(by_model)] * len(piece)
+    if not task.reference.endswith(ANSWER_CLOSE):
+        ids.append(tokenizer.eos_token_id)
+        mask.append(1)
     if len(ids) > max_len:
         raise ValueError(f"task {task.id}: trace of {len(ids)} tokens exceeds MAX_CONTEXT = {max_len}")
     return ids, mask
 
 
 def _warm_config(config: WarmStartConfig, kind: str, seed: int) -> dict:
-    # the cache identity of a warm start
+    # the cache identity of a warm start; the paper-protocol base keeps the key it had before the
+    # latent protocol existed, so its cache entry (the skill-gap control) stays valid
     steps = config.math_steps if kind == "math" else config.qa_steps
     target = config.math_target if kind == "math" else config.qa_target
+    latent = {}
+    if config.protocol == "latent":
+        steps = config.latent_math_steps if kind == "math" else config.latent_qa_steps
+        target = 0.0  # trained exactly `steps`: no early stop on the curve's steep part
+        latent = {"protocol": "latent", "latent_p": config.latent_p}
     return {"kind": kind, "seed": seed, "size": config.model_size, "vocab_size": config.vocab_size,
             "max_context": config.max_context, "steps": steps, "target": target, "threads": threads.N_FIXED,
             "batch": config.batch, "lr": config.lr, "warmup": config.warmup, "eval_every": config.eval_every,
-            "eval_problems": config.eval_problems, "max_new_tokens": config.max_new_tokens}
+            "eval_problems": config.eval_problems, "max_new_tokens": config.max_new_tokens, **latent}
+
+
+def latent_reference(reference: str) -> str:
+    r"""A gold trace with its final ``<answer>\boxed{x}</answer>`` restated in the latent form
+    (``Answer: x``); tool calls and observations unchanged.
+
+    >>> latent_reference("<python>print(2+3)</python><output>5</output><answer>\\boxed{5}</answer>")
+    '<python>print(2+3)</python><output>5</output>Answer: 5'
+    """
+    from copes_lib.tasks.protocol import ANSWER_CLOSE, ANSWER_OPEN, BOXED
+
+    tail = reference.rfind(ANSWER_OPEN)
+    final = reference[tail:]
+    if tail < 0 or not final.startswith(ANSWER_OPEN + BOXED) or not final.endswith("}" + ANSWER_CLOSE):
+        raise ValueError(f"not a gold trace ending in {ANSWER_OPEN}{BOXED}...}}{ANSWER_CLOSE}: {reference[-80:]!r}")
+    return reference[:tail] + LATENT_ANSWER.format(answer=final[len(ANSWER_OPEN + BOXED):-len("}" + ANSWER_CLOSE)])
+
+
+def latent_trace_mix(tasks: list, p: float, seed: int) -> tuple[list, int]:
+    """(tasks with their traces in the latent mix, number kept in the paper's protocol): exactly
+    round(p x len(tasks)) tasks, drawn with a generator seeded by ``seed``, keep the paper's answer
+    protocol; the others get :func:`latent_reference`. Order unchanged."""
+    import random
+
+    if not 0.0 <= p < 1.0:
+        raise ConfigError(f"latent_p = {p!r} is out of range; it must be in [0, 1) (docs/regime.md"
+                          "#r3-the-latent-protocol-warm-start)")
+    n_paper = round(p * len(tasks))
+    keep = set(random.Random(f"latent-protocol-{seed}").sample(range(len(tasks)), n_paper))
+    mixed = [t if i in keep else dataclasses.replace(t, reference=latent_reference(t.reference))
+             for i, t in enumerate(tasks)]
+    return mixed, n_paper
+
+
+def converged(curve: list[dict], key: str = "val_lenient", delta: float = CONVERGENCE_DELTA,
+              tail: float = CONVERGENCE_TAIL) -> bool:
+    """Whether a warm-start curve has converged on ``key``: it has left its starting level (its best
+    score beats the first point's by more than ``delta``; a curve flat at 0 has learned nothing) and
+    the best score of its last ``tail`` of points (at least one) beats the best before them by at most
+    ``delta`` (docs/regime.md#r3-the-latent-protocol-warm-start).
+
+    >>> converged([{"val_lenient": v} for v in (0.0, 0.3, 0.6, 0.8, 0.82)])
+    True
+    >>> converged([{"val_lenient": v} for v in (0.0, 0.2, 0.4, 0.6, 0.8)])
+    False
+    >>> converged([{"val_lenient": v} for v in (0.0, 0.0, 0.0, 0.0, 0.01)])
+    False
+    """
+    scores = [p[key] for p in curve if key in p]
+    if len(scores) < 2 or max(scores) - scores[0] <= delta:
+        return False
+    n_tail = max(1, round(tail * len(scores)))
+    return max(scores[-n_tail:]) - max(scores[:-n_tail]) <= delta
 
 
 def warm_rollout_config(config: WarmStartConfig):
@@ -239,12 +325,14 @@ def warm_rollout_config(config: WarmStartConfig):
 def train_warm_start(model, tokenizer, train_tasks, val_tasks, env, steps: int, batch: int, lr: float,
                      warmup: int, seed: int, eval_every: int, max_context: int, rollout_config,
                      log=print, on_point=None, target: float = 0.0) -> list[dict]:
-    """Supervised training on gold traces; returns the curve [{step, loss, val_score, time_s}].
+    """Supervised training on gold traces; returns the curve [{step, loss, val_score, val_strict,
+    val_lenient, time_s}] (strict / lenient: :mod:`copes_lib.tasks.regime`).
 
     The stopping rule: evaluate every ``eval_every`` steps and stop at the first point whose
     validation score is >= ``target`` (``target`` 0: never), else after ``steps`` steps (the cap).
     """
     from copes_lib.rollout import evaluate
+    from copes_lib.tasks.regime import regime_from_batches
 
     examples = [encode_trace(tokenizer, t, max_context) for t in train_tasks]
     generator = torch.Generator().manual_seed(seed)
@@ -254,12 +342,17 @@ def train_warm_start(model, tokenizer, train_tasks, val_tasks, env, steps: int, 
     curve, losses, t0 = [], [], time.perf_counter()
 
     def point(step: int) -> None:
-        score = evaluate(model, tokenizer, val_tasks, env, rollout_config, seed=seed)["score"] if val_tasks else float("nan")
+        score = strict = lenient = float("nan")
+        if val_tasks:
+            result = evaluate(model, tokenizer, val_tasks, env, rollout_config, seed=seed, return_batches=True)
+            regime = regime_from_batches(result["batches"], env.kind) if result.get("batches") else {}
+            score, strict, lenient = result["score"], regime.get("strict", strict), regime.get("lenient", lenient)
         curve.append({"step": step, "loss": sum(losses) / len(losses) if losses else float("nan"),
-                      "val_score": score, "time_s": time.perf_counter() - t0})
+                      "val_score": score, "val_strict": strict, "val_lenient": lenient,
+                      "time_s": time.perf_counter() - t0})
         losses.clear()
         log(f"[warm_start {env.kind}] step {step} loss={curve[-1]['loss']:.4f} val_score={score:.3f} "
-            f"t={curve[-1]['time_s']:.0f}s")
+            f"strict={strict:.3f} lenient={lenient:.3f} t={curve[-1]['time_s']:.0f}s")
         if on_point is not None:
             on_point(step, model, curve)
 
@@ -324,7 +417,8 @@ def warm_start(profile: str, kind: str = "math", seed: int = 0, force: bool = Fa
     if profile == "gpu" or config.model_path:
         model, tokenizer = load_pretrained(config.model_path)
         return model, tokenizer, {"steps": 0, "params": count_model_params(model), "curve": [], "cached": True,
-                                  "cache_dir": config.model_path, "train_time_s": 0.0}
+                                  "cache_dir": config.model_path, "train_time_s": 0.0,
+                                  "protocol": "paper", "converged": None}
     from transformers import Qwen3ForCausalLM
 
     tokenizer = get_tokenizer(profile, config.vocab_size)
@@ -340,10 +434,14 @@ def warm_start(profile: str, kind: str = "math", seed: int = 0, force: bool = Fa
             return loaded
 
     val = load_tasks(profile, kind, "val")[: config.eval_problems]
+    train = load_tasks(profile, kind, "train")
+    n_paper = len(train)
+    if config.protocol == "latent":
+        train, n_paper = latent_trace_mix(train, config.latent_p, seed)
     t0 = time.perf_counter()
     with threads.fixed_threads(), make_env(kind, profile) as env:
         model = build_agent_model(config.model_size, len(tokenizer), seed, config.max_context, tokenizer)
-        curve = train_warm_start(model, tokenizer, load_tasks(profile, kind, "train"), val, env,
+        curve = train_warm_start(model, tokenizer, train, val, env,
                                  identity["steps"], config.batch, config.lr, config.warmup, seed,
                                  config.eval_every, config.max_context, warm_rollout_config(config), log,
                                  target=identity["target"])
@@ -352,7 +450,8 @@ def warm_start(profile: str, kind: str = "math", seed: int = 0, force: bool = Fa
     info = {"kind": kind, "steps": trained, "max_steps": identity["steps"], "target": identity["target"],
             "stopped": "target" if reached else "cap", "params": count_model_params(model), "curve": curve,
             "train_time_s": time.perf_counter() - t0, "threads": threads.N_FIXED, "cache_dir": str(folder),
-            "config": identity}
+            "config": identity, "protocol": config.protocol, "paper_traces": n_paper,
+            "latent_traces": len(train) - n_paper, "converged": converged(curve)}
     _save_atomically(folder, "model", model.save_pretrained)
     runs.atomic_write_json(folder / "info.json", info)
     return model, tokenizer, {**info, "cached": False}
@@ -368,4 +467,5 @@ def describe(model, tokenizer) -> dict:
 
 __all__ = ["WarmStartConfig", "MODEL_SIZES", "train_agent_tokenizer", "get_tokenizer", "build_agent_model",
            "model_config", "count_model_params", "load_pretrained", "encode_trace", "warm_start", "warm_start_folder",
-           "train_warm_start", "warm_rollout_config", "describe"]
+           "train_warm_start", "warm_rollout_config", "describe", "PROTOCOLS", "latent_reference", "latent_trace_mix",
+           "converged"]

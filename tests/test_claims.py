@@ -473,3 +473,220 @@ def test_an_empty_summary_is_named_with_what_to_do(tmp_path):
     problems = []
     assert claims.load_summaries("cpu", root=tmp_path, problems=problems) == {}
     assert len(problems) == 1 and str(nb / "summary.json") in problems[0]
+
+
+# --------------------------------------------------------------------------- our registered predictions
+def _rows(summaries):
+    return {r["claim"]: r for r in claims.judge_claims(summaries)}
+
+
+def test_our_rows_are_marked_ours_and_registered():
+    from copes_lib import regime
+
+    ids = [c.claim_id for c in claims.OUR_CLAIMS]
+    assert ids[:8] == [p.prediction_id for p in regime.PREDICTIONS]
+    assert all(c.paper == claims.OURS and c.statement.startswith("(ours)") for c in claims.OUR_CLAIMS)
+    rows = _rows({})
+    assert all(rows[i]["verdict"] == claims.MISSING and rows[i]["reason"] for i in ids)
+    md = claims.rules_markdown()
+    for p in regime.PREDICTIONS[1:]:  # the registered thresholds are the rule the doc states
+        assert f"agrees if {p.agrees_if}; does not if {p.disagrees_if}" in md
+
+
+def test_every_registered_threshold_parses_and_a_bad_one_is_named():
+    from copes_lib import regime
+
+    assert claims.parse_rule("slope interval lower bound > 0") == ("low", ">", 0.0)
+    assert claims.parse_rule("> 0.15") == ("value", ">", 0.15)
+    for p in regime.PREDICTIONS:
+        claims.parse_rule(p.agrees_if), claims.parse_rule(p.disagrees_if)
+    with pytest.raises(ValueError, match="about 0.1"):
+        claims.parse_rule("about 0.1")
+
+
+def _r1(strict, protocol="latent", **extra):
+    return {"01_substrate_and_agent": {"regime_math_strict_accuracy": strict, "warm_protocol": protocol,
+                                       "warm_latent_p": 0.1, **extra}}
+
+
+def test_r1_reads_the_strict_accuracy_of_a_latent_base():
+    assert _rows(_r1(0.02))["R1"]["verdict"] == claims.AGREES
+    assert _rows(_r1(0.30))["R1"]["verdict"] == claims.DISAGREES
+    assert _rows(_r1(0.10))["R1"]["verdict"] == claims.INCONCLUSIVE
+    paper = _rows(_r1(0.41, protocol="paper"))["R1"]
+    assert paper["verdict"] == claims.NOT_IN_REGIME and "not a latent-protocol base" in paper["reason"]
+    # judged in regime or not: its quantity is one of the criterion's values
+    assert _rows(_r1(0.02, regime_criterion_met=False))["R1"]["verdict"] == claims.AGREES
+    # 01's own reading is shown when it differs (it should not)
+    assert "NOTE: 01 recorded" in _rows(_r1(0.02, prediction_R1="does not"))["R1"]["reason"]
+    missing = _rows({"01_substrate_and_agent": {"warm_protocol": "latent"}})["R1"]
+    assert missing["verdict"] == claims.MISSING and "01_substrate_and_agent" in missing["reason"]
+    assert "regime_math_strict_accuracy" in missing["reason"]
+
+
+def _prediction(pid, value, low, high, met=None):
+    nb = claims.REGIME_PREDICTION_NOTEBOOKS[pid]
+    out = {nb: {f"prediction_{pid}_value": value, f"prediction_{pid}_low": low, f"prediction_{pid}_high": high}}
+    if met is not None:
+        out["01_substrate_and_agent"] = {"regime_criterion_met": met}
+    return out
+
+
+def test_r2_reads_its_interval_against_three_points():
+    assert _rows(_prediction("R2", 0.01, 0.0, 0.02))["R2"]["verdict"] == claims.AGREES
+    assert _rows(_prediction("R2", 0.05, 0.04, 0.06))["R2"]["verdict"] == claims.DISAGREES
+    row = _rows(_prediction("R2", 0.02, 0.0, 0.05))["R2"]
+    assert row["verdict"] == claims.INCONCLUSIVE and "upper bound 0.05 not < 0.03" in row["reason"]
+    assert row["notebook"] == "09_scale_study"
+
+
+@pytest.mark.parametrize("pid", ["R3", "R4", "R5", "R6", "R7", "R8"])
+def test_sign_predictions_agree_disagree_inconclusive_missing_and_not_in_regime(pid):
+    assert _rows(_prediction(pid, 0.03, 0.01, 0.05))[pid]["verdict"] == claims.AGREES
+    assert _rows(_prediction(pid, -0.03, -0.05, -0.01))[pid]["verdict"] == claims.DISAGREES
+    assert _rows(_prediction(pid, 0.01, -0.01, 0.03))[pid]["verdict"] == claims.INCONCLUSIVE
+    undefined = _rows(_prediction(pid, None, None, None))[pid]
+    assert undefined["verdict"] == claims.INCONCLUSIVE and "undefined" in undefined["reason"]
+    gated = _rows(_prediction(pid, 0.03, 0.01, 0.05, met=False))[pid]
+    assert gated["verdict"] == claims.NOT_IN_REGIME and "would read agrees" in gated["reason"]
+    assert _rows(_prediction(pid, 0.03, 0.01, 0.05, met=True))[pid]["verdict"] == claims.AGREES
+    nb = claims.REGIME_PREDICTION_NOTEBOOKS[pid]
+    partial = _rows({nb: {f"prediction_{pid}_value": 0.03}})[pid]
+    assert partial["verdict"] == claims.MISSING
+    assert nb in partial["reason"] and f"prediction_{pid}_low" in partial["reason"]
+
+
+def _molora(p1="holds", rises="", m_matched=13, collapsed=4, seeds=5, router_c=(0.004, 0.001, 0.007),
+            gap=(0.003, 0.001, 0.005)):
+    s11 = {"prediction_p1_monotone": p1, "p1_rises": rises, "n_slots": 16, "paper_matched_router_lr_x": 166.7,
+           "monopoly_slots_r0_paper_matched": m_matched,
+           "prediction_p2_paper_budget_alone_no_collapse": "not on the grid" if m_matched is None else
+           ("holds" if m_matched > 4 else "fails")}
+    s12 = {"n_seeds": seeds, "collapsed_seeds_b3_collapsing": collapsed,
+           "r0_collapsed_in_collapsing_setting": collapsed > seeds / 2,
+           "delta_router_collapsing": router_c[0], "delta_router_collapsing_low": router_c[1],
+           "delta_router_collapsing_high": router_c[2], "delta_router_collapsing_minus_default": gap[0],
+           "delta_router_collapsing_minus_default_low": gap[1], "delta_router_collapsing_minus_default_high": gap[2]}
+    return {"11_molora_router": s11, "12_molora_factorial": s12}
+
+
+def test_molora_map_predictions_p1_p2():
+    rows = _rows(_molora())
+    assert rows["P1"]["verdict"] == rows["P2"]["verdict"] == claims.AGREES
+    rows = _rows(_molora(p1="fails", rises="lr x30 at scale 100", m_matched=3))
+    assert rows["P1"]["verdict"] == claims.DISAGREES and "lr x30 at scale 100" in rows["P1"]["reason"]
+    assert rows["P2"]["verdict"] == claims.DISAGREES and "collapsed" in rows["P2"]["reason"]
+    off_grid = _rows(_molora(m_matched=None))["P2"]
+    assert off_grid["verdict"] == claims.INCONCLUSIVE and "not on the map's grid" in off_grid["reason"]
+    assert _rows({"11_molora_router": {"n_slots": 16}})["P1"]["verdict"] == claims.MISSING
+
+
+def test_molora_collapsing_contrast_predictions_p3_to_p6():
+    rows = _rows(_molora())
+    assert [rows[p]["verdict"] for p in ("P3", "P4", "P5", "P6")] == [claims.AGREES] * 4
+    # the whole interval on the other side: does not
+    rows = _rows(_molora(router_c=(-0.004, -0.007, -0.001), gap=(-0.003, -0.005, -0.001)))
+    assert rows["P4"]["verdict"] == rows["P5"]["verdict"] == claims.DISAGREES
+    assert _rows(_molora(router_c=(0.03, 0.02, 0.04)))["P6"]["verdict"] == claims.DISAGREES
+    # straddling the threshold: 12's binary reading would say fails; the data do not rule it out
+    rows = _rows(_molora(router_c=(0.005, -0.001, 0.012), gap=(0.001, -0.002, 0.004)))
+    assert rows["P4"]["verdict"] == rows["P5"]["verdict"] == rows["P6"]["verdict"] == claims.INCONCLUSIVE
+    assert "straddles 0" in rows["P4"]["reason"] and "straddles 0.01" in rows["P6"]["reason"]
+    # P3 fails: P4-P6 are not in regime (the data alone are kept in the reason), P3 itself does not
+    rows = _rows(_molora(collapsed=2))
+    assert rows["P3"]["verdict"] == claims.DISAGREES
+    for p in ("P4", "P5", "P6"):
+        assert rows[p]["verdict"] == claims.NOT_IN_REGIME and "would read agrees" in rows[p]["reason"]
+    assert _rows({"12_molora_factorial": {"n_seeds": 5}})["P4"]["verdict"] == claims.MISSING
+
+
+def test_the_collapsing_contrast_does_not_enlarge_the_factorials_holm_family():
+    rng = np.random.default_rng(30)
+    summaries = _factorial(rng)
+    before = claims.Families(summaries).family("12_molora_factorial")["router"].family_size
+    ss = summaries["12_molora_factorial"][claims.SCORES]["log_ppl"]
+    ss.arms["b3_collapsing"], ss.arms["r_collapsing"] = ss.arms["b3"] + 0.01, ss.arms["r"]
+    after = claims.Families(summaries).family("12_molora_factorial")
+    assert "router_collapsing" not in after and after["router"].family_size == before
+
+
+def _mech(sizes=("a", "b"), **per):
+    """09's mechanism verdicts per size: per = {key: (verdict at a, verdict at b)}."""
+    s = {"sizes": list(sizes), "n_sizes": len(sizes)}
+    for key, verdicts in per.items():
+        for tag, v in zip(sizes, verdicts):
+            s[f"{key}_{tag}"] = v
+    return {"09_scale_study": s}
+
+
+def test_mechanism_rule_1_power():
+    v = lambda *x: _rows(_mech(mech_power_verdict=x))["MECH1"]  # noqa: E731
+    assert v("powered", "powered")["verdict"] == claims.AGREES
+    assert v("powered", "no reference")["verdict"] == claims.AGREES  # only where GRPO gains
+    row = v("powered", "unpowered")
+    assert row["verdict"] == claims.DISAGREES and "b: unpowered" in row["reason"]
+    assert v("no reference", "no reference")["verdict"] == claims.INCONCLUSIVE
+    missing = _rows(_mech())["MECH1"]
+    assert missing["verdict"] == claims.MISSING and "mech_power_verdict" in missing["reason"]
+    assert "09_scale_study" in missing["reason"]
+    # not gated by 01's regime (09 keeps the paper protocol)
+    gated = _mech(mech_power_verdict=("powered", "powered"))
+    gated["01_substrate_and_agent"] = {"regime_criterion_met": False}
+    assert _rows(gated)["MECH1"]["verdict"] == claims.AGREES
+
+
+def test_mechanism_rule_2_at_chance_needs_power():
+    def v(es, copes, power=("powered", "powered")):
+        return _rows(_mech(mech_es_chance_verdict=es, mech_copes_paper_chance_verdict=copes,
+                           mech_power_verdict=power))["MECH2"]
+    both = ("at chance", "at chance")
+    assert v(both, both)["verdict"] == claims.AGREES
+    unpowered = v(both, both, power=("powered", "unpowered"))
+    assert unpowered["verdict"] == claims.INCONCLUSIVE and "unpowered" in unpowered["reason"]
+    assert v(both, ("at chance", "beats chance"), power=("unpowered", "unpowered"))["verdict"] == claims.DISAGREES
+    assert v(both, ("at chance", "undefined"))["verdict"] == claims.INCONCLUSIVE
+    assert _rows(_mech())["MECH2"]["verdict"] == claims.MISSING
+
+
+def test_mechanism_rules_3_to_5():
+    def v(claim, **per):
+        return _rows(_mech(**per))[claim]["verdict"]
+    within = ("within bound", "within bound")
+    assert v("MECH3", mech_es_bound_verdict=within, mech_copes_paper_bound_verdict=within) == claims.AGREES
+    assert v("MECH3", mech_es_bound_verdict=within,
+             mech_copes_paper_bound_verdict=("within bound", "above bound")) == claims.DISAGREES
+    assert v("MECH3", mech_es_bound_verdict=within,
+             mech_copes_paper_bound_verdict=("within bound", "undefined")) == claims.INCONCLUSIVE
+    assert v("MECH4", mech_copes_vs_es_verdict=("tie", "tie")) == claims.AGREES
+    assert v("MECH4", mech_copes_vs_es_verdict=("tie", "CoPES higher")) == claims.DISAGREES
+    assert v("MECH4", mech_copes_vs_es_verdict=("tie", "undefined")) == claims.INCONCLUSIVE
+    assert v("MECH5", mech_efficiency_verdict=("consistent", "ES below prediction")) == claims.AGREES
+    assert v("MECH5", mech_efficiency_verdict=("consistent", "ES above prediction")) == claims.DISAGREES
+    assert v("MECH5", mech_efficiency_verdict=("undefined", "undefined")) == claims.INCONCLUSIVE
+    for claim in ("MECH3", "MECH4", "MECH5"):
+        assert v(claim) == claims.MISSING
+
+
+def _fit(points, low, high, shown, allowed=None):
+    ok = points >= 4 and (low > 0 or high < 0)
+    return {"sizes": ["a"], "gain_recovery_es_fit_points": points, "gain_recovery_es_slope_low": low,
+            "gain_recovery_es_slope_high": high, "gain_recovery_es_extrapolated_4b": 0.7 if shown else None,
+            "gain_recovery_es_extrapolation_allowed": ok if allowed is None else allowed}
+
+
+def test_the_4b_extrapolation_rule():
+    v = lambda **kw: _rows({"09_scale_study": _fit(**kw)})["MECH-4B"]  # noqa: E731
+    assert v(points=3, low=0.1, high=0.2, shown=False)["verdict"] == claims.AGREES  # 3 sizes: no 4B value
+    assert v(points=4, low=0.1, high=0.2, shown=True)["verdict"] == claims.AGREES
+    row = v(points=3, low=0.1, high=0.2, shown=True)
+    assert row["verdict"] == claims.DISAGREES and "gain_recovery_es (3 points" in row["reason"]
+    assert v(points=5, low=-0.1, high=0.2, shown=True)["verdict"] == claims.DISAGREES  # slope spans 0
+    assert v(points=4, low=0.1, high=0.2, shown=False, allowed=False)["verdict"] == claims.DISAGREES
+    assert _rows({"09_scale_study": {"sizes": ["a"]}})["MECH-4B"]["verdict"] == claims.MISSING
+
+
+def test_our_rows_render_in_the_markdown_table():
+    summaries = {**_molora(), **_r1(0.02), **_mech(mech_power_verdict=("powered", "unpowered"))}
+    md = claims.to_markdown(claims.judge_claims(summaries), "cpu", significant=[])
+    for claim in ("R1", "P4", "MECH1", "MECH-4B"):
+        assert f"| {claim} | (ours)" in md

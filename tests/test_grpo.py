@@ -404,3 +404,38 @@ def test_early_stopping_off_runs_every_step_and_resumes_with_its_count(tmp_path)
     # the stale count (1 after step 2) survives the resume: steps 3 and 4 make 3 -> stop at 4
     resumed = run_patience(tmp_path / "on", values[3:], patience=3)
     assert resumed.stopped_early and resumed.last_step == 4 and resumed.best_step == 1
+
+
+# --------------------------------------------------------------------------- 04's reference: past its peak
+def test_reference_stopping_rule_on_known_curves(tmp_path):
+    from copes_lib.protocols import grpo_arm
+
+    # a peak (step 2) then a fall: patience 3 sees three validations without a new best and stops at 5
+    peaked = run_patience(tmp_path / "peak", [0.1, 0.3, 0.5, 0.45, 0.4, 0.42, 0.9, 0.9, 0.9], patience=3)
+    report = grpo_arm.peak_report(peaked)
+    assert (report["peak_step"], report["last_step"], report["stopped_early"]) == (2, 5, True)
+    assert not report["cap_censored"] and not report["peak_censored"]
+    # still rising at the cap: censored by both flags
+    rising = grpo_arm.peak_report(run_patience(tmp_path / "rise", [0.1, 0.2, 0.3, 0.4, 0.5, 0.6], patience=3, steps=5))
+    assert rising["cap_censored"] and rising["peak_censored"] and rising["last_step"] == 5
+    # a dip the cap cut short (best at 2, two stale validations of three): not seen to peak, so censored
+    cut = grpo_arm.peak_report(run_patience(tmp_path / "cut", [0.1, 0.2, 0.5, 0.4, 0.45], patience=3, steps=4))
+    assert cut["cap_censored"] and not cut["peak_censored"] and cut["peak_step"] == 2
+
+
+def test_seed_report_spreads_the_reference_over_seeds(tmp_path):
+    from copes_lib.protocols import grpo_arm
+
+    curves = {42: [0.1, 0.3, 0.5, 0.4, 0.4, 0.4], 43: [0.1, 0.2, 0.3, 0.6, 0.5, 0.5, 0.5], 44: [0.1, 0.2, 0.3, 0.4, 0.5]}
+    seed_runs = []
+    for seed, values in curves.items():
+        result = run_patience(tmp_path / str(seed), values, patience=3, steps=4 if seed == 44 else 8)
+        seed_runs.append(grpo_arm.GRPORun(f"seed {seed}", result.history, dict(result.val_by_step), result.best_step,
+                                          result.best_val, tmp_path, result, seed))
+    report = grpo_arm.seed_report(seed_runs, "full")
+    assert report["full_seeds"] == [42, 43, 44]
+    assert report["full_best_step_seeds"] == [2, 3, 4] and report["full_best_step_median"] == 3.0
+    assert report["full_best_val_accuracy_seeds"] == pytest.approx([0.5, 0.6, 0.5])
+    assert report["full_gain_over_base_seeds"] == pytest.approx([0.4, 0.5, 0.4])
+    assert report["full_best_step_sd"] == pytest.approx(1.0)
+    assert report["full_cap_censored_seeds"] == [False, False, True] and report["full_any_cap_censored"]

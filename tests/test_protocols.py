@@ -19,6 +19,7 @@ from copes_lib.protocols import (
     histories,
     notebooks,
     params,
+    sweeps,
     tables,
 )
 
@@ -272,6 +273,60 @@ def test_sweep_tie_is_shown_and_broken_by_the_declared_rule():
     assert es_arm.sweep_choice([], (1.0, 2.0)) == es_arm.SweepChoice(1.0, 2.0)
 
 
+def _peaked_at(optimum):
+    """A known sweep objective: higher the closer log(value) is to log(optimum); counts its calls."""
+    calls = []
+
+    def evaluate(value):
+        calls.append(value)
+        return {"value": value, "score": -abs(math.log(value / optimum))}
+
+    return evaluate, calls
+
+
+@pytest.mark.parametrize("optimum, grid, added, chosen", [
+    (0.04, [0.005, 0.01], [0.02, 0.04, 0.08], 0.04),  # best at the upper edge: widened upward until bracketed
+    (0.001, [0.005, 0.01, 0.02], [0.0025, 0.00125, 0.000625], 0.00125),  # downward; 0.001 is nearest 0.00125
+    (0.01, [0.005, 0.01, 0.02], [], 0.01),  # already interior: nothing added
+])
+def test_sweep_widens_its_grid_until_the_best_is_inside(optimum, grid, added, chosen):
+    evaluate, calls = _peaked_at(optimum)
+    result = sweeps.widen_to_bracket(evaluate, grid, key=lambda r: r["score"], max_extend=5, name="SWEEP_SIGMAS")
+    assert result.added == added and result.chosen == pytest.approx(chosen) and not result.at_edge
+    assert sorted(calls) == result.values == sorted(grid + added)  # every value evaluated exactly once
+    assert "bracketed" in result.describe()
+
+
+def test_sweep_still_at_an_edge_after_its_limit_says_so():
+    evaluate, _ = _peaked_at(1.0)
+    result = sweeps.widen_to_bracket(evaluate, [0.005, 0.01], key=lambda r: r["score"], max_extend=2, name="SWEEP_LRS_FULL")
+    assert result.added == [0.02, 0.04] and result.chosen == 0.04 and result.at_edge
+    assert "STILL AT THE EDGE" in result.describe() and "SWEEP_LRS_FULL" in result.describe()
+    one = sweeps.widen_to_bracket(evaluate, [0.01], key=lambda r: r["score"], max_extend=2)
+    assert one.added == [] and not one.at_edge  # one value: no step to widen by
+    with pytest.raises(ConfigError, match="SWEEP_SIGMAS"):
+        sweeps.widen_to_bracket(evaluate, [0.0, 0.01], key=lambda r: r["score"], max_extend=1, name="SWEEP_SIGMAS")
+
+
+def test_sweeps_score_on_the_tuning_split_never_on_validation():
+    from types import SimpleNamespace
+
+    from copes_lib.tasks import TUNING_SPLIT, load_tasks
+
+    val = load_tasks("smoke", "math", "val")
+    agent = es_arm.AgentSetup(None, SimpleNamespace(train_tasks=load_tasks("smoke", "math", "train"), val_tasks=val),
+                              {"profile": "smoke", "kind": "math"})
+    tuning = es_arm.tuning_agent(agent, 8)
+    assert [t.id for t in tuning.objective.val_tasks] == [t.id for t in load_tasks("smoke", "math", TUNING_SPLIT)[:8]]
+    assert agent.objective.val_tasks is val  # the notebook's own agent still validates on validation
+    with pytest.raises(ConfigError, match="SWEEP_VAL_PROBLEMS = 9999"):
+        es_arm.tuning_agent(agent, 9999)
+    leaky = es_arm.AgentSetup(None, SimpleNamespace(train_tasks=[], val_tasks=load_tasks("smoke", "math", TUNING_SPLIT)),
+                              {"profile": "smoke", "kind": "math"})
+    with pytest.raises(ConfigError, match="SWEEP_VAL_PROBLEMS .tuning split. overlaps the val split"):
+        es_arm.tuning_agent(leaky, 8)
+
+
 def test_protocol_arms_headline_is_the_paper_protocol_with_all_seeds():
     p = params.FixedBudgetParams()
     assert p.HEADLINE == "paper" and p.SEEDS >= 5
@@ -329,6 +384,18 @@ def test_notebooks_04_05_07_share_one_grpo_configuration_and_cache(profile, tmp_
                             key={"substrate_checksum": 1.5, "kind": "math"})
     assert grpo_arm.run_folder(profile, agent, shared) == grpo_arm.run_folder(profile, agent, p04.grpo_config(False))
     assert grpo_arm.run_folder(profile, agent, shared) != grpo_arm.run_folder(profile, agent, p04.grpo_config(True))
+
+
+@pytest.mark.parametrize("profile", ["smoke", "cpu"])
+def test_the_grpo_reference_has_three_seeds_and_a_cap_past_the_papers_peak(profile):
+    p04 = grpo_arm.grpo_params(profile)
+    assert p04.GRPO_SEEDS >= 3 and p04.LORA_SEEDS >= 3 and p04.PATIENCE >= 1
+    seeds = p04.seeds(False)
+    assert seeds[0] == p04.GRPO_SEED and len(set(seeds)) == len(seeds) == p04.GRPO_SEEDS
+    configs = [grpo_arm.grpo_config(profile, False, seed_index=i) for i in range(p04.GRPO_SEEDS)]
+    assert [c.seed for c in configs] == seeds and configs[0] == grpo_arm.grpo_config(profile, False)
+    if profile == "cpu":  # the cap leaves room past the paper's full-GRPO peak (16) and its LoRA peak (64)
+        assert p04.STEPS >= 64 and len(p04.sweep("full")) >= 3 and len(p04.sweep("lora")) >= 3
 
 
 def test_gpu_grpo_keeps_the_dtype_policy():

@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 from copes_lib import runs, stats
 from copes_lib.config import ConfigError, build
@@ -23,7 +24,8 @@ def params(**kw):
     ({"WARM_AXIS_SIZE": "cpu-large"}, "WARM_AXIS_SIZE"),
     ({"PROTOCOLS": "paper,tuned"}, "PROTOCOLS"),
     ({"POPULATION": 10}, "POPULATION = 10"),
-    ({"MECH_POPULATION": 4}, "MECH_POPULATION = 4"),
+    ({"MECH_RANDOM": 1}, "MECH_RANDOM = 1"),
+    ({"MECH_HELDOUT": 200, "VAL_PROBLEMS": 100}, "MECH_HELDOUT = 200 exceeds VAL_PROBLEMS = 100"),
 ])
 def test_bad_parameters_name_themselves(bad, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
@@ -48,9 +50,27 @@ def synthetic_cell(rng, base=0.4, grpo=0.6, es=0.45, copes=0.5, seeds=5, problem
         r["horizon_scores"] = r["scores"]
     return {"size": "x", "warm_steps": 10, "n_params": n_params, "base": arm(base, 1)[0], "grpo": grpo_runs,
             "es": arm(es, seeds), "copes_paper": arm(copes, seeds), "copes_step_matched": arm(es, seeds),
-            "mechanism": [{"arm": "es", "agreement": 0.1, "cos_reference": 0.05, "update_norm": 1.0},
-                          {"arm": "copes", "agreement": 0.2, "cos_reference": math.nan, "update_norm": 2.0},
-                          {"arm": "reference", "agreement": 0.5, "cos_reference": math.nan, "update_norm": 3.0}]}
+            "mechanism": synthetic_mechanism()}
+
+
+def synthetic_mechanism(es_z=0.5, copes_z=0.8, grpo_z=6.0, rho2=(0.3, 0.1, 0.5), d_eff=500.0, n=16):
+    """What scale_study.mechanism returns, with chosen z-scores (random deltas: mean 0, sd 0.01)."""
+    from copes_lib import mechanism as mech
+
+    random = [0.01 * x for x in np.random.default_rng(0).standard_normal(32)]
+    random = [r - float(np.mean(random)) for r in random]
+    sd = float(np.std(random, ddof=1))
+    updates = {name: mech.tail_stats(z * sd, random) for name, z in
+               (("es", es_z), ("copes_paper", copes_z), ("grpo", grpo_z))}
+    return {"direction_test": {"base": 0.4, "norm": 1.5, "n_random": 32,
+                               "random": {"deltas": random, "mean": 0.0, "mean_low": -0.004, "mean_high": 0.004,
+                                          "sd": sd},
+                               "updates": updates},
+            "linear_share": {"rho2": rho2[0], "low": rho2[1], "high": rho2[2], "members": n},
+            "curvature": {"d_eff": d_eff, "d_eff_low": d_eff and d_eff / 2, "d_eff_high": d_eff and d_eff * 2,
+                          "trace": 10.0, "lambda_max": 10.0 / (d_eff or 1.0), "power_converged": True, "rewarded": 5,
+                          "trajectories": 64},
+            "population": n, "times": {"updates_s": 1.0, "direction_test_s": 2.0}}
 
 
 def test_gain_recovery_and_gap_follow_the_scores():
@@ -68,10 +88,48 @@ def test_gain_recovery_and_gap_follow_the_scores():
     assert ss.gain_recovery(flat, "es")["mean"] is None
 
 
-def test_log_fit_recovers_a_line_and_needs_two_points():
-    fit = ss.log_fit([1e5, 1e6, 1e7], [0.1, 0.2, 0.3], at=1e9)
-    assert math.isclose(fit["slope_per_decade"], 0.1) and math.isclose(fit["at"], 0.5)
-    assert ss.log_fit([1e5, 1e6], [0.1, None])["at"] is None
+def test_slope_test_recovers_a_line_and_extrapolates_only_with_four_sizes_and_a_slope_excluding_zero():
+    n_params = [1e5, 1e6, 1e7, 1e8]
+    line = [0.1, 0.2, 0.3, 0.4]
+    tight = ss.slope_test(n_params, line, [v - 0.01 for v in line], [v + 0.01 for v in line], at=1e9)
+    assert math.isclose(tight["slope_per_decade"], 0.1) and tight["slope_low"] > 0
+    assert tight["extrapolation_allowed"] and math.isclose(tight["at"], 0.5)
+    three = ss.slope_test(n_params[:3], line[:3], [v - 0.01 for v in line[:3]], [v + 0.01 for v in line[:3]], at=1e9)
+    assert not three["extrapolation_allowed"] and three["at"] is None and three["slope_low"] > 0  # 3 sizes: no 4B
+    wide = ss.slope_test(n_params, line, [v - 1 for v in line], [v + 1 for v in line], at=1e9)
+    assert wide["slope_low"] < 0 < wide["slope_high"] and wide["at"] is None  # interval spans 0: no 4B
+    bare = ss.slope_test(n_params, line)  # no per-size intervals: a slope, no interval, no extrapolation
+    assert bare["slope_low"] is None and bare["at"] is None
+    assert ss.slope_test([1e5, 1e6], [0.1, None])["slope_per_decade"] is None
+
+
+def test_mechanism_verdicts_follow_the_registered_rules():
+    cell = synthetic_cell(np.random.default_rng(2))
+    v = ss.mechanism_summary(cell)
+    assert v["mech_power_verdict"] == "powered"  # GRPO z 6, p_tail 1/33
+    assert v["mech_es_chance_verdict"] == "at chance" and v["mech_copes_vs_es_verdict"] == "tie"
+    assert math.isclose(v["mech_z_bound"], math.sqrt(0.5 * 16) + 1.959963984540054)
+    assert v["mech_es_bound_verdict"] == "within bound"
+    assert math.isclose(v["mech_predicted_efficiency"], 0.5 * 16 / (500 + 15))
+    eff = ss.budget_efficiency(cell, "es")
+    base, grpo = ss.scores(cell, "base").mean(), ss.scores(cell, "grpo").mean()
+    assert math.isclose(eff["mean"], (ss.scores(cell, "es").mean() - base) / (grpo - base))
+    # rule 5: the prediction against the measured interval
+    expected = ("consistent" if eff["low"] <= v["mech_predicted_efficiency"] <= eff["high"] else
+                "ES below prediction" if eff["high"] < v["mech_predicted_efficiency"] else "ES above prediction")
+    assert v["mech_efficiency_verdict"] == expected
+    # an ES update far above its first-order bound, CoPES far below it; GRPO not in the tail
+    cell["mechanism"] = synthetic_mechanism(es_z=9.0, copes_z=0.0, grpo_z=0.0)
+    v = ss.mechanism_summary(cell)
+    assert v["mech_es_bound_verdict"] == "above bound" and v["mech_es_chance_verdict"] == "beats chance"
+    assert v["mech_copes_vs_es_verdict"] == "ES higher" and v["mech_power_verdict"] == "unpowered"
+    assert v["mech_equal_norm_ratio_es"] is None  # the GRPO direction does not beat chance: no ratio
+    # no GRPO gain: no reference; no d_eff: efficiency undefined
+    flat = synthetic_cell(np.random.default_rng(3), grpo=0.0)
+    flat["mechanism"] = synthetic_mechanism(d_eff=None)
+    v = ss.mechanism_summary(flat)
+    assert v["mech_power_verdict"] == "no reference" and v["mech_efficiency_verdict"] == "undefined"
+    assert ss.mechanism_summary({**flat, "mechanism": None}) == {}
 
 
 def test_cell_summary_is_flat_and_scores_round_trip(tmp_path):
@@ -79,8 +137,8 @@ def test_cell_summary_is_flat_and_scores_round_trip(tmp_path):
     cell = synthetic_cell(np.random.default_rng(1))
     summary = ss.cell_summary(p, cell, "cpu_large")
     runs.check_summary({k: v for k, v in summary.items()})
-    assert summary["agreement_copes_cpu_large"] == 0.2 and summary["cos_grpo_copes_cpu_large"] is None
-    assert summary["grpo_self_agreement_cpu_large"] == 0.5
+    assert summary["mech_power_verdict_cpu_large"] == "powered" and summary["mech_d_eff_cpu_large"] == 500.0
+    assert not any(k.startswith(("agreement_", "cos_grpo_", "cos_chance_sd", "grpo_self_agreement")) for k in summary)
     assert {"copes_paper_minus_es_verdict_cpu_large", "gain_recovery_copes_step_matched_low_cpu_large"} <= set(summary)
     ss.save_cell_scores(p, tmp_path, cell, "cpu_large")
     loaded = stats.load_scores(tmp_path)["val_accuracy_at_budget_cpu_large"]
@@ -110,3 +168,252 @@ def test_warm_axis_bases_train_exactly_their_steps(monkeypatch):
     recipe, axis = seen
     assert recipe.math_target > 0 and recipe.model_size == "smoke"
     assert axis.math_target == 0.0 and axis.math_steps == 8 and axis.model_size == "smoke"
+
+
+def test_rewarded_nll_is_the_likelihood_of_rewarded_trajectories_and_has_an_effective_rank():
+    """On the GRPO tests' tiny Qwen3 and toy sampler: the surrogate keeps only rewarded trajectories,
+    its curvature has a positive trace and a d_eff between 1 and the dimension; no reward, no surrogate."""
+    import dataclasses
+
+    from copes_lib import mechanism as mech
+    from tests.test_grpo import ToyRolloutConfig, tiny_model, toy_rollout
+
+    model = tiny_model()
+    loss_fn, info = ss.rewarded_nll(model, None, None, list(range(4)), ToyRolloutConfig(), group_size=8, seed=0,
+                                    rollout_fn=toy_rollout)
+    assert info["trajectories"] == 32 and 0 < info["rewarded"] < 32
+    loss = float(loss_fn(model))
+    assert 0 < loss < 20
+    r = mech.effective_rank(model, loss_fn, probes=4, iters=8, seed=0, eps=1e-2)
+    # at a random initialisation the NLL's Hessian is indefinite: either no d_eff, or one in [1, d]
+    assert math.isfinite(r["trace"]) and (r["d_eff"] is None or 1 <= r["d_eff"] <= r["dim"])
+
+    def unrewarded(*args, **kw):
+        return dataclasses.replace(toy_rollout(*args, **kw), rewards=[0.0] * 32)
+
+    none, info = ss.rewarded_nll(model, None, None, list(range(4)), ToyRolloutConfig(), group_size=8, seed=0,
+                                 rollout_fn=unrewarded)
+    assert none is None and info["rewarded"] == 0
+
+
+def test_the_scale_study_stays_in_the_skill_gap_regime(monkeypatch):
+    """01's cpu base is the latent-protocol one (docs/regime.md); 09 keeps the paper-protocol recipe
+    (its cache entries and cost) until its map adds the regime axis."""
+    from copes_lib import substrate
+    from copes_lib.protocols.substrate_setup import substrate_config
+
+    seen = []
+
+    class Recorded(Exception):
+        pass
+
+    def fake_warm_start(profile, kind, seed=0, *, config, **kw):
+        seen.append(config)
+        raise Recorded
+
+    monkeypatch.setattr(substrate, "warm_start", fake_warm_start)
+    with pytest.raises(Recorded):
+        ss.load_substrate(params(PROFILE="cpu", SIZES="tiny,cpu", WARM_AXIS_SIZE=""), "tiny")
+    assert substrate_config("cpu").protocol == "latent" and seen[0].protocol == "paper"
+
+
+# ----------------------------------------------------------------------------------------- the map
+def map_params(**kw):
+    return params(**{"MAP_SIZE": "tiny", "MAP_PRIORS": "0,0.1,0.3", "MAP_POPULATIONS": "20,40,80",
+                     "MAP_SUBSPACES": 0, "MAP_CONTROL_POPULATIONS": "40", "MAP_HEADLINE_P": 0.1,
+                     "MAP_HEADLINE_N": 40, "BACKEND": "batched", "CHUNK_SIZE": 8, **kw})
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"MAP_POPULATIONS": "10,40,80"}, "MAP_POPULATIONS = '10,40,80' with MAP_SUBSPACES = 0: N = [10] give CoPES N_k"),
+    ({"MAP_POPULATIONS": "20,40,80", "MAP_SUBSPACES": 4}, "N = [20] give CoPES N_k = N / K < 10"),
+    ({"MAP_POPULATIONS": "40,45,80"}, "N = [45] give CoPES N_k"),
+    ({"MAP_SUBSPACES": 1}, "MAP_SUBSPACES = 1 is standard ES"),
+    ({"MAP_CONTROL_POPULATIONS": "40,160"}, "MAP_CONTROL_POPULATIONS = '40,160': [160] not in"),
+    ({"MAP_PRIORS": "0,0.5,1.0"}, "out of range: [1.0]"),
+    ({"MAP_PRIORS": "0,-0.1,0.1"}, "out of range: [-0.1]"),
+    ({"MAP_PRIORS": "0.1,0.3"}, "with 0 included"),
+    ({"MAP_HEADLINE_P": 0.2}, "MAP_HEADLINE_P = 0.2 must be one of MAP_PRIORS"),
+    ({"MAP_HEADLINE_N": 50}, "MAP_HEADLINE_N = 50 must be one of MAP_POPULATIONS"),
+    ({"MAP_POPULATIONS": "80,40"}, "small to large"),
+    ({"MAP_REGIMES": "latent,protocol"}, "MAP_REGIMES"),
+    ({"MAP_SIZE": "huge"}, "MAP_SIZE = 'huge'"),
+    ({"BACKEND": "sequential"}, "BACKEND = 'sequential'"),
+])
+def test_map_grid_errors_name_the_parameter(bad, message):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")):
+        map_params(**bad)
+
+
+def test_map_grid_and_tags():
+    p = map_params()
+    assert ss.map_bases(p) == [("latent", 0.0), ("latent", 0.1), ("latent", 0.3), ("skill_gap", None)]
+    assert ss.map_tag("latent", 0.1, 40) == "latent_p0_1_n40" and ss.map_tag("skill_gap", None, 160) == "skill_gap_n160"
+    assert ss.map_tag("latent", 0.0) == "latent_p0"
+    assert [p.map_subspaces(n) for n in p.map_populations()] == [2, 4, 8]  # N_k = 10 throughout
+    assert map_params(MAP_SUBSPACES=2).map_subspaces(80) == 2
+    assert map_params(MAP_CONTROL_POPULATIONS="").map_control_populations() == [20, 40, 80]
+    assert ss.map_bases(params(MAP_SIZE="")) == []  # no map: nothing to validate, nothing to run
+
+
+class LinearRegression:
+    """Fitness -mean((X W^T - Y)^2) of an nn.Linear on fixed rows; batched over members (Population)."""
+
+    def __init__(self, d=8, rows=16, seed=0):
+        gen = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(rows, d, generator=gen)
+        self.y = self.x @ torch.randn(d, d, generator=gen).T
+        self.calls = []
+
+    def rows_per_member(self, step):
+        return len(self.x)
+
+    def fitness(self, model, step):
+        return -float(((model(self.x) - self.y) ** 2).mean())
+
+    @torch.no_grad()
+    def population_fitness(self, model, step, n_members, row_hook):
+        row_hook(list(range(n_members * len(self.x))))
+        out = model(self.x.repeat(n_members, 1)).reshape(n_members, len(self.x), -1)
+        values = (-((out - self.y) ** 2).mean(dim=(1, 2))).tolist()
+        self.calls.append(values)
+        return values
+
+    def validate(self, model):
+        return {"score": self.fitness(model, 0)}
+
+    def gradient(self, model):
+        model.zero_grad()
+        (-((model(self.x) - self.y) ** 2).mean()).backward()
+        return model.weight.grad.flatten().clone()
+
+
+def one_update(config, objective, seed=0):
+    from copes_lib.es import ES, es_step
+    from copes_lib.es_backends import make_backend
+
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(8, 8, bias=False)
+    before = model.weight.detach().flatten().clone()
+    es = ES(model, config)
+    result = es_step(es, 1, objective, make_backend(es))
+    return model.weight.detach().flatten() - before, result, model
+
+
+def test_shuffled_fitness_permutes_the_rewards_and_its_update_is_uncorrelated_with_the_true_one():
+    p = map_params(SIGMA=0.05, ALPHA=0.05)
+    cos_true, cos_shuffled, cos_between = [], [], []
+    for s in range(12):
+        truth = LinearRegression(seed=s)
+        u_true, _, _ = one_update(ss.map_arm_config(p, "es", 40, s), truth)
+        inner = LinearRegression(seed=s)
+        shuffled = ss.ShuffledFitness(inner, seed=s)
+        u_shuf, _, _ = one_update(ss.map_arm_config(p, "es_shuffled", 40, s), shuffled)
+        # the wrapper hands ES a permutation of the very values the objective computed, not the identity
+        values = inner.calls[-1]
+        perm = shuffled.permutation(1, len(values))
+        assert sorted(np.asarray(values)[perm]) == sorted(values) and not np.array_equal(perm, np.arange(len(values)))
+        torch.manual_seed(s)
+        start = torch.nn.Linear(8, 8, bias=False)
+        grad = truth.gradient(start)
+        cos = torch.nn.functional.cosine_similarity
+        cos_true.append(float(cos(u_true, grad, dim=0)))
+        cos_shuffled.append(float(cos(u_shuf, grad, dim=0)))
+        cos_between.append(float(cos(u_shuf, u_true, dim=0)))
+    # the true update follows the gradient; the shuffled one does not, and is unrelated to the true one
+    # (chance |cos| in 64 dimensions ~ 1/8 per draw, ~0.036 for a mean of 12)
+    assert np.mean(cos_true) > 0.5
+    assert abs(np.mean(cos_shuffled)) < 0.12 and abs(np.mean(cos_between)) < 0.12
+
+
+def test_sqrtk_alpha_control_has_sqrtk_times_es_update_norm_and_copes_length():
+    p = map_params(SIGMA=0.05, ALPHA=0.05)
+    ratios_es, ratios_copes = [], []
+    for s in range(6):
+        u_es, r_es, _ = one_update(ss.map_arm_config(p, "es", 40, s), LinearRegression(seed=s))
+        u_k, r_k, _ = one_update(ss.map_arm_config(p, "es_sqrtk", 40, s), LinearRegression(seed=s))
+        _, r_c, _ = one_update(ss.map_arm_config(p, "copes", 40, s), LinearRegression(seed=s))
+        ratios_es.append(r_k.update_norm / r_es.update_norm)
+        ratios_copes.append(r_k.update_norm / r_c.update_norm)
+        # same noise and rewards: the same direction, sqrt(K) times longer
+        assert float(torch.nn.functional.cosine_similarity(u_es, u_k, dim=0)) == pytest.approx(1.0, abs=1e-5)
+    assert ratios_es == pytest.approx([2.0] * 6, rel=1e-4)  # sqrt(K), K = 4
+    assert np.mean(ratios_copes) == pytest.approx(1.0, abs=0.25)  # CoPES's own step length, in expectation
+    assert ss.map_arm_config(p, "copes", 40, 0).subspaces == 4 and ss.map_arm_config(p, "es_sqrtk", 40, 0).subspaces == 1
+
+
+def synthetic_map_base(rng, regime, p, pops=(20, 40, 80), base_strict=0.1, base_lenient=0.6, grpo_strict=0.5,
+                       es_strict=0.2, copes_strict=0.25, problems=200, seeds=3, d_eff=50.0):
+    def runs(strict, lenient, n):
+        return [{"strict": (rng.random(problems) < strict).astype(float).tolist(),
+                 "lenient": (rng.random(problems) < lenient).astype(float).tolist(),
+                 "scores": [0.0] * problems, "mean_update_norm": 1.0, "mean_step_s": 0.1} for _ in range(n)]
+    base = runs(base_strict, base_lenient, 1)[0]
+    base["criterion"] = {"met": True}
+    grpo = runs(grpo_strict, base_lenient, 3)
+    for r in grpo:
+        r["horizon_strict"], r["horizon_lenient"] = r["strict"], r["lenient"]
+    cells = {n: {"es": runs(es_strict, base_lenient, seeds), "copes": runs(copes_strict, base_lenient, seeds)}
+             for n in pops}
+    cells[40].update(es_shuffled=runs(base_strict, base_lenient, seeds), es_sqrtk=runs(es_strict, base_lenient, seeds))
+    return {"regime": regime, "p": p, "n_params": 45280, "warm_steps": 10, "converged": True, "base": base,
+            "grpo": grpo, "cells": cells, "mechanism": {"curvature": {"d_eff": d_eff}}}
+
+
+def test_map_summary_writes_the_prediction_keys_and_they_follow_the_scores(tmp_path):
+    rng = np.random.default_rng(0)
+    p = map_params()
+    bases = {("latent", 0.0): synthetic_map_base(rng, "latent", 0.0, es_strict=0.1),
+             ("latent", 0.1): synthetic_map_base(rng, "latent", 0.1, es_strict=0.3),
+             ("latent", 0.3): synthetic_map_base(rng, "latent", 0.3, es_strict=0.45),
+             ("skill_gap", None): synthetic_map_base(rng, "skill_gap", None, es_strict=0.1)}
+    s = ss.map_summary(p, bases)
+    for r in ("R2", "R5", "R6", "R7"):
+        for part in ("value", "low", "high"):
+            assert f"prediction_{r}_{part}" in s
+    assert s["prediction_R2_low"] < s["prediction_R2_value"] < s["prediction_R2_high"]
+    assert abs(s["prediction_R2_value"]) < 0.05  # ES at p = 0 gained nothing in these scores
+    assert s["prediction_R5_low"] > 0  # latent recovery 0.5 vs skill gap 0
+    assert s["prediction_R6_low"] > 0 and s["prediction_R6_points"] == 3  # recovery rises with p
+    assert s["prediction_R7_points"] == 12 and s["prediction_R7_low"] <= s["prediction_R7_value"] <= s["prediction_R7_high"]
+    assert s["map_es_gain_recovery_latent_p0_3_n40"] == pytest.approx(0.9, abs=0.15)
+    assert s["map_es_minus_es_shuffled_latent_p0_3_n40"] > 0 and "map_es_minus_es_shuffled_latent_p0_3_n80" not in s
+    assert s["map_subspaces_latent_p0_1_n80"] == 8
+    assert s["map_base_strict_skill_gap"] == pytest.approx(0.1, abs=0.05)
+    assert "map_es_delta_protocol_low_latent_p0_1_n80" in s
+    ss.save_map_scores(p, tmp_path, bases)
+    loaded = stats.load_scores(tmp_path)
+    assert loaded["map_strict_latent_p0_1_n40"].arms["es"].shape == (3, 200)
+    assert set(loaded["map_lenient_skill_gap_n40"].arms) == {"base", "full_grpo", *ss.MAP_ARMS}
+    assert set(loaded["map_lenient_skill_gap_n80"].arms) == {"base", "full_grpo", "es", "copes"}
+
+
+def test_line_fit_recovers_a_slope_and_its_interval():
+    fit = ss.line_fit([0.0, 0.1, 0.3], [0.0, 0.1, 0.3], [-0.05, 0.05, 0.25], [0.05, 0.15, 0.35])
+    assert fit["slope"] == pytest.approx(1.0) and fit["low"] > 0 and fit["n_points"] == 3
+    assert ss.line_fit([1.0], [1.0], [0.0], [2.0])["slope"] is None
+
+
+def test_map_bases_use_the_latent_recipe_with_their_prior_and_the_skill_gap_base_the_paper_recipe(monkeypatch):
+    """The scale axis stays in the skill-gap regime; the map's latent bases are 01's latent recipe at
+    MAP_SIZE with their own p and MAP_LATENT_STEPS, its skill-gap base 01's paper recipe."""
+    from copes_lib import substrate
+
+    seen = []
+
+    class Recorded(Exception):
+        pass
+
+    def fake_warm_start(profile, kind, seed=0, *, config, **kw):
+        seen.append(config)
+        raise Recorded
+
+    monkeypatch.setattr(substrate, "warm_start", fake_warm_start)
+    p = map_params(PROFILE="cpu", SIZES="tiny,cpu", WARM_AXIS_SIZE="")
+    for regime, prior in (("latent", 0.3), ("skill_gap", None)):
+        with pytest.raises(Recorded):
+            ss.load_map_base(p, regime, prior)
+    latent, skill = seen
+    assert (latent.protocol, latent.latent_p, latent.latent_math_steps, latent.model_size) == ("latent", 0.3, 1500,
+                                                                                             "tiny")
+    assert (skill.protocol, skill.model_size) == ("paper", "tiny") and skill.math_target > 0  # 01's stopping rule

@@ -89,7 +89,7 @@ def test_warm_start_stops_at_the_first_point_reaching_its_target(tokenizer, monk
     from copes_lib.substrate import train_warm_start, warm_rollout_config
 
     scores = iter([0.0, 0.1, 0.45, 0.2, 0.9])  # step 0, 2, 4, 6, 8
-    monkeypatch.setattr(rollout_module, "evaluate", lambda *a, **k: {"score": next(scores)})
+    monkeypatch.setattr(rollout_module, "evaluate", lambda *a, **k: {"score": next(scores), "batches": []})
     params = substrate_params("smoke")
     tasks = load_tasks("smoke", "math", "train")[:16]
 
@@ -106,3 +106,104 @@ def test_warm_start_stops_at_the_first_point_reaching_its_target(tokenizer, monk
     scores = iter([0.0, 0.1, 0.45, 0.2, 0.9])
     assert [p["step"] for p in curve(0.0)] == [0, 2, 4, 6, 8]  # no target: the cap
 
+
+
+# --------------------------------------------------------------------------- the latent-protocol warm start
+def test_latent_protocol_ranges_fail_naming_the_parameter():
+    from copes_lib.substrate import WarmStartConfig, latent_trace_mix
+
+    for bad in (1.0, -0.1, 1.5):
+        with pytest.raises(ConfigError, match="latent_p"):
+            WarmStartConfig(latent_p=bad)
+        with pytest.raises(ConfigError, match="WARM_LATENT_P"):
+            SubstrateNotebookParams(WARM_LATENT_P=bad)
+        with pytest.raises(ConfigError, match="latent_p"):
+            latent_trace_mix(load_tasks("smoke", "math", "train")[:10], bad, 0)
+    with pytest.raises(ConfigError, match="WARM_PROTOCOL"):
+        SubstrateNotebookParams(WARM_PROTOCOL="chatty")
+    with pytest.raises(ConfigError, match="WARM_LATENT_MATH_STEPS"):
+        SubstrateNotebookParams(WARM_LATENT_MATH_STEPS=0)
+    assert WarmStartConfig(latent_p=0.0).latent_p == 0.0  # p = 0 is valid: no trace in the reward's protocol
+
+
+@pytest.mark.parametrize("kind", ["math", "qa"])
+@pytest.mark.parametrize("p", [0.0, 0.1, 0.35])
+def test_latent_traces_are_in_the_declared_protocol_mix(kind, p):
+    from copes_lib.substrate import latent_trace_mix
+
+    tasks = load_tasks("smoke", kind, "train")
+    mixed, n_paper = latent_trace_mix(tasks, p, seed=0)
+    paper = [t for t in mixed if t.reference.endswith(r"}</answer>") and r"<answer>\boxed{" in t.reference]
+    latent = [t for t in mixed if t.reference.endswith(f"Answer: {t.answers[0]}")]
+    latent_ids = {t.id for t in latent}
+    assert n_paper == len(paper) == round(p * len(tasks)) and len(latent) == len(tasks) - n_paper
+    assert not any("<answer>" in t.reference for t in latent)
+    for before, after in zip(tasks, mixed):  # same task, same tool calls and observations, only the answer differs
+        assert (before.id, before.question, before.answers) == (after.id, after.question, after.answers)
+        if after.id in latent_ids:
+            assert after.reference.rsplit("Answer: ", 1)[0] == before.reference.rsplit("<answer>", 1)[0]
+        else:
+            assert after == before
+    if 0 < p:  # the draw follows the seed
+        other = latent_trace_mix(tasks, p, seed=1)[0]
+        assert [t.reference for t in other] != [t.reference for t in mixed]
+
+
+def test_a_latent_trace_ends_on_eos_and_a_paper_trace_does_not(tokenizer):
+    from copes_lib.substrate import latent_trace_mix
+
+    task = load_tasks("smoke", "math", "val")[3]
+    latent = latent_trace_mix([task], 0.0, seed=0)[0][0]
+    ids, mask = encode_trace(tokenizer, latent, 512)
+    assert ids[-1] == tokenizer.eos_token_id and mask[-1] == 1
+    assert "Answer:" in tokenizer.decode([i for i, m in zip(ids, mask) if m]) and "<answer>" not in tokenizer.decode(ids)
+    paper_ids, _ = encode_trace(tokenizer, task, 512)
+    assert paper_ids[-1] != tokenizer.eos_token_id and tokenizer.eos_token_id not in paper_ids
+
+
+def test_cache_key_changes_with_p_and_the_paper_base_keeps_its_key():
+    from copes_lib.substrate import warm_start_folder
+
+    base = substrate_config("smoke")
+    latent = dataclasses.replace(base, protocol="latent")
+
+    def folder(config, kind="math"):
+        return warm_start_folder("smoke", kind, 0, config=config)[0]
+
+    keys = {folder(dataclasses.replace(latent, latent_p=p)) for p in (0.0, 0.1, 0.2)}
+    assert len(keys) == 3 and folder(base) not in keys
+    assert folder(dataclasses.replace(latent, latent_math_steps=7)) != folder(latent)
+    assert folder(dataclasses.replace(latent, latent_qa_steps=7), "qa") != folder(latent, "qa")
+    # the paper protocol ignores the latent knobs, so its cache entry (the skill-gap control) is unchanged
+    assert folder(dataclasses.replace(base, latent_p=0.3, latent_math_steps=7)) == folder(base)
+
+
+def test_latent_warm_start_trains_its_exact_steps_and_records_the_mix():
+    config = dataclasses.replace(substrate_config("smoke"), protocol="latent", latent_p=0.2, latent_math_steps=4,
+                                 math_target=0.01, batch=4, eval_every=2, eval_problems=2, max_new_tokens=8)
+    _, _, info = warm_start("smoke", "math", seed=7, force=True, config=config, log=lambda s: None)
+    n_train = len(load_tasks("smoke", "math", "train"))
+    assert info["protocol"] == "latent" and info["steps"] == 4 and info["target"] == 0.0  # no stopping rule
+    assert (info["paper_traces"], info["latent_traces"]) == (round(0.2 * n_train), n_train - round(0.2 * n_train))
+    assert [p["step"] for p in info["curve"]] == [0, 2, 4]
+    assert all({"val_strict", "val_lenient"} <= set(p) for p in info["curve"]) and isinstance(info["converged"], bool)
+
+
+def test_spread_seeds_are_skipped_when_nothing_is_trained():
+    assert SubstrateNotebookParams(WARM_SPREAD_SEEDS=2).spread_seeds() == [1, 2]
+    assert SubstrateNotebookParams(SEED=4, WARM_SPREAD_SEEDS=1).spread_seeds() == [5]
+    assert SubstrateNotebookParams(WARM_SPREAD_SEEDS=0).spread_seeds() == []
+    loaded = [SubstrateNotebookParams(PROFILE="gpu", WARM_SPREAD_SEEDS=2),
+              SubstrateNotebookParams(MODEL_PATH="/models/Qwen3.5-4B", WARM_SPREAD_SEEDS=2)]
+    for params in loaded:  # every seed would load the same checkpoint: sd 0 by construction
+        assert params.spread_seeds() == [] and not params.trains_base()
+        assert params.warm_start_config().protocol == "paper"  # a loaded checkpoint is trained on no traces
+
+
+def test_converged_reads_the_lenient_curve():
+    from copes_lib.substrate import converged
+
+    rising = [{"val_lenient": v} for v in (0.0, 0.1, 0.3, 0.5, 0.6, 0.7, 0.8, 0.9)]
+    flat = [{"val_lenient": v} for v in (0.0, 0.4, 0.7, 0.8, 0.82, 0.81, 0.83, 0.82)]
+    untrained = [{"val_lenient": 0.0}] * 8
+    assert not converged(rising) and converged(flat) and not converged(flat[:1]) and not converged(untrained)

@@ -9,6 +9,8 @@ from copes_lib.config import ConfigError
 from copes_lib.tasks import (
     SEARCH_K,
     SPLITS,
+    TUNING_SPLIT,
+    check_tuning_disjoint,
     describe_split_file,
     load_passages,
     load_tasks,
@@ -32,6 +34,25 @@ def test_splits_are_explicit_disjoint_and_saved(kind):
                 assert not set(record["ids"][a]) & set(record["ids"][b])
                 assert not {t.question for t in tasks[a]} & {t.question for t in tasks[b]}
     assert load_tasks("smoke", kind, "val") == tasks["val"]  # deterministic
+
+
+@pytest.mark.parametrize("kind", ["math", "qa"])
+def test_tuning_split_is_explicit_and_disjoint_from_train_val_and_test(kind):
+    tuning = load_tasks("smoke", kind, TUNING_SPLIT)
+    saved = json.loads(open(f"data/splits/smoke_{kind}_{TUNING_SPLIT}.json").read())
+    assert saved["ids"] == [t.id for t in tuning] and len(set(saved["ids"])) == len(tuning) > 0
+    for split in SPLITS:
+        other = load_tasks("smoke", kind, split)
+        assert not {t.id for t in tuning} & {t.id for t in other}
+        assert not {t.question for t in tuning} & {t.question for t in other}
+
+
+def test_overlapping_tuning_split_is_a_clear_error():
+    val = load_tasks("smoke", "math", "val")
+    tuning = load_tasks("smoke", "math", TUNING_SPLIT)[:4] + val[:1]
+    with pytest.raises(ConfigError, match="SWEEP_SPLIT overlaps the val split"):
+        check_tuning_disjoint(tuning, {"train": [], "val": val}, "SWEEP_SPLIT")
+    check_tuning_disjoint(tuning[:4], {"val": val}, "SWEEP_SPLIT")  # disjoint: no error
 
 
 def test_cpu_validation_is_large_enough():

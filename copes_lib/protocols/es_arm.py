@@ -2,6 +2,9 @@
 (``es_run``), the sigma sweep of notebooks 02 / 03, runs over paired seeds and their continuation (05,
 06, 07).
 
+Sweeps score on the tuning split (``tuning_agent``), never on validation, and widen their grid until the
+choice is bracketed (``protocols.sweeps``).
+
 A run is ``copes_lib.es_training.cached_es_run`` on a copy of the warm-started model, cached under
 ``cache/<profile>/es_runs-<key>/`` with key ``es_training.run_key`` (config, steps, validation cadence, the
 agent's identity, the rollout engine included): two notebooks that ask for the same run share it, and an
@@ -31,6 +34,7 @@ from copes_lib.es_training import cached_es_run, run_key
 from copes_lib.protocols.histories import val_points
 from copes_lib.protocols.params import ESSettings, StandardESNotebookParams, sweep_values
 from copes_lib.protocols.substrate_setup import substrate_config
+from copes_lib.protocols.sweeps import GridSweep, widen_to_bracket
 from copes_lib.training_run import BEST, LAST, SCORE
 
 
@@ -106,22 +110,75 @@ def ray_worker_factory(config: ESConfig, agent: AgentSetup):
     return functools.partial(agent_worker, agent.worker_args)
 
 
-def run_sweep(params: StandardESNotebookParams, agent: AgentSetup, subspaces: int) -> list[dict[str, Any]]:
-    """The sigma sweep (alpha = SWEEP_ALPHA_RATIO * sigma) for one K; one row per setting."""
-    rows = []
-    for sigma in sweep_values(params.SWEEP_SIGMAS, "SWEEP_SIGMAS"):
+def tuning_agent(agent: AgentSetup, problems: int, name: str = "SWEEP_VAL_PROBLEMS") -> AgentSetup:
+    """The agent validating on the first ``problems`` of the tuning split (``tasks.TUNING_SPLIT``): what
+    every sweep of 02-04 scores on, so the validation split stays untouched by the choice. Checked
+    disjoint from the agent's training and validation problems and the test split (a clear error
+    otherwise); ``name``: the parameter that sized it, for messages."""
+    from copes_lib.tasks import TUNING_SPLIT, check_tuning_disjoint, load_tasks
+
+    profile, kind = agent.key["profile"], agent.key["kind"]
+    tuning = load_tasks(profile, kind, TUNING_SPLIT)
+    if problems > len(tuning):
+        raise ConfigError(f"{name} = {problems}: the {profile} tuning split of {kind} holds {len(tuning)} "
+                          f"problems; choose 1..{len(tuning)}")
+    tuning = tuning[:problems]
+    check_tuning_disjoint(tuning, {"train": agent.objective.train_tasks, "val": agent.objective.val_tasks,
+                                   "test": load_tasks(profile, kind, "test")}, f"{name} (tuning split)")
+    objective = copy.copy(agent.objective)
+    objective.val_tasks = tuning
+    return dataclasses.replace(agent, objective=objective)
+
+
+def _sweep_key(row: dict[str, Any]) -> tuple:
+    """SWEEP_TIE_RULE as a sort key (higher is better)."""
+    return (row["final_val_accuracy"], row.get("final_reward_mean", 0.0), -row["sigma"])
+
+
+def sigma_sweep(params: StandardESNotebookParams, agent: AgentSetup, subspaces: int) -> GridSweep:
+    """The sigma sweep (alpha = SWEEP_ALPHA_RATIO * sigma) for one K on the tuning split, widened until
+    its best sigma is inside the grid (``protocols.sweeps``, at most SWEEP_MAX_EXTEND added sigmas).
+    ``final_val_accuracy`` of a row is its accuracy on the tuning split after SWEEP_STEPS steps."""
+    tuning = tuning_agent(agent, params.SWEEP_VAL_PROBLEMS)
+
+    def evaluate(sigma: float) -> dict[str, Any]:
         alpha = params.SWEEP_ALPHA_RATIO * sigma
         config = params.es_config(subspaces=subspaces, sigma=sigma, alpha=alpha)
-        history = es_run(agent, config, steps=params.SWEEP_STEPS, val_every=params.SWEEP_STEPS,
-                         force=params.FORCE, val_problems=params.SWEEP_VAL_PROBLEMS,
-                         label=f"sweep K={subspaces} sigma={sigma:g}").history
-        rows.append({"subspaces": subspaces, "sigma": sigma, "alpha": alpha,
-                     "base_val_accuracy": history[0]["eval/val_accuracy"],
-                     "final_val_accuracy": history[-1]["eval/val_accuracy"],
-                     "final_reward_mean": history[-1]["reward/mean"],
-                     "mean_update_norm": float(np.mean([r["es/update_norm"] for r in history[1:]])),
-                     "device_hours": history[-1]["time/device_hours"]})
-    return rows
+        history = es_run(tuning, config, steps=params.SWEEP_STEPS, val_every=params.SWEEP_STEPS,
+                         force=params.FORCE, label=f"sweep K={subspaces} sigma={sigma:g}").history
+        return {"subspaces": subspaces, "sigma": sigma, "alpha": alpha,
+                "base_val_accuracy": history[0]["eval/val_accuracy"],
+                "final_val_accuracy": history[-1]["eval/val_accuracy"],
+                "final_reward_mean": history[-1]["reward/mean"],
+                "mean_update_norm": float(np.mean([r["es/update_norm"] for r in history[1:]])),
+                "device_hours": history[-1]["time/device_hours"]}
+
+    values = sweep_values(params.SWEEP_SIGMAS, "SWEEP_SIGMAS")
+    if not values:
+        return GridSweep("SWEEP_SIGMAS", [], {}, float("nan"))
+    return widen_to_bracket(evaluate, values, key=_sweep_key, max_extend=params.SWEEP_MAX_EXTEND, name="SWEEP_SIGMAS")
+
+
+def sweep_rows(grid: GridSweep) -> list[dict[str, Any]]:
+    """One row per evaluated setting, ascending, marking the widening's additions and the choice."""
+    return [{**grid.rows[v], "split": "tune", "added_by_widening": v in grid.added, "chosen": v == grid.chosen}
+            for v in grid.values]
+
+
+def sweep_summary(grid: GridSweep) -> dict[str, Any]:
+    """The summary keys every sweep writes: whether the choice is bracketed, what the widening added."""
+    best = grid.rows[grid.chosen]
+    after, before = (best["final_val_accuracy"], best["base_val_accuracy"]) if "final_val_accuracy" in best else (
+        best["val_at_sweep_end"], best["base_val"])  # an ES row (02, 03) or a GRPO row (04)
+    return {"sweep_split": "tune", "sweep_values": list(grid.values), "sweep_added": list(grid.added),
+            "sweep_at_edge": bool(grid.at_edge), "sweep_max_extend": grid.max_extend,
+            # the choice's tuning-split accuracy after SWEEP_STEPS minus the base's: <= 0 means no setting helped
+            "sweep_best_minus_base": float(after - before)}
+
+
+def run_sweep(params: StandardESNotebookParams, agent: AgentSetup, subspaces: int) -> list[dict[str, Any]]:
+    """The rows of :func:`sigma_sweep`."""
+    return sweep_rows(sigma_sweep(params, agent, subspaces))
 
 
 SWEEP_TIE_RULE = ("highest final validation accuracy; ties (equal accuracy) go to the higher mean training "

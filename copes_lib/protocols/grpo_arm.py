@@ -6,6 +6,11 @@ A run is ``grpo.train_grpo`` on an fp32 copy of the warm-started model (VeRL kee
 weights; ``amp_dtype`` runs the update under autocast), cached under
 ``cache/<profile>/grpo_runs-<full|lora>-<key>/``: 05 reuses the full run 04 trained when their
 validation sets agree (the cpu and gpu profiles), instead of training it again under another name.
+
+Notebook 04's reference is GRPO_SEEDS full and LORA_SEEDS LoRA runs (``seed_runs``, seed i = GRPO_SEED + i),
+each trained until PATIENCE validations without a new best show its peak, under a hard cap STEPS a run
+that reaches it is reported censored (``cap_censored``); its learning rates come from a sweep on the
+tuning split (``lr_sweep``). The rules: docs/reference.md#r1-the-grpo-reference-is-trained-past-its-peak.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from copes_lib import grpo, runs
@@ -23,6 +29,7 @@ from copes_lib.config import build, profile_params
 from copes_lib.grpo import GRPOConfig
 from copes_lib.grpo_sharded import ShardingConfig
 from copes_lib.protocols.params import GRPONotebookParams
+from copes_lib.protocols.sweeps import GridSweep, widen_to_bracket
 from copes_lib.training_run import BEST, LAST, SCORE
 
 
@@ -35,6 +42,7 @@ class GRPORun:
     best_val: float | None
     folder: Path
     result: Any  # grpo.GRPOResult (its .policy holds the final weights)
+    seed: int | None = None  # GRPOConfig.seed of the run
 
     def curve(self) -> tuple[list[int], list[float]]:
         """(validated steps, their ``eval/val_score``), as ``ESRun.curve``."""
@@ -48,11 +56,11 @@ def grpo_params(profile: str) -> GRPONotebookParams:
 
 
 def grpo_config(profile: str, use_lora: bool, lr: float | None = None, steps: int | None = None,
-                patience: int | None = None) -> GRPOConfig:
+                patience: int | None = None, seed_index: int = 0) -> GRPOConfig:
     """The GRPOConfig every notebook of ``profile`` trains with (``lr`` None: 04's FULL_LR / LORA_LR;
     ``patience`` None: 04's PATIENCE, so a reference run stops at its peak; 0 for a run that must reach
-    ``steps``, e.g. LoRA-GRPO at a fixed budget)."""
-    return grpo_params(profile).grpo_config(use_lora, lr=lr, steps=steps, patience=patience)
+    ``steps``, e.g. LoRA-GRPO at a fixed budget; ``seed_index`` i: GRPO_SEED + i, 04's reference seeds)."""
+    return grpo_params(profile).grpo_config(use_lora, lr=lr, steps=steps, patience=patience, seed_index=seed_index)
 
 
 def run_folder(profile: str, agent: Any, config: GRPOConfig, sharding: ShardingConfig | None = None) -> Path:
@@ -115,15 +123,91 @@ def grpo_run(profile: str, agent: Any, config: GRPOConfig, *, label: str, force:
                              on_step=on_step, stop_after=stop_after, resume=update_fn is None,
                              update_fn=update_fn)
     return GRPORun(label, result.history, dict(result.val_by_step), result.best_step, result.best_val, folder,
-                   result)
+                   result, config.seed)
 
 
 def peak_report(run: GRPORun | grpo.GRPOResult) -> dict[str, Any]:
-    """Where a run (or a ``grpo.GRPOResult``) peaked, where it stopped, and whether the peak is censored
-    (best = last trained step of a run that did not stop on its own)."""
+    """Where a run (or a ``grpo.GRPOResult``) peaked, where it stopped, and whether the peak is censored:
+    ``peak_censored`` (best = last trained step of a run that did not stop on its own) and the stricter
+    ``cap_censored`` (the run reached its cap without the stopping rule seeing the curve peak, wherever
+    its best step lies: the reference's s* and gain are then lower bounds)."""
     result = getattr(run, "result", run)
     return {"peak_step": result.best_step, "last_step": result.last_step,
-            "stopped_early": bool(result.stopped_early), "peak_censored": bool(result.peak_censored)}
+            "stopped_early": bool(result.stopped_early), "peak_censored": bool(result.peak_censored),
+            "cap_censored": bool(cap_censored(result))}
+
+
+def cap_censored(result: Any) -> bool:
+    """A run whose validation curve was never seen to peak: it ended without the PATIENCE rule firing
+    (it reached the hard cap, or ran with patience 0)."""
+    return not result.stopped_early
+
+
+def seed_runs(profile: str, agent: Any, use_lora: bool, lr: float, *, label: str, force: bool = False,
+              forced: set[Path] | None = None) -> list[GRPORun]:
+    """Notebook 04's reference runs of one arm: GRPO_SEEDS (full) or LORA_SEEDS (LoRA) seeds, seed i
+    with GRPO_SEED + i, each trained until PATIENCE sees its peak or the STEPS cap. Seed 0 is the cache
+    entry notebooks 05 / 07 reuse (their config is seed index 0)."""
+    p = grpo_params(profile)
+    return [grpo_run(profile, agent, p.grpo_config(use_lora, lr=lr, seed_index=i),
+                     label=f"{label} seed {seed}", force=force, forced=forced)
+            for i, seed in enumerate(p.seeds(use_lora))]
+
+
+def seed_report(seed_runs: list[GRPORun], prefix: str) -> dict[str, Any]:
+    """Per-seed arrays and their spread for 04's summary (``<prefix>_..._seeds``, ``_mean``, ``_sd``): best
+    validation score, best step, last step, whether the stopping rule fired, whether the cap censored it."""
+    results = [r.result for r in seed_runs]
+    best = np.array([r.best_val for r in results], dtype=float)
+    steps = np.array([r.best_step for r in results], dtype=float)
+    gain = best - np.array([r.base_val for r in results], dtype=float)
+
+    def sd(values: np.ndarray) -> float | None:  # the sample SD over seeds; None for one seed
+        return float(values.std(ddof=1)) if len(values) > 1 else None
+
+    return {f"{prefix}_seeds": [r.seed for r in seed_runs],
+            f"{prefix}_best_val_accuracy_seeds": best.tolist(), f"{prefix}_best_val_accuracy_mean": float(best.mean()),
+            f"{prefix}_best_val_accuracy_sd": sd(best),
+            f"{prefix}_gain_over_base_seeds": gain.tolist(), f"{prefix}_gain_over_base_mean": float(gain.mean()),
+            f"{prefix}_gain_over_base_sd": sd(gain),
+            f"{prefix}_best_step_seeds": [int(s) for s in steps], f"{prefix}_best_step_median": float(np.median(steps)),
+            f"{prefix}_best_step_min": int(steps.min()), f"{prefix}_best_step_max": int(steps.max()),
+            f"{prefix}_best_step_sd": sd(steps),
+            f"{prefix}_last_step_seeds": [int(r.last_step) for r in results],
+            f"{prefix}_stopped_early_seeds": [bool(r.stopped_early) for r in results],
+            f"{prefix}_cap_censored_seeds": [cap_censored(r) for r in results],
+            f"{prefix}_any_cap_censored": any(cap_censored(r) for r in results)}
+
+
+def _lr_key(row: dict[str, Any]) -> tuple:
+    """grpo.pick_learning_rate's rule: the highest score after the sweep steps, then the higher mean
+    training reward, then the smaller rate."""
+    return (row["val_at_sweep_end"], row["mean_train_reward"], -row["lr"])
+
+
+def lr_sweep(profile: str, agent: Any, use_lora: bool, candidates: list[float], *, force: bool = False,
+             forced: set[Path] | None = None) -> GridSweep:
+    """Notebook 04's learning-rate sweep of one arm: SWEEP_STEPS-step runs scored on the first
+    SWEEP_VAL_PROBLEMS problems of the tuning split (never validation), the grid widened while its best
+    rate is at an edge (``protocols.sweeps``, at most SWEEP_MAX_EXTEND added rates), as 02 / 03's sigma
+    sweeps. The sweep runs are their own cache entries (another validation set), not the reference runs."""
+    from copes_lib.protocols.es_arm import tuning_agent
+
+    p = grpo_params(profile)
+    tuning = tuning_agent(agent, p.SWEEP_VAL_PROBLEMS)
+    name = "SWEEP_LRS_LORA" if use_lora else "SWEEP_LRS_FULL"
+
+    def evaluate(lr: float) -> dict[str, Any]:
+        config = p.grpo_config(use_lora, lr=lr, steps=p.SWEEP_STEPS, patience=0)
+        run = grpo_run(profile, tuning, config, label=f"sweep {'lora' if use_lora else 'full'} lr={lr:g}",
+                       force=force, forced=forced)
+        trained = [row for row in run.history[1:] if row["step"] <= p.SWEEP_STEPS]
+        return {"arm": "lora" if use_lora else "full", "lr": lr, "base_val": run.result.base_val,
+                "val_at_sweep_end": run.val_by_step[p.SWEEP_STEPS],
+                "mean_train_reward": float(np.mean([r["reward/mean"] for r in trained])),
+                "kl_at_sweep_end": trained[-1]["grpo/kl"]}
+
+    return widen_to_bracket(evaluate, candidates, key=_lr_key, max_extend=p.SWEEP_MAX_EXTEND, name=name)
 
 
 def grpo_policy(run: GRPORun, which: str = "final"):

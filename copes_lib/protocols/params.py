@@ -20,7 +20,7 @@ from copes_lib.engines import ENGINES
 from copes_lib.es import ESConfig
 from copes_lib.grpo import GRPOConfig
 from copes_lib.grpo_sharded import ShardingConfig
-from copes_lib.substrate import MODEL_SIZES, WarmStartConfig
+from copes_lib.substrate import MODEL_SIZES, PROTOCOLS, WarmStartConfig
 from copes_lib.tasks import AgentToolSettings, GPUDataPaths
 
 
@@ -59,7 +59,19 @@ class SubstrateNotebookParams(NotebookParams):
     WARM_QA_TARGET: float = param(0.35, "stop the QA warm start at the first curve point with validation "
                                   "F1 >= this (0 = always train the cap)", ge=0.0, le=1.0)
     WARM_SPREAD_SEEDS: int = param(2, "extra math warm-start seeds (SEED+1, ...) notebook 01 trains only to "
-                                   "measure the base accuracy's spread over seeds", ge=0)
+                                   "measure the base accuracy's spread over seeds (none when the base is loaded, "
+                                   "not trained: MODEL_PATH / the gpu profile)", ge=0)
+    WARM_PROTOCOL: str = param("latent", "answer protocol of the warm start's traces: latent (the papers' regime: "
+                               "a fraction WARM_LATENT_P of traces in the reward's protocol, the rest end in "
+                               "'Answer: ...'; docs/regime.md#r3-the-latent-protocol-warm-start) or paper (every "
+                               "trace in the reward's protocol, the target stopping rule: the skill-gap control)",
+                               choices=PROTOCOLS)
+    WARM_LATENT_P: float = param(0.1, "latent protocol: fraction p of training traces in the reward's answer "
+                                 "protocol, in [0, 1)", ge=0.0, lt=1.0)
+    WARM_LATENT_MATH_STEPS: int = param(1000, "latent protocol: math warm-start steps, trained exactly (no stopping "
+                                        "rule; convergence is checked on the lenient curve)", ge=1)
+    WARM_LATENT_QA_STEPS: int = param(1000, "latent protocol: QA warm-start steps, trained exactly (no stopping "
+                                      "rule; convergence is checked on the lenient curve)", ge=1)
     WARM_BATCH: int = param(32, "warm-start traces per step", ge=1)
     WARM_LR: float = param(3e-3, "warm-start AdamW learning rate (after a linear warmup)", gt=0.0)
     WARM_WARMUP: int = param(20, "linear learning-rate warmup steps", ge=0)
@@ -114,7 +126,20 @@ class SubstrateNotebookParams(NotebookParams):
             lr=self.WARM_LR, warmup=self.WARM_WARMUP, eval_every=self.WARM_EVAL_EVERY,
             eval_problems=self.WARM_EVAL_PROBLEMS, eval_batch=self.EVAL_BATCH, max_new_tokens=self.MAX_NEW_TOKENS,
             prompt_style="auto" if gpu else "plain", model_path=self.MODEL_PATH if gpu else "",
-            max_turns=self.MAX_TURNS, enable_thinking=self.THINKING if gpu else None)
+            max_turns=self.MAX_TURNS, enable_thinking=self.THINKING if gpu else None,
+            # a loaded checkpoint is trained on no traces: the protocol is the miniature's construction
+            protocol="paper" if gpu or self.MODEL_PATH else self.WARM_PROTOCOL, latent_p=self.WARM_LATENT_P,
+            latent_math_steps=self.WARM_LATENT_MATH_STEPS, latent_qa_steps=self.WARM_LATENT_QA_STEPS)
+
+    def trains_base(self) -> bool:
+        """Whether notebook 01 trains its base (smoke / cpu) rather than loading ``MODEL_PATH`` (gpu)."""
+        return not (self.PROFILE == "gpu" or self.MODEL_PATH)
+
+    def spread_seeds(self) -> list[int]:
+        """The extra warm-start seeds notebook 01 trains to measure the base's spread over seeds:
+        ``SEED+1 .. SEED+WARM_SPREAD_SEEDS``, none when the base is loaded (every seed would load the
+        same checkpoint: a spread of 0 by construction)."""
+        return list(range(self.SEED + 1, self.SEED + 1 + self.WARM_SPREAD_SEEDS)) if self.trains_base() else []
 
     def gpu_data_paths(self) -> GPUDataPaths:
         return GPUDataPaths(
@@ -204,10 +229,14 @@ class StandardESNotebookParams(ESSettings):
     STEPS: int = param(16, "ES steps of the main run (paper: the 16-step budget; best ES checkpoint at 112)",
                        ge=0)
     VAL_EVERY: int = param(8, "validate every this many steps (paper: 8)", ge=1)
-    SWEEP_SIGMAS: str = param("0.005,0.01", "comma-separated sigmas of the sweep; empty for no sweep")
+    SWEEP_SIGMAS: str = param("0.005,0.01,0.02", "comma-separated sigmas of the sweep (a geometric grid, widened "
+                              "while its best is at an edge); empty for no sweep")
     SWEEP_ALPHA_RATIO: float = param(0.5, "the sweep sets alpha to this ratio times sigma (paper: 0.5)", gt=0.0)
-    SWEEP_STEPS: int = param(4, "steps per sweep run", ge=1)
-    SWEEP_VAL_PROBLEMS: int = param(256, "validation problems for sweep runs", ge=1)
+    SWEEP_STEPS: int = param(4, "steps per sweep run (the same for every method's sweep)", ge=1)
+    SWEEP_VAL_PROBLEMS: int = param(256, "tuning-split problems each sweep run is scored on (the tuning split is "
+                                    "disjoint from validation, tasks.TUNING_SPLIT)", ge=1)
+    SWEEP_MAX_EXTEND: int = param(2, "values the sweep may add beyond an edge of SWEEP_SIGMAS (one grid step at a "
+                                  "time, while the best is at the edge; the same limit for every method)", ge=0)
     TASK_KIND: str = param("math", "task family", choices=("math", "qa"))
     NOISE_RANK: int = _es_param("noise_rank", 0, "0: full-rank noise (paper); r >= 1: low-rank noise A B^T / "
                                 "sqrt(r) on the weight matrices, members batched on shared weights (EGGROLL; "
@@ -229,8 +258,8 @@ class CoPESNotebookParams(StandardESNotebookParams):
     ZSCORE: str = _es_param("zscore", "joint", "z-score over all N (paper) or per subspace (ablation)")
     SIGMA: float = _es_param("sigma", 1e-2, "sigma; CoPES perturbs with sigma_k: sqrt(K) x sigma (the paper's "
                              "protocol shares ES's sigma)")
-    SWEEP_SIGMAS: str = param("0.005,0.01", "comma-separated sigmas of the CoPES sweep, separate from "
-                              "ES's; empty for no sweep")
+    SWEEP_SIGMAS: str = param("0.005,0.01,0.02", "comma-separated sigmas of the CoPES sweep, separate from "
+                              "ES's (widened while its best is at an edge); empty for no sweep")
     STEP_CONTROL: bool = param(False, "also run ES with sqrt(K) x alpha (CoPES's update size; docs/prior_measurements.md)")
 
 
@@ -251,10 +280,14 @@ class GRPONotebookParams(NotebookParams):
 
     NOTEBOOK = "04_grpo"
 
-    STEPS: int = param(40, "cap on GRPO training steps per run; PATIENCE stops it earlier at its peak "
-                       "(paper: full GRPO's best at 16, LoRA-GRPO's at 64)", ge=1)
-    PATIENCE: int = param(2, "stop a run after this many validations in a row without a new best (its peak "
+    STEPS: int = param(64, "hard cap on GRPO training steps per run; PATIENCE stops it earlier once its "
+                       "validation curve has peaked; a run that reaches the cap is reported censored (paper: "
+                       "full GRPO's best at 16, LoRA-GRPO's at 64)", ge=1)
+    PATIENCE: int = param(3, "stop a run after this many validations in a row without a new best (its peak "
                           "is then behind it, not censored by STEPS); 0 runs all STEPS", ge=0)
+    GRPO_SEEDS: int = param(3, "full-GRPO seeds: seed i trains with GRPO_SEED + i (seed 0 is the run 05 reuses); "
+                            "their spread is the reference's noise in every gain recovery", ge=1)
+    LORA_SEEDS: int = param(3, "LoRA-GRPO seeds (GRPO_SEED + i)", ge=1)
     VAL_EVERY: int = param(4, "validate every this many steps (paper: 8)", ge=1)
     PROMPT_BATCH: int = param(16, "prompts per step (paper: 64)", ge=1)
     GROUP_SIZE: int = param(8, "G, trajectories per prompt (paper: 8)", ge=2)
@@ -272,10 +305,17 @@ class GRPONotebookParams(NotebookParams):
     LORA_ALPHA: int = param(16, "LoRA alpha (paper: 64), twice the rank as in the paper", ge=1)
     KL_COEF: float = param(1e-3, "k3 KL coefficient (paper: 1e-3)", ge=0)
     TEMPERATURE: float = param(1.0, "sampling temperature of training rollouts (paper: 1.0)", gt=0)
-    SWEEP_LRS_FULL: str = param("1e-4,3e-4", "comma-separated full-parameter learning rates to sweep first "
-                                             "(empty: no sweep, use FULL_LR)")
-    SWEEP_LRS_LORA: str = param("1e-3,3e-3", "comma-separated LoRA learning rates to sweep first (empty: use LORA_LR)")
-    SWEEP_STEPS: int = param(4, "steps per sweep run; the best validation accuracy picks the rate", ge=1)
+    SWEEP_LRS_FULL: str = param("3e-5,1e-4,3e-4", "comma-separated full-parameter learning rates to sweep first "
+                                "(a geometric grid, widened while its best is at an edge; empty: no sweep, use "
+                                "FULL_LR)")
+    SWEEP_LRS_LORA: str = param("1e-3,3e-3,1e-2", "comma-separated LoRA learning rates to sweep first (widened as "
+                                "SWEEP_LRS_FULL; empty: use LORA_LR)")
+    SWEEP_STEPS: int = param(4, "steps per sweep run; the best tuning-split accuracy after them picks the rate "
+                             "(the same steps as the ES sweeps of 02 / 03)", ge=1)
+    SWEEP_VAL_PROBLEMS: int = param(256, "tuning-split problems each sweep run is scored on (disjoint from "
+                                    "validation, tasks.TUNING_SPLIT)", ge=1)
+    SWEEP_MAX_EXTEND: int = param(2, "rates a sweep may add beyond an edge of its grid (one grid step at a time, "
+                                  "while the best is at the edge; the same limit as 02 / 03)", ge=0)
     N_VAL: int = param(512, "validation problems (paper: 750)", ge=1)
     GRPO_SEED: int = param(42, "GRPO seed (paper: 42)", ge=0)
     AMP: str = param("none", "autocast dtype of GRPO updates; with 'bfloat16' the model is trained in fp32 "
@@ -293,22 +333,24 @@ class GRPONotebookParams(NotebookParams):
                     ok = False
                 if not ok:
                     raise ConfigError(f"{name} = {getattr(self, name)!r}: {item!r} is not a positive number")
-        if (len(self.sweep("full")) > 1 or len(self.sweep("lora")) > 1) and self.SWEEP_STEPS >= self.STEPS:
-            raise ConfigError(f"SWEEP_STEPS = {self.SWEEP_STEPS} must be < STEPS = {self.STEPS} when a sweep is set")
+
+    def seeds(self, use_lora: bool) -> list[int]:
+        """The GRPO seeds of the full (GRPO_SEEDS) or LoRA (LORA_SEEDS) reference runs."""
+        return [self.GRPO_SEED + i for i in range(self.LORA_SEEDS if use_lora else self.GRPO_SEEDS)]
 
     def sweep(self, which: str) -> list[float]:
         text = self.SWEEP_LRS_FULL if which == "full" else self.SWEEP_LRS_LORA
         return [float(s) for s in text.split(",") if s.strip()]
 
     def grpo_config(self, use_lora: bool, lr: float | None = None, steps: int | None = None,
-                    patience: int | None = None) -> GRPOConfig:
+                    patience: int | None = None, seed_index: int = 0) -> GRPOConfig:
         """The engine config; ``patience`` None: PATIENCE (0 for a run that must reach ``steps``, e.g. a
-        method trained to a fixed budget)."""
+        method trained to a fixed budget); ``seed_index`` i: seed GRPO_SEED + i (prompt order, sampling)."""
         return GRPOConfig(
             group_size=self.GROUP_SIZE, prompt_batch_size=self.PROMPT_BATCH, mini_batch_size=self.MINI_BATCH,
             micro_batch_size=self.MICRO_BATCH, lr=lr if lr is not None else (self.LORA_LR if use_lora else self.FULL_LR),
             kl_coef=self.KL_COEF, temperature=self.TEMPERATURE, use_lora=use_lora, lora_r=self.LORA_R, lora_alpha=self.LORA_ALPHA,
-            total_steps=steps or self.STEPS, val_every=self.VAL_EVERY, seed=self.GRPO_SEED, amp_dtype=self.AMP,
+            total_steps=steps or self.STEPS, val_every=self.VAL_EVERY, seed=self.GRPO_SEED + seed_index, amp_dtype=self.AMP,
             early_stop_patience=self.PATIENCE if patience is None else patience,
             logprob_chunk=self.LOGPROB_CHUNK, rollout_batch_size=self.ROLLOUT_BATCH)
 

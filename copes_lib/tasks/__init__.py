@@ -43,7 +43,7 @@ from copes_lib.tasks.rewards import (
 )
 
 __all__ = ["GPUDataPaths", "use_gpu_data", "AgentToolSettings", "use_tool_settings", "Task", "load_tasks", "load_benchmarks", "load_passages", "task_ids", "data_fingerprint", "describe_split_file", "tool_settings", "SPLITS", "TASK_KINDS", "TAGS", "SEARCH_K",
-           "TOOL_LIMITS", "format_prompt", "split_trace", "extract_answer", "math_reward", "qa_reward",
+           "TOOL_LIMITS", "TUNING_SPLIT", "check_tuning_disjoint", "format_prompt", "split_trace", "extract_answer", "math_reward", "qa_reward",
            "format_reward", "math_correctness", "qa_scores", "qa_metrics", "math_equal", "GENERATED_SIZES"]
 
 SPLITS_DIR = REPO_ROOT / "data" / "splits"
@@ -61,36 +61,45 @@ GENERATED_SIZES = {
             "qa": {"train": 5000, "val": 512, "test": 512, "people": 1100, "cities": 150, "companies": 1100}},
 }
 
+#: The tuning split the sweeps of notebooks 02-04 choose on (never the validation split the best
+#: checkpoints and every reported number use): problems of the held-out "eval" world drawn after
+#: validation and test (the generators are prefix-stable, so val and test are unchanged). Kept out of
+#: ``SPLITS`` and ``GENERATED_SIZES`` so the saved split records and every cache key stay as they were;
+#: its ids live in ``data/splits/<profile>_<kind>_tune.json``, checked disjoint from train, val and test.
+TUNING_SPLIT = "tune"
+TUNE_SIZES = {"smoke": {"math": 32, "qa": 32}, "cpu": {"math": 256, "qa": 256}}
+
 
 def _check(profile: str, kind: str, split: str | None = None) -> None:
     if profile not in ("smoke", "cpu", "gpu"):
         raise ConfigError(f"profile = {profile!r} is not valid; valid values: ['smoke', 'cpu', 'gpu']")
     if kind not in TASK_KINDS:
         raise ConfigError(f"kind = {kind!r} is not valid; valid values: {list(TASK_KINDS)}")
-    if split is not None and split not in SPLITS:
-        raise ConfigError(f"split = {split!r} is not valid; valid values: {list(SPLITS)}")
+    if split is not None and split not in (*SPLITS, TUNING_SPLIT):
+        raise ConfigError(f"split = {split!r} is not valid; valid values: {[*SPLITS, TUNING_SPLIT]}")
 
 
 # --------------------------------------------------------------------------- generated miniature
 @functools.lru_cache(maxsize=8)
 def _generated_world(profile: str, kind: str) -> tuple[list[tuple[str, str, str]], dict, dict]:
     """(passages, {split: tasks without references}, {split: gold plans})."""
-    sizes = GENERATED_SIZES[profile][kind]
+    sizes, n_tune = GENERATED_SIZES[profile][kind], TUNE_SIZES[profile][kind]
     if kind == "math":
         facts = make_fact_items(sizes["fact_items"], DATA_SEED)
         passages = [(f"fact-{world}-{i}", f.name, f.passage())
                     for world in ("train", "eval") for i, f in enumerate(facts[world])]
         train, train_plans = generate_math_tasks(sizes["train"], DATA_SEED, "train", facts["train"])
-        held, held_plans = generate_math_tasks(sizes["val"] + sizes["test"], DATA_SEED, "eval", facts["eval"],
-                                               exclude={t.question for t in train})
+        held, held_plans = generate_math_tasks(sizes["val"] + sizes["test"] + n_tune, DATA_SEED, "eval",
+                                               facts["eval"], exclude={t.question for t in train})
     else:
         kb = make_knowledge_base(sizes["people"], sizes["cities"], sizes["companies"], DATA_SEED)
         passages = kb.passages()
         train, train_plans = generate_qa_tasks(sizes["train"], DATA_SEED, "train", kb)
-        held, held_plans = generate_qa_tasks(sizes["val"] + sizes["test"], DATA_SEED, "eval", kb)
-    n_val = sizes["val"]
-    tasks = {"train": train, "val": held[:n_val], "test": held[n_val:]}
-    plans = {"train": train_plans, "val": held_plans[:n_val], "test": held_plans[n_val:]}
+        held, held_plans = generate_qa_tasks(sizes["val"] + sizes["test"] + n_tune, DATA_SEED, "eval", kb)
+    n_val, n_held = sizes["val"], sizes["val"] + sizes["test"]
+    tasks = {"train": train, "val": held[:n_val], "test": held[n_val:n_held], TUNING_SPLIT: held[n_held:]}
+    plans = {"train": train_plans, "val": held_plans[:n_val], "test": held_plans[n_val:n_held],
+             TUNING_SPLIT: held_plans[n_held:]}
     return passages, tasks, plans
 
 
@@ -116,7 +125,7 @@ def _generated_tasks(profile: str, kind: str) -> dict[str, list[Task]]:
     _, tasks, plans = _generated_world(profile, kind)
     retriever = _retriever(profile, kind)
     out = {}
-    for split in SPLITS:
+    for split in (*SPLITS, TUNING_SPLIT):
         queries = sorted({step[1] for plan in plans[split] for step in plan if step[0] == "search"})
         results = dict(zip(queries, retriever.search(queries, SEARCH_K[kind]) if queries else []))
         with_refs = []
@@ -125,7 +134,8 @@ def _generated_tasks(profile: str, kind: str) -> dict[str, list[Task]]:
             with_refs.append(Task(task.id, task.kind, task.question, task.answers, task.difficulty,
                                   _reference(plan, task.answers[0], found)))
         out[split] = with_refs
-    _check_split_file(profile, kind, out)
+    _check_split_file(profile, kind, {s: out[s] for s in SPLITS})
+    _check_tuning_file(profile, kind, out)
     return out
 
 
@@ -158,6 +168,37 @@ def _check_split_file(profile: str, kind: str, tasks: dict[str, list[Task]]) -> 
         raise ValueError(f"{path} does not match the generated {kind} tasks of profile {profile!r}: the "
                          "generator changed. Delete the file to regenerate the splits (and bump "
                          "copes_lib.__version__ so cached models are retrained).")
+
+
+def check_tuning_disjoint(tuning: list[Task], others: dict[str, list[Task]], name: str = "tuning split") -> None:
+    """Fail, naming ``name`` and the split it meets, when the tuning problems share an id or a question
+    with any of ``others`` (train, val, test): a sweep that chose on validation problems would make the
+    validation numbers optimistic."""
+    ids, questions = {t.id for t in tuning}, {t.question for t in tuning}
+    for split, tasks in others.items():
+        shared = sorted(ids & {t.id for t in tasks}) + sorted(questions & {t.question for t in tasks})
+        if shared:
+            raise ConfigError(f"{name} overlaps the {split} split ({len(shared)} shared ids / questions, e.g. "
+                              f"{shared[0]!r}); a tuning split must be disjoint from {sorted(others)}")
+
+
+def tuning_file(profile: str, kind: str) -> Path:
+    return SPLITS_DIR / f"{profile}_{kind}_{TUNING_SPLIT}.json"
+
+
+def _check_tuning_file(profile: str, kind: str, tasks: dict[str, list[Task]]) -> None:
+    """Save the tuning split's id list on first use; afterwards check it; always check disjointness."""
+    from copes_lib.runs import atomic_write_json, read_json
+
+    tuning = tasks[TUNING_SPLIT]
+    check_tuning_disjoint(tuning, {s: tasks[s] for s in SPLITS}, f"{profile}/{kind} tuning split")
+    record = {"profile": profile, "kind": kind, "ids": [t.id for t in tuning], "fingerprint": _fingerprint(tuning)}
+    path = tuning_file(profile, kind)
+    if not path.exists():
+        atomic_write_json(path, record)
+    elif read_json(path) != record:
+        raise ValueError(f"{path} does not match the generated {kind} tuning tasks of profile {profile!r}: "
+                         "the generator changed. Delete the file to regenerate it.")
 
 
 # --------------------------------------------------------------------------- gpu: local files
@@ -249,6 +290,9 @@ def _gpu_benchmarks(kind: str, spec: str) -> dict[str, list[Task]]:
 
 def _gpu_tasks(kind: str, split: str) -> list[Task]:
     p = _gpu_paths()
+    if split == TUNING_SPLIT:  # holding it out of MATH's train file would change the training set
+        raise ConfigError("the gpu profile has no tuning split: its sweeps are off (SWEEP_SIGMAS / SWEEP_LRS_* "
+                          "empty in profiles/gpu.yaml, the paper's settings)")
     if split == "test":
         spec = _require(getattr(p, _TEST_FILES[kind].lower()), _TEST_FILES[kind])
         return [t for tasks in _gpu_benchmarks(kind, spec).values() for t in tasks]
