@@ -23,6 +23,10 @@ How this departs from the paper (and why):
   reproduces Qiu's flaw: the seed ignores the tensor, so same-shaped tensors get identical noise.
 - ``restore="backup"`` (the paper's; default) copies the perturbed chunks back from a copy of theta
   held on the CPU; ``"subtract"`` (Qiu) regenerates and subtracts the noise (not bit-exact in float).
+- ``noise_rank = r > 0`` (not the paper's; EGGROLL's lever, docs/lowrank_es.md): member noise on every
+  Linear / Embedding weight is A B^T / sqrt(r), other parameters are frozen, chunks are blocks of whole
+  rows; ``ES.noise`` returns the dense noise of a chunk, so perturb / restore are the code above, and
+  the update is the same sum done as one matmul per subspace and matrix (``copes_lib.lowrank``).
 - "std == 0" is taken as std <= 1e-12 * max(1, |mean|): equal float rewards can give a tiny std.
 - Backends: sequential (the model plus one chunk of noise; :func:`member_rewards`, here), and in
   ``copes_lib.es_backends`` population-batched (``population.py``: members x prompts in one forward)
@@ -47,6 +51,7 @@ import torch
 from torch import nn
 
 from copes_lib.config import Config, ConfigError, param
+from copes_lib.lowrank import check_rank, dense_noise, factors, matrix_names, row_chunks
 
 _MASK64 = (1 << 64) - 1
 
@@ -64,6 +69,7 @@ def mix_seed(*values: int) -> int:
 
 _PARTITION_TAG = 0x5EED_0001
 _MEMBER_TAG = 0x5EED_0002
+_LOWRANK_TAG = 0x5EED_0003
 
 
 # =========================================================================== config
@@ -90,9 +96,16 @@ class ESConfig(Config):
                          choices=("sequential", "batched", "ray"))
     members_per_batch: int = param(0, "batched backend: members per batched forward (0 = all N)", ge=0)
     ray_workers: int = param(2, "ray backend: number of worker replicas", ge=1)
+    noise_rank: int = param(0, "0: full-rank noise (the paper's); r >= 1: low-rank noise A B^T / sqrt(r) on every "
+                            "Linear/Embedding weight, other parameters frozen (EGGROLL; docs/lowrank_es.md)", ge=0)
     seed: int = param(33, "seed of noise and partitions (paper's ES runs: 33)", ge=0)
 
     def check(self) -> None:
+        if self.noise_rank and self.backend == "ray":
+            raise ConfigError(
+                f"ESConfig.noise_rank = {self.noise_rank} with backend = 'ray': low-rank noise runs on the "
+                "backends 'batched' (members on shared weights) or 'sequential' (the dense reference); valid "
+                "noise_rank with 'ray': 0")
         if self.population % self.subspaces:
             raise ConfigError(
                 f"ESConfig.population = {self.population} is not divisible by subspaces = "
@@ -104,6 +117,12 @@ class ESConfig(Config):
                 f"{self.population // self.subspaces} < 2; a z-score needs at least 2 members per "
                 "subspace (the paper recommends N_k >= 10)"
             )
+
+    def to_dict(self) -> dict:
+        out = super().to_dict()
+        if not out["noise_rank"]:  # full-rank runs keep their cache keys and resumable checkpoints
+            del out["noise_rank"]
+        return out
 
     @property
     def members_per_subspace(self) -> int:
@@ -230,7 +249,17 @@ class ES:
         if self.mixed and config.restore == "subtract":
             raise ConfigError("ESConfig.restore = 'subtract' needs fp32 parameters (it is not exact in "
                               f"{sorted({str(p.dtype) for p in self.params})}); use restore='backup'")
-        self.chunks = make_chunks(self.params, config.chunk_size)
+        self.lowrank: set[int] = set()  # indices of the low-rank perturbed matrices (noise_rank > 0)
+        if config.noise_rank:
+            check_rank(model, config.noise_rank)
+            ids = matrix_names(model)
+            self.lowrank = {j for j, p in enumerate(model.parameters()) if id(p) in ids}
+            # chunks are blocks of whole rows of the matrices; every other parameter is frozen
+            self.chunks = [Chunk(j, a, b) for j in sorted(self.lowrank)
+                           for a, b in row_chunks(self.params[j].shape, config.chunk_size)]
+        else:
+            self.chunks = make_chunks(self.params, config.chunk_size)
+        self._factor_cache: tuple[tuple, tuple[torch.Tensor, torch.Tensor]] | None = None
         self.noise_s = 0.0  # time spent generating noise (benchmarks read it)
         self.fitness_s = 0.0  # time spent inside the objective (the rollouts alone)
         self.perturb_s = 0.0  # time spent making and undoing members (benchmarks read it)
@@ -257,10 +286,63 @@ class ES:
         device = target.device
         if device not in self._generator:
             self._generator[device] = torch.Generator(device=device)
-        gen = self._generator[device].manual_seed(mix_seed(seed, tensor_key, chunk.start))
-        eps = torch.randn(chunk.size, generator=gen, device=device, dtype=torch.float32)
+        if self.config.noise_rank:  # E = A B^T / sqrt(r) on the chunk's rows (copes_lib.lowrank)
+            eps = dense_noise(*self.factors(seed, chunk.tensor), chunk.start, chunk.stop)
+        else:
+            gen = self._generator[device].manual_seed(mix_seed(seed, tensor_key, chunk.start))
+            eps = torch.randn(chunk.size, generator=gen, device=device, dtype=torch.float32)
         self.noise_s += time.perf_counter() - t0
         return eps
+
+    def factors(self, seed: int, tensor: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Low-rank mode: (A, B) of one member on matrix ``tensor`` (the last pair is kept: a member's
+        chunks of one matrix are visited one after another)."""
+        tensor_key = tensor if self.config.noise == "iid" else 0
+        target = self.params[tensor]
+        key = (seed, tensor_key, tuple(target.shape), target.device)
+        if self._factor_cache is None or self._factor_cache[0] != key:
+            if target.device not in self._generator:
+                self._generator[target.device] = torch.Generator(device=target.device)
+            self._factor_cache = (key, factors(mix_seed(seed, tensor_key, _LOWRANK_TAG), target.shape,
+                                               self.config.noise_rank, target.device,
+                                               self._generator[target.device]))
+        return self._factor_cache[1]
+
+    def member_factors(self, plan: StepPlan, members: Sequence[tuple[int, int]]
+                       ) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """Low-rank mode: stacked factors (A (G, out, r), B (G, in, r)) of ``members`` per matrix,
+        keyed by id of the model's Parameter, A's rows outside the member's subspace zeroed (what
+        ``lowrank.LowRankPopulation`` reads). Memory: G (out + in) r per matrix, no weight copies."""
+        t0 = time.perf_counter()
+        rank, out = self.config.noise_rank, {}
+        rows = [dict() for _ in plan.partition]  # rows[k][tensor]: row mask of subspace k
+        for k, chunk_ids in enumerate(plan.partition):
+            for c in chunk_ids:
+                chunk = self.chunks[c]
+                in_f = self.params[chunk.tensor].shape[1]
+                mask = rows[k].setdefault(chunk.tensor, torch.zeros(self.params[chunk.tensor].shape[0],
+                                                                    dtype=torch.bool))
+                mask[chunk.start // in_f: chunk.stop // in_f] = True
+        for param_obj, (j, p) in zip(self.model.parameters(), enumerate(self.params)):
+            if j not in self.lowrank:
+                continue
+            a_stack = torch.empty(len(members), p.shape[0], rank, device=p.device)
+            b_stack = torch.empty(len(members), p.shape[1], rank, device=p.device)
+            key = j if self.config.noise == "iid" else 0
+            gen = self._generator.setdefault(p.device, torch.Generator(device=p.device))
+            for g, (k, i) in enumerate(members):
+                if j not in rows[k]:  # this matrix has no rows in subspace k: A = 0
+                    a_stack[g].zero_()
+                    b_stack[g].zero_()
+                    continue
+                # the same stream as self.factors, written in place
+                factors(mix_seed(plan.seeds[k][i], key, _LOWRANK_TAG), p.shape, rank, p.device, gen,
+                        out=(a_stack[g], b_stack[g]))
+                if not bool(rows[k][j].all()):
+                    a_stack[g][~rows[k][j].to(p.device)] = 0.0
+            out[id(param_obj)] = (a_stack, b_stack)
+        self.noise_s += time.perf_counter() - t0
+        return out
 
     def _flat(self, tensors: list[torch.Tensor], chunk: Chunk) -> torch.Tensor:
         return tensors[chunk.tensor].view(-1)[chunk.start:chunk.stop]
@@ -328,6 +410,8 @@ class ES:
     def update(self, plan: StepPlan, rhat: np.ndarray) -> list[float]:
         """theta += alpha * sum_k P_k g_k on the fp32 master, chunk by chunk, then the compute
         weights are refreshed from it; returns ||alpha P_k g_k|| per subspace."""
+        if self.config.noise_rank:
+            return self._update_lowrank(plan, rhat)
         alpha, norms = self.config.alpha, []
         for k, chunk_ids in enumerate(plan.partition):
             n_k = len(plan.seeds[k])
@@ -347,6 +431,41 @@ class ES:
                 self._flat(self.master, chunk).add_(step.to(master.device))
                 if master is not self.params[chunk.tensor]:
                     self._flat(self.params, chunk).copy_(self._flat(self.master, chunk))
+            norms.append(math.sqrt(sq))
+        return norms
+
+    def _update_lowrank(self, plan: StepPlan, rhat: np.ndarray) -> list[float]:
+        """The same update for low-rank noise: per subspace and matrix, sum_i r_hat_i A_i B_i^T / sqrt(r)
+        on the subspace's rows as ONE matmul, [r_hat_i A_i] (rows x N r) @ [B_i]^T (N r x in): a full-rank
+        step from N rank-r terms, added to the fp32 master (members' factors regenerated once each)."""
+        alpha, rank, norms = self.config.alpha, self.config.noise_rank, []
+        for k, chunk_ids in enumerate(plan.partition):
+            n_k = len(plan.seeds[k])
+            active = [i for i in range(n_k) if rhat[k][i] != 0.0]
+            if not active:
+                norms.append(0.0)
+                continue
+            rows: dict[int, list[int]] = {}
+            for c in chunk_ids:
+                chunk = self.chunks[c]
+                in_f = self.params[chunk.tensor].shape[1]
+                rows.setdefault(chunk.tensor, []).extend(range(chunk.start // in_f, chunk.stop // in_f))
+            sq = 0.0
+            for j, row_ids in rows.items():
+                param, master = self.params[j], self.master[j]
+                index = torch.as_tensor(row_ids, device=param.device)
+                a_parts, b_parts = [], []
+                t0 = time.perf_counter()
+                for i in active:
+                    a, b = self.factors(plan.seeds[k][i], j)
+                    a_parts.append(a[index] * float(rhat[k][i]))
+                    b_parts.append(b)
+                self.noise_s += time.perf_counter() - t0
+                step = (torch.cat(a_parts, 1) @ torch.cat(b_parts, 1).T).mul_(alpha / (n_k * math.sqrt(rank)))
+                sq += float(step.pow(2).sum())
+                master.index_add_(0, index.to(master.device), step.to(master.device))
+                if master is not param:
+                    param[index] = master[index.to(master.device)].to(param.device, param.dtype)
             norms.append(math.sqrt(sq))
         return norms
 

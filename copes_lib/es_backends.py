@@ -32,18 +32,27 @@ class SequentialBackend:
 
 
 class BatchedBackend:
-    """Members x prompts in one batched forward (``population.Population``), groups of G members."""
+    """Members x prompts in one batched forward, groups of G members: full-rank noise with stacked
+    weight copies (``population.Population``), low-rank noise (``ESConfig.noise_rank``) on the shared
+    weights with per-member factors (``lowrank.LowRankPopulation``)."""
 
     def evaluate(self, es: ES, plan: StepPlan, objective: Objective) -> np.ndarray:
+        from copes_lib.lowrank import LowRankPopulation
         from copes_lib.population import Population
 
         members = plan.members()
         group = es.config.members_per_batch or len(members)
         rewards = np.zeros((len(plan.seeds), len(plan.seeds[0])))
+        rows = objective.rows_per_member(plan.step)
         for start in range(0, len(members), group):
             chunk = members[start:start + group]
-            stacked = es.member_weights(plan, chunk)
-            with Population(es.model, stacked, objective.rows_per_member(plan.step)) as pop:
+            if es.config.noise_rank:
+                stacked = es.member_factors(plan, chunk)
+                context = LowRankPopulation(es.model, stacked, plan.sigma_k / es.config.noise_rank ** 0.5, rows)
+            else:
+                stacked = es.member_weights(plan, chunk)
+                context = Population(es.model, stacked, rows)
+            with context as pop:
                 t0 = time.perf_counter()
                 values = objective.population_fitness(es.model, plan.step, len(chunk), pop.row_hook)
                 es.fitness_s += time.perf_counter() - t0

@@ -166,7 +166,7 @@ def _es_param(field: str, default, help: str):
 # notebook parameter -> ESConfig field, the one conversion (``ESSettings.es_config``)
 ES_FIELDS = {"POPULATION": "population", "SUBSPACES": "subspaces", "SIGMA": "sigma", "ALPHA": "alpha",
              "CHUNK_SIZE": "chunk_size", "NOISE": "noise", "ZSCORE": "zscore", "BACKEND": "backend",
-             "RAY_WORKERS": "ray_workers"}
+             "RAY_WORKERS": "ray_workers", "NOISE_RANK": "noise_rank"}
 
 
 @dataclass(frozen=True)
@@ -200,11 +200,15 @@ class ESSettings(NotebookParams):
     SUBSPACES = 1  # not a parameter here: K of the main run (03, 05, 06, 07 declare it)
     ZSCORE = "joint"  # not a parameter here (03 declares it)
     TASK_KIND = "math"  # not a parameter here: the task family (02 declares it; 07 sets "qa")
+    NOISE_RANK = 0  # not a parameter here: full-rank noise (02, 03 and 05 declare it)
 
     def check(self) -> None:
         try:
             self.es_config()
         except ConfigError as err:
+            if self.NOISE_RANK and "noise_rank" in str(err):
+                raise ConfigError(f"{type(self).__name__}: NOISE_RANK = {self.NOISE_RANK} with BACKEND = "
+                                  f"{self.BACKEND!r}: {err}") from None
             raise ConfigError(f"{type(self).__name__}: POPULATION = {self.POPULATION} with SUBSPACES = "
                               f"{self.SUBSPACES}: {err}") from None
 
@@ -234,6 +238,9 @@ class StandardESNotebookParams(ESSettings):
     SWEEP_MAX_EXTEND: int = param(2, "values the sweep may add beyond an edge of SWEEP_SIGMAS (one grid step at a "
                                   "time, while the best is at the edge; the same limit for every method)", ge=0)
     TASK_KIND: str = param("math", "task family", choices=("math", "qa"))
+    NOISE_RANK: int = _es_param("noise_rank", 0, "0: full-rank noise (paper); r >= 1: low-rank noise A B^T / "
+                                "sqrt(r) on the weight matrices, members batched on shared weights (EGGROLL; "
+                                "docs/lowrank_es.md)")
     MAIN_FROM_SWEEP: bool = param(True, "main run at the sweep's best (sigma, alpha); False: SIGMA, ALPHA")
 
     def check(self) -> None:
@@ -400,6 +407,8 @@ class FixedBudgetParams(_GRPOParams):
 
     NOTEBOOK = "05_fixed_budget_math"
 
+    NOISE_RANK: int = _es_param("noise_rank", 0, "0: full-rank noise (paper); r >= 1: low-rank noise A B^T / "
+                                "sqrt(r) on the weight matrices (EGGROLL; docs/lowrank_es.md)")
     COPES_SIGMA: float = param(5e-3, "CoPES's own sigma when notebook 03 has not tuned one", gt=0.0)
     COPES_ALPHA: float = param(2.5e-3, "CoPES's own alpha when notebook 03 has not tuned one", gt=0.0)
     SEEDS: int = param(5, "seeds of ES and the headline CoPES arm, paired (paper: 1 run each)", ge=1)
