@@ -147,21 +147,28 @@ def test_cell_summary_is_flat_and_scores_round_trip(tmp_path):
     assert ss.scores_digest(tmp_path) is not None
 
 
-def test_warm_axis_bases_train_exactly_their_steps(monkeypatch):
-    """With 01's stopping rule on, a longer cap stops where 01's recipe stops (the cpu run's
-    "converged" base was 01's base again): the axis's bases switch the rule off."""
+class Recorded(Exception):
+    """Raised by the recording warm start: the test only wants the configs it was called with."""
+
+
+def recorded_warm_starts(monkeypatch) -> list:
+    """substrate.warm_start replaced by one that records its config and stops (no training)."""
     from copes_lib import substrate
 
     seen = []
-
-    class Recorded(Exception):
-        pass
 
     def fake_warm_start(profile, kind, seed=0, *, config, **kw):
         seen.append(config)
         raise Recorded
 
     monkeypatch.setattr(substrate, "warm_start", fake_warm_start)
+    return seen
+
+
+def test_warm_axis_bases_train_exactly_their_steps(monkeypatch):
+    """With 01's stopping rule on, a longer cap stops where 01's recipe stops (the cpu run's
+    "converged" base was 01's base again): the axis's bases switch the rule off."""
+    seen = recorded_warm_starts(monkeypatch)
     for warm_steps in (None, 8):
         with pytest.raises(Recorded):
             ss.load_substrate(params(), "smoke", warm_steps=warm_steps)
@@ -197,21 +204,11 @@ def test_rewarded_nll_is_the_likelihood_of_rewarded_trajectories_and_has_an_effe
 
 
 def test_the_scale_study_stays_in_the_skill_gap_regime(monkeypatch):
-    """01's cpu base is the latent-protocol one (docs/regime.md); 09 keeps the paper-protocol recipe
-    (its cache entries and cost) until its map adds the regime axis."""
-    from copes_lib import substrate
+    """01's cpu base is the latent-protocol one (docs/regime.md); 09's scale axis keeps the paper-protocol
+    recipe (its cache entries and cost); the map adds the latent regime."""
     from copes_lib.protocols.substrate_setup import substrate_config
 
-    seen = []
-
-    class Recorded(Exception):
-        pass
-
-    def fake_warm_start(profile, kind, seed=0, *, config, **kw):
-        seen.append(config)
-        raise Recorded
-
-    monkeypatch.setattr(substrate, "warm_start", fake_warm_start)
+    seen = recorded_warm_starts(monkeypatch)
     with pytest.raises(Recorded):
         ss.load_substrate(params(PROFILE="cpu", SIZES="tiny,cpu", WARM_AXIS_SIZE=""), "tiny")
     assert substrate_config("cpu").protocol == "latent" and seen[0].protocol == "paper"
@@ -397,18 +394,7 @@ def test_line_fit_recovers_a_slope_and_its_interval():
 def test_map_bases_use_the_latent_recipe_with_their_prior_and_the_skill_gap_base_the_paper_recipe(monkeypatch):
     """The scale axis stays in the skill-gap regime; the map's latent bases are 01's latent recipe at
     MAP_SIZE with their own p and MAP_LATENT_STEPS, its skill-gap base 01's paper recipe."""
-    from copes_lib import substrate
-
-    seen = []
-
-    class Recorded(Exception):
-        pass
-
-    def fake_warm_start(profile, kind, seed=0, *, config, **kw):
-        seen.append(config)
-        raise Recorded
-
-    monkeypatch.setattr(substrate, "warm_start", fake_warm_start)
+    seen = recorded_warm_starts(monkeypatch)
     p = map_params(PROFILE="cpu", SIZES="tiny,cpu", WARM_AXIS_SIZE="")
     for regime, prior in (("latent", 0.3), ("skill_gap", None)):
         with pytest.raises(Recorded):

@@ -61,7 +61,6 @@ from copes_lib.protocols.histories import (
     mean_curve,
     steps_to_match,
     val_at,
-    val_points,
 )
 
 
@@ -298,21 +297,6 @@ def mean_interval(scores: np.ndarray, *, level: float = 0.95, n_boot: int = 2000
 
 
 # =========================================================================== figures with uncertainty
-def plot_seed_band(ax: Any, histories: Sequence[Sequence[dict[str, Any]]], *, color: str, label: str,
-                   metric: str = SCORE, marker: str = "o") -> None:
-    """Each seed's validation curve faint, the mean over seeds bold with its Student-t 95% band (at the
-    steps every seed validated; one seed: no band)."""
-    for h in histories:
-        ax.plot(*val_points(h, metric), "-", color=color, alpha=0.2, lw=0.8)
-    steps, _ = mean_curve(histories, metric)
-    by_step = [[dict(zip(*val_points(h, metric)))[s] for h in histories] for s in steps]
-    cis = [stats.mean_ci(v) if len(v) > 1 else (v[0], math.nan, math.nan) for v in by_step]
-    mean = np.array([c[0] for c in cis])
-    ax.plot(steps, mean, f"-{marker}", color=color, ms=3, label=f"{label} (mean of {len(histories)})")
-    if len(histories) > 1:
-        ax.fill_between(steps, [c[1] for c in cis], [c[2] for c in cis], color=color, alpha=0.2, lw=0)
-
-
 def pass_at_k_intervals(results: dict[str, dict[str, Any]], *, level: float = 0.95, n_boot: int = 1000,
                         seed: int = 0):
     """pass@k for k = 1..n of each method with a ``level`` interval from a seeded bootstrap over test
