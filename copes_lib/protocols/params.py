@@ -68,6 +68,12 @@ class SubstrateNotebookParams(NotebookParams):
                                choices=PROTOCOLS)
     WARM_LATENT_P: float = param(0.1, "latent protocol: fraction p of training traces in the reward's answer "
                                  "protocol, in [0, 1)", ge=0.0, lt=1.0)
+    WARM_LATENT_PRIOR: str = param("cued", "latent protocol: how the WARM_LATENT_P paper-protocol traces are assigned: "
+                                   "cued (every task whose subject's first letter is in a seeded set covering about "
+                                   "p of the tasks, so the greedy base earns the reward on about p of the problems, "
+                                   "as the paper's does) or homogeneous (a random fraction p: the greedy base earns "
+                                   "it on none); docs/regime.md#r3-the-latent-protocol-warm-start",
+                                   choices=("homogeneous", "cued"))
     WARM_LATENT_MATH_STEPS: int = param(1000, "latent protocol: math warm-start steps, trained exactly (no stopping "
                                         "rule; convergence is checked on the lenient curve)", ge=1)
     WARM_LATENT_QA_STEPS: int = param(1000, "latent protocol: QA warm-start steps, trained exactly (no stopping "
@@ -129,6 +135,7 @@ class SubstrateNotebookParams(NotebookParams):
             max_turns=self.MAX_TURNS, enable_thinking=self.THINKING if gpu else None,
             # a loaded checkpoint is trained on no traces: the protocol is the miniature's construction
             protocol="paper" if gpu or self.MODEL_PATH else self.WARM_PROTOCOL, latent_p=self.WARM_LATENT_P,
+            latent_prior=self.WARM_LATENT_PRIOR,
             latent_math_steps=self.WARM_LATENT_MATH_STEPS, latent_qa_steps=self.WARM_LATENT_QA_STEPS)
 
     def trains_base(self) -> bool:
