@@ -350,7 +350,9 @@ def regime_context(profile: str) -> dict[str, Any]:
     s01 = runs.load_summary(profile, "01_substrate_and_agent") or {}
     met = s01.get("regime_criterion_met")
     ctx = {"regime_criterion_met": met, "warm_protocol": s01.get("warm_protocol"),
-           "warm_latent_p": s01.get("warm_latent_p"), "warm_latent_prior": s01.get("warm_latent_prior")}
+           "warm_latent_p": s01.get("warm_latent_p"), "warm_latent_prior": s01.get("warm_latent_prior"),
+           "regime_criterion_met_math": s01.get("regime_criterion_met_math"),
+           "regime_criterion_met_qa": s01.get("regime_criterion_met_qa")}
     if met is None:
         note = "notebook 01 has not reported the base-regime criterion: the regime is unknown"
     elif met:
