@@ -51,7 +51,9 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "03_copes": ("02_standard_es",),  # ES's chosen sigma / alpha
     "04_grpo": ("01_substrate_and_agent",),
     "05_fixed_budget_math": ("02_standard_es", "03_copes", "04_grpo"),  # tuned settings, 04's cached GRPO runs
-    "06_copes_ablations": ("05_fixed_budget_math",),  # reuses 05's K = 1 / K = 4 runs from the cache
+    # 05's budget rule on 04's s* (not 05's summary), so 06 runs beside 05; its k1 / k4 (05's ES / CoPES runs)
+    # come last and are cache hits once 05 has trained them
+    "06_copes_ablations": ("02_standard_es", "04_grpo"),
     "07_multihop_qa": ("01_substrate_and_agent",),  # the QA warm start
     "08_memory_and_gpu_hours": ("01_substrate_and_agent",),
     "09_scale_study": ("01_substrate_and_agent",),  # 01's warm start at its own size (cached)

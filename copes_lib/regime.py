@@ -104,15 +104,21 @@ PREDICTIONS: tuple[Prediction, ...] = (
 )
 
 
-def judge_r1(strict_math_accuracy: float, latent_base: bool) -> str:
+def judge_r1(strict_math_accuracy: float, latent_base: bool, prior: str = "homogeneous") -> str:
     """R1's verdict from notebook 01's summary (the one prediction 01 itself measures). It is judged
-    on any latent-protocol base, in regime or not: its quantity is one of the criterion's own values.
+    on any latent-protocol base with the homogeneous prior, in regime or not: its quantity is one of
+    the criterion's own values. A cued prior puts the reward's form on about p of the problems by
+    design (docs/regime.md#r3-the-latent-protocol-warm-start), which is not what R1 is about.
 
     >>> judge_r1(0.0, True), judge_r1(0.1, True), judge_r1(0.3, True), judge_r1(0.0, False)
     ('agrees', 'inconclusive', 'does not', 'not a latent-protocol base')
+    >>> judge_r1(0.08, True, "cued")
+    'not judged: cued prior (R1 is about the homogeneous prior)'
     """
     if not latent_base:
         return "not a latent-protocol base"
+    if prior != "homogeneous":
+        return f"not judged: {prior} prior (R1 is about the homogeneous prior)"
     return "agrees" if strict_math_accuracy <= 0.05 else "does not" if strict_math_accuracy > 0.15 else "inconclusive"
 
 

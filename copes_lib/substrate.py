@@ -45,6 +45,11 @@ from copes_lib.config import Config, ConfigError, param
 PAD, EOS = "<pad>", "<eos>"
 #: Answer protocols of the warm start's traces (docs/regime.md#r3-the-latent-protocol-warm-start).
 PROTOCOLS = ("paper", "latent")
+#: How the latent prior's paper-protocol traces are assigned (docs/regime.md#r3-the-latent-protocol-warm-start):
+#: homogeneous (a random fraction p of tasks, so greedy decoding takes the majority form everywhere) or cued
+#: (the tasks whose cue, a feature of the question the model reads, falls in a seeded set of cue values
+#: covering about p of the training tasks: greedy decoding then earns the reward on about p of the problems).
+PRIORS = ("homogeneous", "cued")
 #: The latent answer form: the final turn states the answer in plain text and ends the trajectory.
 LATENT_ANSWER = "Answer: {answer}"
 #: Converged: the best lenient score of the curve's last quarter beats the best before it by <= this.
@@ -96,6 +101,10 @@ class WarmStartConfig(Config):
                           "docs/regime.md#r3-the-latent-protocol-warm-start)", choices=PROTOCOLS)
     latent_p: float = param(0.1, "latent protocol: fraction of training traces in the reward's answer protocol, "
                             "in [0, 1)", ge=0.0, lt=1.0)
+    latent_prior: str = param("homogeneous", "latent protocol: how the paper-protocol traces are assigned: "
+                              "homogeneous (a random fraction latent_p of tasks) or cued (every task whose cue, the "
+                              "first letter of the question's subject name, is in a seeded set of letters covering "
+                              "about latent_p of the tasks)", choices=PRIORS)
     latent_math_steps: int = param(1000, "latent protocol: math warm-start steps, trained exactly (no stopping rule)",
                                    ge=1)
     latent_qa_steps: int = param(1000, "latent protocol: QA warm-start steps, trained exactly (no stopping rule)", ge=1)
@@ -254,6 +263,8 @@ def _warm_config(config: WarmStartConfig, kind: str, seed: int) -> dict:
         steps = config.latent_math_steps if kind == "math" else config.latent_qa_steps
         target = 0.0  # trained exactly `steps`: no early stop on the curve's steep part
         latent = {"protocol": "latent", "latent_p": config.latent_p}
+        if config.latent_prior != "homogeneous":  # the homogeneous prior keeps its earlier key
+            latent["latent_prior"] = config.latent_prior
     return {"kind": kind, "seed": seed, "size": config.model_size, "vocab_size": config.vocab_size,
             "max_context": config.max_context, "steps": steps, "target": target, "threads": threads.N_FIXED,
             "batch": config.batch, "lr": config.lr, "warmup": config.warmup, "eval_every": config.eval_every,
@@ -276,17 +287,59 @@ def latent_reference(reference: str) -> str:
     return reference[:tail] + LATENT_ANSWER.format(answer=final[len(ANSWER_OPEN + BOXED):-len("}" + ANSWER_CLOSE)])
 
 
-def latent_trace_mix(tasks: list, p: float, seed: int) -> tuple[list, int]:
-    """(tasks with their traces in the latent mix, number kept in the paper's protocol): exactly
-    round(p x len(tasks)) tasks, drawn with a generator seeded by ``seed``, keep the paper's answer
-    protocol; the others get :func:`latent_reference`. Order unchanged."""
+def prior_cue(task) -> str:
+    """The feature of a question the cued prior keys on: the first letter of its subject's name (math:
+    the person, the question's first word; QA: the first capitalised word after the first). Names are
+    shared by the training and validation problems (math) or drawn from the same syllables (QA), so
+    the cue of a validation problem is one the warm start has seen, and it says nothing of the answer.
+
+    >>> from copes_lib.tasks.protocol import Task
+    >>> prior_cue(Task("m", "math", "Ada has 3 eggs. How many eggs does Ada have now?", ("3",), 1))
+    'A'
+    >>> prior_cue(Task("q", "qa", "In which country was Vinqua Dorel born?", ("X",), 2))
+    'V'
+    """
+    words = task.question.split()
+    if task.kind == "math" or len(words) < 2:
+        return words[0][0].upper() if words else ""
+    return next((w[0] for w in words[1:] if w[0].isupper()), words[0][0].upper())
+
+
+def cued_values(tasks: list, p: float, seed: int) -> set[str]:
+    """The cue values of the cued prior: the cues of ``tasks`` in a seeded random order, the shortest
+    prefix whose task share is closest to ``p`` (at least one value when p > 0)."""
+    import random
+    from collections import Counter
+
+    counts = Counter(prior_cue(t) for t in tasks)
+    order = sorted(counts)
+    random.Random(f"latent-cue-{seed}").shuffle(order)
+    best, best_gap, share = set(), abs(p), 0.0
+    for i, cue in enumerate(order, start=1):
+        share += counts[cue] / len(tasks)
+        if abs(share - p) < best_gap or (p > 0 and not best):
+            best, best_gap = set(order[:i]), abs(share - p)
+    return best if p > 0 else set()
+
+
+def latent_trace_mix(tasks: list, p: float, seed: int, prior: str = "homogeneous") -> tuple[list, int]:
+    """(tasks with their traces in the latent mix, number kept in the paper's protocol). Homogeneous:
+    exactly round(p x len(tasks)) tasks, drawn with a generator seeded by ``seed``, keep the paper's
+    answer protocol; cued: the tasks whose :func:`prior_cue` is in :func:`cued_values` do. The others
+    get :func:`latent_reference`. Order unchanged."""
     import random
 
     if not 0.0 <= p < 1.0:
         raise ConfigError(f"latent_p = {p!r} is out of range; it must be in [0, 1) (docs/regime.md"
                           "#r3-the-latent-protocol-warm-start)")
-    n_paper = round(p * len(tasks))
-    keep = set(random.Random(f"latent-protocol-{seed}").sample(range(len(tasks)), n_paper))
+    if prior not in PRIORS:
+        raise ConfigError(f"latent_prior = {prior!r} is not valid; valid values: {list(PRIORS)}")
+    if prior == "cued":
+        cues = cued_values(tasks, p, seed)
+        keep = {i for i, t in enumerate(tasks) if prior_cue(t) in cues}
+    else:
+        keep = set(random.Random(f"latent-protocol-{seed}").sample(range(len(tasks)), round(p * len(tasks))))
+    n_paper = len(keep)
     mixed = [t if i in keep else dataclasses.replace(t, reference=latent_reference(t.reference))
              for i, t in enumerate(tasks)]
     return mixed, n_paper
@@ -437,7 +490,7 @@ def warm_start(profile: str, kind: str = "math", seed: int = 0, force: bool = Fa
     train = load_tasks(profile, kind, "train")
     n_paper = len(train)
     if config.protocol == "latent":
-        train, n_paper = latent_trace_mix(train, config.latent_p, seed)
+        train, n_paper = latent_trace_mix(train, config.latent_p, seed, config.latent_prior)
     t0 = time.perf_counter()
     with threads.fixed_threads(), make_env(kind, profile) as env:
         model = build_agent_model(config.model_size, len(tokenizer), seed, config.max_context, tokenizer)
@@ -467,5 +520,5 @@ def describe(model, tokenizer) -> dict:
 
 __all__ = ["WarmStartConfig", "MODEL_SIZES", "train_agent_tokenizer", "get_tokenizer", "build_agent_model",
            "model_config", "count_model_params", "load_pretrained", "encode_trace", "warm_start", "warm_start_folder",
-           "train_warm_start", "warm_rollout_config", "describe", "PROTOCOLS", "latent_reference", "latent_trace_mix",
+           "train_warm_start", "warm_rollout_config", "describe", "PROTOCOLS", "latent_reference", "latent_trace_mix", "PRIORS", "prior_cue", "cued_values",
            "converged"]

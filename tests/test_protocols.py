@@ -47,10 +47,11 @@ def _run(points, seed_index=0):
     (params.FixedBudgetParams, {"POPULATION": 30}, "POPULATION"),
     (params.FixedBudgetParams, {"LONG_SEEDS": 4, "SEEDS": 3}, "LONG_SEEDS"),
     (params.FixedBudgetParams, {"BUDGET_STEPS": 16, "ES_LONG_STEPS": 8}, "ES_LONG_STEPS"),
-    (params.MultihopQAParams, {"BUDGET_STEPS": 0, "GRPO_STEPS": 16, "ES_LONG_STEPS": 8}, "ES_LONG_STEPS"),
+    (params.MultihopQAParams, {"BUDGET_STEPS": 0, "GRPO_STEPS": 16, "ES_LONG_STEPS": 6}, "ES_LONG_STEPS"),
     (params.FixedBudgetParams, {"HEADLINE": "best"}, "HEADLINE"),
     (params.AblationParams, {"POPULATION": 20}, "POPULATION"),
-    (params.AblationParams, {"BUDGET_STEPS": 0}, "BUDGET_STEPS"),
+    (params.AblationParams, {"BUDGET_STEPS": -1}, "BUDGET_STEPS"),
+        (params.AblationParams, {"ARM_SEEDS": 6}, "ARM_SEEDS"),
     (params.MultihopQAParams, {"TEST_TEMPERATURE": 0.0}, "TEST_TEMPERATURE"),
 ])
 def test_bad_parameters_fail_naming_the_field(cls, values, field):
@@ -457,3 +458,90 @@ def test_shard_processes_makes_every_grpo_update_a_sharded_job(tmp_path, monkeyp
     assert isinstance(seen["update_fn"], ShardedUpdater) and seen["resume"] is False
     assert seen["update_fn"].sharding.processes == 2 and (seen["update_fn"].model_dir / "config.json").exists()
     assert grpo_arm.run_folder("smoke", agent, config, sharded.sharding()) != grpo_arm.run_folder("smoke", agent, config)
+
+
+# --------------------------------------------------------------------------- the regime's headline (docs/regime.md)
+def _split(rng, seeds=3, problems=200, base_strict=0.05, base_lenient=0.8, gains=None):
+    """Synthetic strict / lenient correctness: base, es, copes, full_grpo (strict gains by arm, lenient flat)."""
+    gains = gains or {"es": 0.2, "copes": 0.3, "full_grpo": 0.6}
+    out = {"strict": {}, "lenient": {}}
+    for arm, rows in (("base", 1), ("es", seeds), ("copes", seeds), ("full_grpo", 1)):
+        s = base_strict + gains.get(arm, 0.0)
+        out["strict"][arm] = (rng.random((rows, problems)) < s).astype(float)
+        out["lenient"][arm] = np.maximum(out["strict"][arm], (rng.random((rows, problems)) < base_lenient))
+    return out
+
+
+def test_regime_predictions_write_the_keys_the_claims_read():
+    split = _split(np.random.default_rng(0))
+    keys = fixed_budget.regime_predictions(split)
+    assert sorted(keys) == sorted(f"prediction_{r}_{k}" for r in ("R3", "R4", "R8") for k in ("value", "low", "high"))
+    for rid in ("R3", "R4", "R8"):
+        v, lo, hi = (keys[f"prediction_{rid}_{k}"] for k in ("value", "low", "high"))
+        assert all(math.isfinite(x) for x in (v, lo, hi)) and lo < v < hi
+    # strict gains with (almost) no lenient gain: mostly protocol, so R3 / R4's quantity is positive
+    assert keys["prediction_R4_low"] > 0 and keys["prediction_R3_value"] > 0
+    # the quantity is Delta S - 2 Delta L, computed from the arrays' means
+    m = {n: {a: split[n][a].mean() for a in split[n]} for n in split}
+    expected = (m["strict"]["es"] - m["strict"]["base"]) - 2 * (m["lenient"]["es"] - m["lenient"]["base"])
+    assert keys["prediction_R3_value"] == pytest.approx(expected)
+    assert keys["prediction_R8_value"] == pytest.approx(m["strict"]["copes"] - m["strict"]["es"])
+    # a skill gain (lenient up as much as strict) turns R4's quantity negative
+    skill = _split(np.random.default_rng(1), base_lenient=0.2)
+    skill["lenient"]["full_grpo"] = np.maximum(skill["strict"]["full_grpo"],
+                                               (np.random.default_rng(2).random((1, 200)) < 0.8).astype(float))
+    assert fixed_budget.regime_predictions(skill)["prediction_R4_high"] < 0
+
+
+def test_split_keys_give_strict_and_lenient_gains_per_arm():
+    split = _split(np.random.default_rng(3))
+    keys = fixed_budget.split_keys(split)
+    for arm in ("es", "copes", "full_grpo"):
+        for name in ("strict", "lenient"):
+            assert keys[f"delta_{name}_{arm}"] == pytest.approx(keys[f"val_{name}_{arm}"] - keys[f"val_{name}_base"])
+    assert "delta_strict_base" not in keys
+
+
+def test_the_budget_is_s_star_capped_and_stated():
+    p = params.FixedBudgetParams()
+    assert (p.BUDGET_STEPS, p.BUDGET_MAX) == (0, 8)  # the cpu headline: s*, capped for the 2-hour bound
+    assert fixed_budget.budget_from(p, 4) == 4 and "s* = 4" in fixed_budget.budget_text(p, 4, 4)
+    assert fixed_budget.budget_from(p, 40) == 8 and "capped at BUDGET_MAX" in fixed_budget.budget_text(p, 40, 8)
+    assert fixed_budget.budget_from(p, 0) == p.VAL_EVERY  # a GRPO that never beat its base
+    uncapped = dataclasses.replace(p, BUDGET_MAX=0)
+    assert fixed_budget.budget_from(uncapped, 40) == 40
+    fixed = dataclasses.replace(p, BUDGET_STEPS=6)
+    assert fixed_budget.budget_from(fixed, 40) == 6 and "BUDGET_STEPS" in fixed_budget.budget_text(fixed, 40, 6)
+    with pytest.raises(ConfigError, match="ARM_SEEDS"):
+        params.AblationParams(ARM_SEEDS=6)
+    assert params.AblationParams().arm_seeds("k4") == 5 and params.AblationParams().arm_seeds("k8") == 3
+
+
+def test_ablation_family_pairs_arms_with_fewer_seeds_on_their_first_rows():
+    rng = np.random.default_rng(4)
+    scores = {"k4": (rng.random((5, 64)) < 0.6).astype(float), "k8": (rng.random((3, 64)) < 0.4).astype(float)}
+    family = ablations.ablation_family(scores)
+    direct = stats.compare(scores["k4"][:3], scores["k8"], paired_seeds=True)
+    assert family["k8"].estimate == pytest.approx(direct.estimate) and family["k8"].n_seeds == (3, 3)
+
+
+def test_regime_context_says_not_in_regime(tmp_path, monkeypatch):
+    monkeypatch.setattr(runs, "RESULTS_ROOT", tmp_path)
+    assert fixed_budget.regime_context("smoke")["regime_criterion_met"] is None
+    folder = tmp_path / "smoke" / "01_substrate_and_agent"
+    folder.mkdir(parents=True)
+    runs.atomic_write_json(folder / "summary.json", {"regime_criterion_met": False, "warm_protocol": "latent"})
+    ctx = fixed_budget.regime_context("smoke")
+    assert ctx["regime_criterion_met"] is False and "NOT IN REGIME" in ctx["regime_note"]
+    assert "not in regime" in ctx["regime_note"]
+
+
+def test_readme_states_the_cpu_cost_per_notebook():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = text.split("### Cost of the cpu profile", 1)[1].split("\n## ", 1)[0]
+    assert "estimate" in section and "ONLY=09" in section
+    rows = [line for line in section.splitlines() if line.startswith("| ")]
+    for nb in ("01", "05", "06", "07"):
+        assert any(line.startswith(f"| {nb} |") and any(c.isdigit() for c in line.split("|")[2]) for line in rows), nb

@@ -77,11 +77,15 @@ def test_bases_outside_the_regime_miss_the_criterion_for_the_right_reason():
     # a base that already earns the reward: strict too high
     assert missed([STRICT] * 80 + [LATENT] * 20, [TOOL] * 100) == (["strict"], False)
     # the latent form without tools: a tool gap, not the regime
-    assert missed([LATENT] * 100, [NO_TOOL] * 100) == (["tool_rate"], False)
-    # every answer wrong in the latent form: no skill
-    assert missed(["<python>print(1)</python>Answer: 3"] * 100, [TOOL] * 100) == (["lenient"], False)
+    assert missed([LATENT] * 90 + [STRICT] * 10, [NO_TOOL] * 100) == (["tool_rate"], False)
+    # the homogeneous latent base as measured (strict 0): greedy ES's fitness would be constant
+    # (docs/regime.md#r3a-the-design-change-a-lower-bound-on-strict-accuracy-and-a-cued-prior)
+    assert missed([LATENT] * 100, [TOOL] * 100) == (["strict"], False)
+    # every answer wrong in the latent form: no skill (and no reward earned)
+    assert missed(["<python>print(1)</python>Answer: 3"] * 100, [TOOL] * 100) == (["lenient", "strict"], False)
     # QA's own targets: lenient 0.3 meets QA's (>= 0.25) but not math's (>= 0.55)
-    qa = ["<search>x</search>Answer: Oskelia"] * 30 + ["<search>x</search>Answer: Mirath"] * 70
+    qa = (["<search>x</search>Answer: Oskelia"] * 27 + ["<search>x</search><answer>\\boxed{Oskelia}</answer>"] * 3
+          + ["<search>x</search>Answer: Mirath"] * 70)
     assert missed(qa, [{"python": 0, "search": 1}] * 100, "qa", ("Oskelia",)) == ([], True)
     r = judge_regime(qa, [("Oskelia",)] * 100, None, "qa", CRITERIA["math"])
     assert not r["checks"]["lenient"] and r["tool_rate"] == 1.0  # calls counted from the text
@@ -92,6 +96,8 @@ def test_criterion_ranges_and_bad_input():
         RegimeCriterion(max_strict=1.5)
     with pytest.raises(ConfigError, match="min_lenient"):
         RegimeCriterion(min_lenient=-0.1)
+    with pytest.raises(ConfigError, match="min_strict"):
+        RegimeCriterion(min_strict=0.2, max_strict=0.1)
     with pytest.raises(ValueError, match="as many answers"):
         judge_regime([LATENT], [], None, "math")
     with pytest.raises(ValueError, match="as many answers"):
@@ -113,9 +119,11 @@ def _table(header_start: str) -> list[list[str]]:
 def test_declared_targets_equal_the_docs():
     rows = {r[0]: r[1:] for r in _table("| kind | lenient accuracy |")[:2]}
     for kind, label in (("math", "math"), ("qa", "QA")):
-        lenient, strict, share, tools = (float(re.sub(r"[<>=\s]", "", v)) for v in rows[label])
+        lenient, share, tools = (float(re.sub(r"[<>=\s]", "", rows[label][i])) for i in (0, 2, 3))
+        low, high = (float(v) for v in re.findall(r"\d+\.\d+", rows[label][1]))
         c = CRITERIA[kind]
-        assert (c.min_lenient, c.max_strict, c.min_protocol_share, c.min_tool_rate) == (lenient, strict, share, tools)
+        assert (c.min_lenient, c.min_strict, c.max_strict, c.min_protocol_share, c.min_tool_rate) == \
+            (lenient, low, high, share, tools)
 
 
 def test_predictions_equal_the_docs_table():

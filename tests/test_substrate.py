@@ -149,6 +149,27 @@ def test_latent_traces_are_in_the_declared_protocol_mix(kind, p):
         assert [t.reference for t in other] != [t.reference for t in mixed]
 
 
+@pytest.mark.parametrize("kind", ["math", "qa"])
+def test_the_cued_prior_keys_the_paper_protocol_on_a_question_feature(kind):
+    # docs/regime.md#r3a-the-design-change-a-lower-bound-on-strict-accuracy-and-a-cued-prior
+    from copes_lib.substrate import cued_values, latent_trace_mix, prior_cue
+
+    tasks = load_tasks("cpu", kind, "train")
+    mixed, n_paper = latent_trace_mix(tasks, 0.1, seed=0, prior="cued")
+    cues = cued_values(tasks, 0.1, seed=0)
+    paper = {t.id for t in mixed if "<answer>" in t.reference}
+    assert paper == {t.id for t in tasks if prior_cue(t) in cues} and n_paper == len(paper)
+    assert 0.05 <= n_paper / len(tasks) <= 0.15  # about p: whole cue values, the share closest to 0.1
+    assert cues != cued_values(tasks, 0.1, seed=1) or len(cues) > 2  # the set follows the seed
+    val = load_tasks("cpu", kind, "val")  # the validation problems carry the same cues
+    assert 0.05 <= sum(prior_cue(t) in cues for t in val) / len(val) <= 0.15
+    assert latent_trace_mix(tasks, 0.0, seed=0, prior="cued")[1] == 0  # p = 0: every trace latent
+    with pytest.raises(ConfigError, match="latent_prior"):
+        latent_trace_mix(tasks, 0.1, seed=0, prior="random")
+    with pytest.raises(ConfigError, match="WARM_LATENT_PRIOR"):
+        SubstrateNotebookParams(WARM_LATENT_PRIOR="random")
+
+
 def test_a_latent_trace_ends_on_eos_and_a_paper_trace_does_not(tokenizer):
     from copes_lib.substrate import latent_trace_mix
 
@@ -174,12 +195,15 @@ def test_cache_key_changes_with_p_and_the_paper_base_keeps_its_key():
     assert len(keys) == 3 and folder(base) not in keys
     assert folder(dataclasses.replace(latent, latent_math_steps=7)) != folder(latent)
     assert folder(dataclasses.replace(latent, latent_qa_steps=7), "qa") != folder(latent, "qa")
+    homogeneous = dataclasses.replace(latent, latent_prior="homogeneous")
+    assert folder(dataclasses.replace(latent, latent_prior="cued")) != folder(homogeneous)
     # the paper protocol ignores the latent knobs, so its cache entry (the skill-gap control) is unchanged
     assert folder(dataclasses.replace(base, latent_p=0.3, latent_math_steps=7)) == folder(base)
 
 
 def test_latent_warm_start_trains_its_exact_steps_and_records_the_mix():
     config = dataclasses.replace(substrate_config("smoke"), protocol="latent", latent_p=0.2, latent_math_steps=4,
+                                 latent_prior="homogeneous",
                                  math_target=0.01, batch=4, eval_every=2, eval_problems=2, max_new_tokens=8)
     _, _, info = warm_start("smoke", "math", seed=7, force=True, config=config, log=lambda s: None)
     n_train = len(load_tasks("smoke", "math", "train"))

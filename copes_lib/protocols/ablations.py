@@ -40,15 +40,37 @@ def ablation_configs(params: AblationParams, sigma: float, alpha: float, seed_in
     return {key: arms[key] for key in params.arms()}
 
 
+def ablation_budget(params: AblationParams) -> tuple[int, str]:
+    """(budget, note): BUDGET_STEPS when set, else notebook 05's rule on notebook 04's full GRPO run (its
+    best validation step s*, capped at BUDGET_MAX: ``fixed_budget.budget_from``), so k1 and k4 are 05's
+    ES and CoPES runs and 06 need not wait for 05 (it reads 04's summary, which its NEEDS guarantee)."""
+    from copes_lib import runs
+    from copes_lib.config import ConfigError
+    from copes_lib.protocols.fixed_budget import budget_from, budget_text
+
+    if params.BUDGET_STEPS:
+        return params.BUDGET_STEPS, f"budget fixed at {params.BUDGET_STEPS} steps by BUDGET_STEPS (paper: 16)"
+    s04 = runs.load_summary(params.PROFILE, "04_grpo") or {}
+    if s04.get("full_best_step") is None:
+        raise ConfigError(f"BUDGET_STEPS = 0 takes the budget from notebook 04's full GRPO run, but "
+                          f"results/{params.PROFILE}/04_grpo/summary.json has no full_best_step: run notebook 04 first "
+                          "or set BUDGET_STEPS")
+    s_star = int(s04["full_best_step"])
+    budget = budget_from(params, s_star)
+    return budget, budget_text(params, s_star, budget) + " (notebook 04's full GRPO run, 05's rule)"
+
+
 def ablation_family(scores: dict[str, np.ndarray], seeds: list[int] | None = None) -> dict[str, stats.Comparison]:
     """k4 vs each other arm that was run (``claims.FAMILIES``'s order), Holm-corrected together.
 
     ``scores``: arm -> (seeds, problems) correctness at the budget, the same seeds (paired rows) and
-    problems for every arm. The predicted sign is +1 (k4 higher) for every contrast, as in the claims."""
+    problems for every arm; an arm with fewer seeds (ARM_SEEDS) is paired with the other's first rows. The
+    predicted sign is +1 (k4 higher) for every contrast, as in the claims."""
     tests = []
     for contrast in claims.FAMILIES["06_copes_ablations"]:
         if contrast.a in scores and contrast.b in scores:
-            tests.append(stats.compare(scores[contrast.a], scores[contrast.b], name=contrast.name,
+            n = min(len(scores[contrast.a]), len(scores[contrast.b]))
+            tests.append(stats.compare(scores[contrast.a][:n], scores[contrast.b][:n], name=contrast.name,
                                        expected_sign=contrast.sign, paired_seeds=True))
     return {c.name.removeprefix("k4_vs_"): c for c in stats.holm_family(tests)}
 

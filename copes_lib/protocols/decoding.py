@@ -80,6 +80,36 @@ def greedy_scores(params: NotebookParams, agent, model, tasks: Sequence[Any], *,
     return scores
 
 
+def greedy_split_scores(params: NotebookParams, agent, model, tasks: Sequence[Any], *, label: str
+                        ) -> dict[str, np.ndarray]:
+    """Per-problem strict and lenient correctness of greedy validation (docs/regime.md#r2-the-base-regime-criterion:
+    strict = the paper's reward fully earned, lenient = the right answer anywhere in the final turn), the
+    same rollout as :func:`greedy_scores`, cached by the weights' checksum and the task ids. A gain then
+    splits into protocol and skill (docs/regime.md#r4-predictions-ours-registered-before-the-run)."""
+    from copes_lib.tasks.regime import lenient_correctness, strict_correctness
+
+    objective = agent.objective
+    config = objective.rollout_config
+    kind = agent.key["kind"]
+    key = runs.cache_key({"weights": checksum(model), "rollout": config.to_dict(), "kind": kind,
+                          "greedy_validation": True, "split": "strict_lenient"}, [t.id for t in tasks])
+    path = runs.cache_dir(params.PROFILE, "greedy_split_scores", key) / "scores.json"
+
+    def compute() -> dict[str, Any]:
+        result = evaluate(model, objective.tokenizer, list(tasks), objective.env, config, seed=0,
+                          return_batches=True)
+        texts = [t for b in result["batches"] for t in b.model_texts]
+        answers = [task.answers for b in result["batches"] for task in b.tasks]
+        return {"label": label, "strict": strict_correctness(None, texts, answers, kind),
+                "lenient": lenient_correctness(None, texts, answers, kind)}
+
+    out = runs.cached(path, compute, force=params.FORCE)
+    split = {name: np.asarray(out[name], dtype=float) for name in ("strict", "lenient")}
+    if any(len(v) != len(tasks) for v in split.values()):
+        raise ValueError(f"{path} holds scores for another task list than its {len(tasks)} tasks; rerun with FORCE=True")
+    return split
+
+
 def pass_at_k_frame(results: dict[str, dict[str, Any]]):
     """Long table (method, k, pass_at_k) for k = 1..n of each method's test samples."""
     import pandas as pd

@@ -35,6 +35,7 @@ from copes_lib.protocols.histories import val_points
 from copes_lib.protocols.params import ESSettings, StandardESNotebookParams, sweep_values
 from copes_lib.protocols.substrate_setup import substrate_config
 from copes_lib.protocols.sweeps import GridSweep, widen_to_bracket
+from copes_lib.substrate import WarmStartConfig
 from copes_lib.training_run import BEST, LAST, SCORE
 
 
@@ -51,11 +52,14 @@ class AgentSetup:
 
 
 def load_agent(profile: str | ESSettings, kind: str = "math", *, seed: int = 0, batch_size: int = 64,
-               batch_seed: int = 1088, val_problems: int = 0, engine: str = "loop") -> AgentSetup:
+               batch_seed: int = 1088, val_problems: int = 0, engine: str = "loop",
+               substrate: WarmStartConfig | None = None) -> AgentSetup:
     """The profile's warm-started substrate (cached by ``copes_lib.substrate``), its tools, the
     training tasks and the first ``val_problems`` validation tasks (0: all), with the substrate's
     rollout settings. ``profile`` may be the ES settings of a notebook instead (02, 03, 05, 06, 07):
-    then PROFILE, TASK_KIND, SEED, BATCH_SIZE, BATCH_SEED, VAL_PROBLEMS and ENGINE are read from them."""
+    then PROFILE, TASK_KIND, SEED, BATCH_SIZE, BATCH_SEED, VAL_PROBLEMS and ENGINE are read from them.
+    ``substrate`` replaces the profile's substrate (e.g. the skill-gap control base of
+    ``substrate_setup.control_config``); the key's substrate checksum keeps the runs of two bases apart."""
     from copes_lib.rollout import make_env
     from copes_lib.substrate import warm_rollout_config, warm_start
     from copes_lib.tasks import load_tasks
@@ -64,7 +68,8 @@ def load_agent(profile: str | ESSettings, kind: str = "math", *, seed: int = 0, 
         p = profile
         profile, kind, seed, engine = p.PROFILE, p.TASK_KIND, p.SEED, p.ENGINE
         batch_size, batch_seed, val_problems = p.BATCH_SIZE, p.BATCH_SEED, p.VAL_PROBLEMS
-    substrate = substrate_config(profile)
+    given = substrate
+    substrate = substrate or substrate_config(profile)
     model, tokenizer, _ = warm_start(profile, kind, seed=seed, config=substrate)
     env = make_env(kind, profile)
     val = load_tasks(profile, kind, "val")
@@ -79,6 +84,8 @@ def load_agent(profile: str | ESSettings, kind: str = "math", *, seed: int = 0, 
            "batch_seed": batch_seed, "rollout": rollout_config.to_dict(), "engine": engine}
     worker_args = dict(profile=profile, kind=kind, seed=seed, batch_size=batch_size, batch_seed=batch_seed,
                        val_problems=val_problems, engine=engine)
+    if given is not None:  # a Ray worker rebuilds the same base
+        worker_args["substrate"] = given
     return AgentSetup(model, objective, key, worker_args)
 
 

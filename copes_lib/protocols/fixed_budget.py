@@ -137,7 +137,7 @@ def run_fixed_budget(params: Any, agent: AgentSetup, settings: dict[str, Any], *
     full = grpo_run(params.PROFILE, agent, config, label=grpo_label, force=params.FORCE)
     s_star, grpo_best = best_validated(full.history, metric=metric)
     base = full.val_by_step[0]
-    budget = params.BUDGET_STEPS or s_star
+    budget = budget_from(params, s_star)
     if params.ES_LONG_STEPS < budget:
         raise ConfigError(f"ES_LONG_STEPS = {params.ES_LONG_STEPS} must be >= the budget ({budget} steps: "
                           f"{'BUDGET_STEPS' if params.BUDGET_STEPS else 'full GRPO s*'}); raise ES_LONG_STEPS")
@@ -158,6 +158,28 @@ def run_fixed_budget(params: Any, agent: AgentSetup, settings: dict[str, Any], *
     match = {name: steps_to_match(long_steps, long_curve, c["copes"]["mean"]) for name, c in compare.items()}
     return FixedBudgetRuns(full, config, s_star, grpo_best, base, budget, es_runs, copes_runs, compare, long_runs,
                            long_steps, long_curve, match, metric)
+
+
+def budget_from(params: Any, s_star: int) -> int:
+    """The budget: BUDGET_STEPS when set, else full GRPO's s*, capped at BUDGET_MAX (> 0; the cpu cost
+    bound, stated by :func:`budget_text`) and at least VAL_EVERY (a GRPO that never beats its base has
+    s* = 0: the methods still get one validation interval)."""
+    if params.BUDGET_STEPS:
+        return params.BUDGET_STEPS
+    cap = getattr(params, "BUDGET_MAX", 0) or s_star
+    return max(min(s_star, cap), params.VAL_EVERY)
+
+
+def budget_text(params: Any, s_star: int, budget: int) -> str:
+    """How the budget was set, for the notebook's note (``budget_note``)."""
+    if params.BUDGET_STEPS:
+        return f"budget fixed at {budget} steps by BUDGET_STEPS (full GRPO's s* = {s_star}; paper: s* = 16)"
+    if budget < s_star:
+        return (f"budget = {budget} steps: full GRPO's s* = {s_star} capped at BUDGET_MAX = {params.BUDGET_MAX} "
+                "(the cpu cost bound; paper: s* = 16)")
+    if budget > s_star:
+        return f"budget = {budget} steps = VAL_EVERY: full GRPO's s* = {s_star} (it never beat the base)"
+    return f"budget = full GRPO's best validation step s* = {s_star} (paper: 16)"
 
 
 def compare_at_budget(es_runs: Sequence[ESRun], copes_runs: Sequence[ESRun], budget: int, base: float,
@@ -294,6 +316,127 @@ def mean_interval(scores: np.ndarray, *, level: float = 0.95, n_boot: int = 2000
     reps = stats.hierarchical_bootstrap(scores, zero, n_boot=n_boot, seed=seed, paired_seeds=False)
     tail = (1 - level) / 2
     return float(scores.mean()), float(np.quantile(reps, tail)), float(np.quantile(reps, 1 - tail))
+
+
+# =========================================================================== protocol vs skill (docs/regime.md)
+def split_scores(params: Any, agent: AgentSetup, frb: FixedBudgetRuns, *, lora: GRPORun | None = None,
+                 headline: str | None = None) -> dict[str, dict[str, np.ndarray]]:
+    """Per-seed per-problem strict and lenient correctness (``decoding.greedy_split_scores``) of the arms
+    of :func:`budget_scores` that split a gain: ``es``, ``copes`` (the headline CoPES arm), ``full_grpo``
+    (its best checkpoint, s*), ``lora_grpo`` (``lora`` at the budget, if given) and ``base``. Returns
+    {"strict": {arm: (seeds, problems)}, "lenient": {...}}; rows in :func:`budget_scores`'s seed order."""
+    tasks = agent.objective.val_tasks
+    if headline is None:
+        headline = next(iter(frb.copes_runs))
+    models = {"es": [es_model(agent, r, "final") for r in frb.es_runs],
+              "copes": [es_model(agent, r, "final") for r in frb.copes_runs[headline]],
+              "full_grpo": [grpo_policy(frb.full, "best")], "base": [agent.model]}
+    if lora is not None:
+        models["lora_grpo"] = [grpo_policy(lora, "final")]
+    out: dict[str, dict[str, np.ndarray]] = {"strict": {}, "lenient": {}}
+    for arm, ms in models.items():
+        rows = [decoding.greedy_split_scores(params, agent, m, tasks, label=f"{arm} row {i}") for i, m in enumerate(ms)]
+        for name in out:
+            out[name][arm] = np.stack([r[name] for r in rows])
+    return out
+
+
+def regime_context(profile: str) -> dict[str, Any]:
+    """Which base the notebook ran on and whether it is in the papers' regime, from notebook 01's summary
+    (docs/regime.md#r2-the-base-regime-criterion): ``regime_criterion_met`` (None when 01 has not run),
+    ``warm_protocol``, ``warm_latent_p``, ``warm_latent_prior`` and ``regime_note``, the sentence a notebook
+    prints (claims that need the regime read "not in regime" when the criterion is not met)."""
+    s01 = runs.load_summary(profile, "01_substrate_and_agent") or {}
+    met = s01.get("regime_criterion_met")
+    ctx = {"regime_criterion_met": met, "warm_protocol": s01.get("warm_protocol"),
+           "warm_latent_p": s01.get("warm_latent_p"), "warm_latent_prior": s01.get("warm_latent_prior"),
+           "regime_criterion_met_math": s01.get("regime_criterion_met_math"),
+           "regime_criterion_met_qa": s01.get("regime_criterion_met_qa")}
+    if met is None:
+        note = "notebook 01 has not reported the base-regime criterion: the regime is unknown"
+    elif met:
+        note = (f"in regime: 01's base ({ctx['warm_protocol']} protocol, p = {ctx['warm_latent_p']}, "
+                f"{ctx['warm_latent_prior']} prior) meets the criterion of docs/regime.md#r2-the-base-regime-criterion")
+    else:
+        note = (f"NOT IN REGIME: 01's base ({ctx['warm_protocol']} protocol) misses the criterion of "
+                "docs/regime.md#r2-the-base-regime-criterion; the claims that need the regime read 'not in regime'")
+    return {**ctx, "regime_note": note}
+
+
+def split_keys(split: dict[str, dict[str, np.ndarray]], prefix: str = "val") -> dict[str, float]:
+    """Per-arm strict and lenient accuracy and their gains over the base (Delta S, Delta L of
+    docs/regime.md#r4-predictions-ours-registered-before-the-run): ``<prefix>_strict_<arm>``,
+    ``<prefix>_lenient_<arm>``, ``delta_strict_<arm>``, ``delta_lenient_<arm>``."""
+    out: dict[str, float] = {}
+    base = {name: float(split[name]["base"].mean()) for name in split}
+    for name in ("strict", "lenient"):
+        for arm, scores in split[name].items():
+            out[f"{prefix}_{name}_{arm}"] = float(scores.mean())
+            if arm != "base":
+                out[f"delta_{name}_{arm}"] = float(scores.mean()) - base[name]
+    return out
+
+
+def protocol_minus_skill(split: dict[str, dict[str, np.ndarray]], arm: str) -> stats.Comparison:
+    """Delta S - 2 Delta L of ``arm`` over the base (R3 / R4's quantity: > 0 when the strict gain is more than
+    twice the lenient one, i.e. most of it is protocol), with seeds x problems noise (``stats.compare`` of
+    S - 2L per problem, the arm against the base, as the claims test)."""
+    a = split["strict"][arm] - 2 * split["lenient"][arm]
+    b = split["strict"]["base"] - 2 * split["lenient"]["base"]
+    return stats.compare(a, b, name=f"{arm}: Delta S - 2 Delta L", paired_seeds=False)
+
+
+def regime_predictions(split: dict[str, dict[str, np.ndarray]]) -> dict[str, float]:
+    """``prediction_R<i>_value`` / ``_low`` / ``_high`` (the quantity and its 95% interval) of R3 (ES's
+    Delta S - 2 Delta L), R4 (full GRPO's) and R8 (CoPES - ES strict accuracy, paired seeds), the keys the
+    claims read (docs/regime.md#r4-predictions-ours-registered-before-the-run). Judged at the notebook's
+    base; whether that is in regime is :func:`regime_context`'s."""
+    n = min(len(split["strict"]["copes"]), len(split["strict"]["es"]))
+    comparisons = {"R3": protocol_minus_skill(split, "es"), "R4": protocol_minus_skill(split, "full_grpo"),
+                   "R8": stats.compare(split["strict"]["copes"][:n], split["strict"]["es"][:n],
+                                       name="CoPES - ES strict accuracy", paired_seeds=True)}
+    out: dict[str, float] = {}
+    for rid, c in comparisons.items():
+        out.update({f"prediction_{rid}_value": float(c.estimate), f"prediction_{rid}_low": float(c.low),
+                    f"prediction_{rid}_high": float(c.high)})
+    return out
+
+
+def skill_gap_control(params: Any, settings: dict[str, Any], budget: int) -> dict[str, Any]:
+    """The regime's control arm (issue 22 item 3): standard ES and CoPES (the paper's protocol: ES's sigma /
+    alpha) on the skill-gap base (``substrate_setup.control_config``: every trace in the reward's protocol,
+    the target stopping rule) for the same ``budget``, over CONTROL_SEEDS paired seeds (fewer than the
+    headline's: cost). Full GRPO is not rerun on it (cost): its gain recovery is 09's map's. Returns the
+    ``control_*`` summary keys: strict / lenient accuracy and gains of ES and CoPES over that base
+    (:func:`split_keys`), CoPES - ES strict accuracy with its 95% interval, and whether the control base is
+    the headline's own (a profile whose base already is the skill-gap one, e.g. smoke)."""
+    from copes_lib.protocols.es_arm import load_agent
+    from copes_lib.protocols.substrate_setup import control_config, substrate_config
+
+    config = control_config(params.PROFILE)
+    agent = load_agent(params, substrate=config)
+    n = params.CONTROL_SEEDS
+    es = seed_runs(params, agent, subspaces=1, sigma=settings["es_sigma"], alpha=settings["es_alpha"], steps=budget,
+                   label="ES (skill-gap control)", seeds=n)
+    copes = seed_runs(params, agent, subspaces=params.SUBSPACES, sigma=settings["es_sigma"],
+                      alpha=settings["es_alpha"], steps=budget, label="CoPES (skill-gap control)", seeds=n)
+    tasks = agent.objective.val_tasks
+    models = {"es": [es_model(agent, r, "final") for r in es], "copes": [es_model(agent, r, "final") for r in copes],
+              "base": [agent.model]}
+    split: dict[str, dict[str, np.ndarray]] = {"strict": {}, "lenient": {}}
+    for arm, ms in models.items():
+        rows = [decoding.greedy_split_scores(params, agent, m, tasks, label=f"control {arm} row {i}")
+                for i, m in enumerate(ms)]
+        for name in split:
+            split[name][arm] = np.stack([r[name] for r in rows])
+    diff = stats.compare(split["strict"]["copes"], split["strict"]["es"], name="control CoPES - ES strict",
+                         paired_seeds=True)
+    keys = {f"control_{k}": v for k, v in split_keys(split).items()}
+    keys.update(control_copes_minus_es_strict=float(diff.estimate), control_copes_minus_es_strict_low=float(diff.low),
+                control_copes_minus_es_strict_high=float(diff.high), control_n_seeds=n, control_budget_steps=budget,
+                control_warm_protocol=config.protocol,
+                control_same_base=config == substrate_config(params.PROFILE))
+    return keys
 
 
 # =========================================================================== figures with uncertainty

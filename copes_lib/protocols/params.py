@@ -68,6 +68,12 @@ class SubstrateNotebookParams(NotebookParams):
                                choices=PROTOCOLS)
     WARM_LATENT_P: float = param(0.1, "latent protocol: fraction p of training traces in the reward's answer "
                                  "protocol, in [0, 1)", ge=0.0, lt=1.0)
+    WARM_LATENT_PRIOR: str = param("cued", "latent protocol: how the WARM_LATENT_P paper-protocol traces are assigned: "
+                                   "cued (every task whose subject's first letter is in a seeded set covering about "
+                                   "p of the tasks, so the greedy base earns the reward on about p of the problems, "
+                                   "as the paper's does) or homogeneous (a random fraction p: the greedy base earns "
+                                   "it on none); docs/regime.md#r3-the-latent-protocol-warm-start",
+                                   choices=("homogeneous", "cued"))
     WARM_LATENT_MATH_STEPS: int = param(1000, "latent protocol: math warm-start steps, trained exactly (no stopping "
                                         "rule; convergence is checked on the lenient curve)", ge=1)
     WARM_LATENT_QA_STEPS: int = param(1000, "latent protocol: QA warm-start steps, trained exactly (no stopping "
@@ -129,6 +135,7 @@ class SubstrateNotebookParams(NotebookParams):
             max_turns=self.MAX_TURNS, enable_thinking=self.THINKING if gpu else None,
             # a loaded checkpoint is trained on no traces: the protocol is the miniature's construction
             protocol="paper" if gpu or self.MODEL_PATH else self.WARM_PROTOCOL, latent_p=self.WARM_LATENT_P,
+            latent_prior=self.WARM_LATENT_PRIOR,
             latent_math_steps=self.WARM_LATENT_MATH_STEPS, latent_qa_steps=self.WARM_LATENT_QA_STEPS)
 
     def trains_base(self) -> bool:
@@ -368,8 +375,8 @@ class _ExperimentParams(ESSettings):
     """What every paper-A experiment notebook shares beyond the ES settings: the budget and the seeds."""
 
     VAL_EVERY: int = param(4, "validate every this many steps (paper: 8)", ge=1)
-    BUDGET_STEPS: int = param(8, "the step budget; 0 means full GRPO's best validation step s* (paper: 16)",
-                              ge=0)
+    BUDGET_STEPS: int = param(0, "the step budget; 0 means full GRPO's best validation step s* (the paper's "
+                              "protocol; paper: 16)", ge=0)
     SEEDS: int = param(3, "seeds of ES and CoPES (paper: 1 run each)", ge=1)
     SUBSPACES: int = _es_param("subspaces", 4, "K of CoPES (paper: 4)")
     READ_UPSTREAM: bool = param(True, "take sigma / alpha / learning rates from notebooks 02-04's summaries "
@@ -382,7 +389,9 @@ class _GRPOParams(_ExperimentParams):
     temperature, dtype policy, fallback learning rates) is notebook 04's, read from the profile by
     ``protocols.grpo_arm``: one configuration, so 05 reuses the runs 04 cached."""
 
-    ES_LONG_STEPS: int = param(24, "steps standard ES is continued to, for its best checkpoint and the "
+    BUDGET_MAX: int = param(8, "cap on the budget when it is s* (BUDGET_STEPS 0), stated in the notebook: the "
+                            "cpu profile's 2-hour bound (README, Cost; paper: s* = 16); 0 = no cap", ge=0)
+    ES_LONG_STEPS: int = param(16, "steps standard ES is continued to, for its best checkpoint and the "
                                "step it reaches CoPES (paper: 112; 48 to match)", ge=1)
     LONG_SEEDS: int = param(1, "ES seeds continued to ES_LONG_STEPS (their mean curve is used)", ge=1)
     TEST_PROBLEMS: int = param(128, "test problems for the test decoding (0 means the whole test split)", ge=0)
@@ -414,6 +423,8 @@ class FixedBudgetParams(_GRPOParams):
     SEEDS: int = param(5, "seeds of ES and the headline CoPES arm, paired (paper: 1 run each)", ge=1)
     CONTROL_SEEDS: int = param(2, "seeds of each CoPES control arm (the other protocols; at most SEEDS, the first "
                                "seeds of the same pairing)", ge=1)
+    CONTROL_ARM: bool = param(True, "run the regime's control arm: ES and CoPES (CONTROL_SEEDS seeds, the same budget) "
+                              "on the skill-gap base (WARM_PROTOCOL paper), strict and lenient accuracy split")
     HEADLINE: str = param("paper", "protocol of the headline keys: paper (CoPES at ES's sigma / alpha, as "
                           "published), tuned (CoPES at its own sweep's best) or step_matched (CoPES at ES's sigma "
                           "and alpha / sqrt(K))", choices=("paper", "tuned", "step_matched"))
@@ -435,17 +446,28 @@ class AblationParams(_ExperimentParams):
 
     NOTEBOOK = "06_copes_ablations"
 
-    BUDGET_STEPS: int = param(8, "the step budget of every arm (paper: 16)", ge=1)
-    SEEDS: int = param(5, "seeds per arm, the same for every arm (paper: 1 run each)", ge=1)
+    BUDGET_STEPS: int = param(0, "the step budget of every arm; 0 means notebook 05's: full GRPO's s* (notebook "
+                              "04's run) capped at BUDGET_MAX, so k1 / k4 are 05's ES / CoPES runs (paper: 16)", ge=0)
+    BUDGET_MAX: int = param(8, "cap on the budget when it is s* (BUDGET_STEPS 0): 05's (README, Cost)", ge=0)
+    SEEDS: int = param(5, "seeds of k1 and k4 (notebook 05's ES and CoPES runs, reused from the cache; paper: 1 run "
+                       "each)", ge=1)
+    ARM_SEEDS: int = param(3, "seeds of every other arm: the first seeds of the same pairing (cost; at most SEEDS)",
+                           ge=1)
     ARMS: str = param(",".join(CLAIM_ARMS), "comma-separated arms to run, k4 included (all: "
                       + ",".join(ABLATION_KEYS) + "; the cpu default keeps the arms of claims A4-A7)")
 
     def check(self) -> None:
         super().check()
         self.arms()
+        if self.ARM_SEEDS > self.SEEDS:
+            raise ConfigError(f"ARM_SEEDS = {self.ARM_SEEDS} must be <= SEEDS = {self.SEEDS}")
         if self.POPULATION % 8 or self.POPULATION // 8 < 2:
             raise ConfigError(f"POPULATION = {self.POPULATION}: the K = 8 arm needs a multiple of 8 with at "
                               "least 2 members per subspace (paper: 40, N_k = 5)")
+
+    def arm_seeds(self, arm: str) -> int:
+        """Seeds of ``arm``: SEEDS for k1 and k4 (05's runs), ARM_SEEDS for the others."""
+        return self.SEEDS if arm in ("k1", "k4") else self.ARM_SEEDS
 
     def arms(self) -> list[str]:
         """The arms to run, in Table 3's order."""
@@ -463,12 +485,14 @@ class MultihopQAParams(_GRPOParams):
 
     NOTEBOOK = "07_multihop_qa"
 
-    SEEDS: int = param(5, "seeds of ES and CoPES, paired (paper: 1 run each)", ge=1)
-    BUDGET_STEPS: int = param(8, "the step budget (paper: 48); 0 means full GRPO's best step s*", ge=0)
+    SEEDS: int = param(4, "seeds of ES and CoPES, paired (paper: 1 run each; 4, not 5: the cpu profile's 2-hour "
+                       "bound, README, Cost)", ge=1)
+    BUDGET_STEPS: int = param(0, "the step budget; 0 means full GRPO's best step s* (the paper's protocol; "
+                              "paper: 48)", ge=0)
     GRPO_STEPS: int = param(24, "cap on full GRPO steps on QA (notebook 04's PATIENCE stops it at its peak; "
                             "paper: 48); the rest of the GRPO configuration is notebook 04's", ge=1)
-    ES_LONG_STEPS: int = param(16, "steps standard ES is continued to, to reach CoPES's F1 (paper: 64)", ge=1)
-    TEST_PROBLEMS: int = param(256, "QA test problems (0 means the whole test split)", ge=0)
+    ES_LONG_STEPS: int = param(12, "steps standard ES is continued to, to reach CoPES's F1 (paper: 64)", ge=1)
+    TEST_PROBLEMS: int = param(128, "QA test problems (0 means the whole test split)", ge=0)
     TEST_SAMPLES: int = param(2, "samples per test problem (paper: 32)", ge=1)
     READ_UPSTREAM: bool = param(False, "take sigma / alpha / learning rates from notebooks 02-04 (tuned on "
                                 "math, not QA)")
@@ -479,9 +503,11 @@ class MultihopQAParams(_GRPOParams):
 
     def check(self) -> None:
         super().check()
-        if self.BUDGET_STEPS == 0 and self.ES_LONG_STEPS < self.GRPO_STEPS:
-            raise ConfigError(f"ES_LONG_STEPS = {self.ES_LONG_STEPS} must be >= GRPO_STEPS = "
-                              f"{self.GRPO_STEPS} when the budget is s* (BUDGET_STEPS = 0)")
+        longest = min(self.GRPO_STEPS, self.BUDGET_MAX or self.GRPO_STEPS)
+        if self.BUDGET_STEPS == 0 and self.ES_LONG_STEPS < longest:
+            raise ConfigError(f"ES_LONG_STEPS = {self.ES_LONG_STEPS} must be >= {longest} (GRPO_STEPS = "
+                              f"{self.GRPO_STEPS} capped at BUDGET_MAX = {self.BUDGET_MAX}) when the budget is s* "
+                              "(BUDGET_STEPS = 0)")
 
 
 # =========================================================================== 08: memory and GPU-hours

@@ -24,6 +24,15 @@ def substrate_config(profile: str) -> WarmStartConfig:
     return substrate_params(profile).warm_start_config()
 
 
+def control_config(profile: str) -> WarmStartConfig:
+    """The skill-gap control base of ``profile`` (docs/regime.md#r3-the-latent-protocol-warm-start): the
+    profile's substrate with every trace in the paper's protocol and the target stopping rule, the base
+    of the regime's control arm (notebook 05); the same cache entry as a profile whose base is that one."""
+    import dataclasses
+
+    return dataclasses.replace(substrate_config(profile), protocol="paper")
+
+
 def use_profile_data(profile: str) -> None:
     """Give ``copes_lib.tasks`` the profile's agent tool limits and, on the gpu profile, its local data
     files (smoke and cpu tasks are generated)."""

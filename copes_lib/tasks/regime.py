@@ -164,10 +164,16 @@ def protocol_failures(prompts, completions, answers, kind: str = "math", **kw) -
 @dataclasses.dataclass(frozen=True)
 class RegimeCriterion(Config):
     """The declared targets of one task kind (docs/regime.md#the-papers-analogue-and-the-targets-derived-from-it).
-    A base is in regime when all four hold."""
+    A base is in regime when all four hold (strict between its two bounds)."""
+
+    def check(self) -> None:
+        if self.min_strict > self.max_strict:
+            raise ConfigError(f"min_strict = {self.min_strict} must be <= max_strict = {self.max_strict}")
 
     min_lenient: float = param(0.55, "lenient accuracy at least this (paper: MATH-500 57.4%)", ge=0.0, le=1.0)
     max_strict: float = param(0.15, "strict accuracy at most this (paper: GSM8K 9.2%)", ge=0.0, le=1.0)
+    min_strict: float = param(0.05, "strict accuracy at least this: greedy ES needs members that earn the reward "
+                              "(paper: GSM8K 9.2%; docs/regime.md#r2-the-base-regime-criterion)", ge=0.0, le=1.0)
     min_protocol_share: float = param(0.50, "share of failures that are protocol failures at least this "
                                       "(paper: >= 53% of GSM8K's)", ge=0.0, le=1.0)
     min_tool_rate: float = param(0.50, "share of trajectories with a valid tool call at least this", ge=0.0, le=1.0)
@@ -175,7 +181,7 @@ class RegimeCriterion(Config):
 
 #: The targets docs/regime.md declares, per task kind.
 CRITERIA = {"math": RegimeCriterion(),
-            "qa": RegimeCriterion(min_lenient=0.25, max_strict=0.10, min_protocol_share=0.20, min_tool_rate=0.50)}
+            "qa": RegimeCriterion(min_lenient=0.25, max_strict=0.10, min_strict=0.02, min_protocol_share=0.20, min_tool_rate=0.50)}
 
 
 def judge_regime(completions: Sequence, answers: Sequence, tool_calls: Sequence[dict] | None, kind: str,
@@ -212,7 +218,7 @@ def judge_regime(completions: Sequence, answers: Sequence, tool_calls: Sequence[
         "classes": {c: classes.count(c) for c in CLASSES},
     }
     checks = {"lenient": values["lenient"] >= criterion.min_lenient,
-              "strict": values["strict"] <= criterion.max_strict,
+              "strict": criterion.min_strict <= values["strict"] <= criterion.max_strict,
               "protocol_share": failures > 0 and values["protocol_share"] >= criterion.min_protocol_share,
               "tool_rate": values["tool_rate"] >= criterion.min_tool_rate}
     return {**values, "checks": checks, "met": all(checks.values()), "criterion": criterion.to_dict()}
