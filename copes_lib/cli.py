@@ -64,6 +64,10 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "99_summary": tuple(n for n in suite.NOTEBOOKS if n != "99_summary"),
 }
 
+# Notebooks with a budget of their own under a profile: a run without --only leaves them out and says so;
+# `make reproduce ONLY=09` (then ONLY=99 to refresh the claims) runs them (README, Cost of the cpu profile).
+OWN_BUDGET: dict[str, tuple[str, ...]] = {"cpu": ("09_scale_study",)}
+
 NOTEBOOK_PATTERN = re.compile(r"^(\d{2})_[A-Za-z0-9_]+\.ipynb$")
 KERNEL = "python3"
 
@@ -245,6 +249,14 @@ def run_suite(
     suite.load_profile(profile)  # unknown profile or unknown notebook sections fail here
     discovered = discover_notebooks(notebooks_dir)
     notebooks = select(discovered, only)
+    if not only:
+        apart = [p.stem for p in notebooks if p.stem in OWN_BUDGET.get(profile, ())]
+        notebooks = [p for p in notebooks if p.stem not in apart]
+        for stem in apart:
+            print(f"[suite] {stem} has a budget of its own under {profile} and is not run by default: "
+                  f"`make reproduce PROFILE={profile} ONLY={stem[:2]}` runs it (README, Cost of the cpu profile)",
+                  flush=True)
+    default_selection = [p for p in discovered if p.stem not in OWN_BUDGET.get(profile, ())]
     status_path = reports_dir / "status.json"
     status = load_status(status_path)
     if rerun_failed:
@@ -312,7 +324,7 @@ def run_suite(
         print(f"[suite] error: could not write {exc.filename or index} ({os.strerror(exc.errno) if exc.errno else exc}); "
               "free space and run `python -m copes_lib.cli report` to write it again", file=sys.stderr, flush=True)
     failed = [p.stem for p in notebooks if status["notebooks"][p.stem]["status"] != "ok"]
-    if not only and not rerun_failed and notebooks == discovered:
+    if not only and not rerun_failed and notebooks == default_selection:
         suite_run = Path(results_root or runs.RESULTS_ROOT) / profile / "suite_run.json"
         _write_or_warn(lambda path: record_suite_run(
             path, profile=profile, jobs=jobs, force=force, code=code, started=suite_started,

@@ -174,6 +174,20 @@ def test_parallel_runs_respect_needs_and_run_the_summary_last(tmp_path, capsys):
         cli.run_suite("smoke", jobs=0, **kwargs)
 
 
+def test_a_notebook_with_its_own_budget_runs_only_when_named(suite, monkeypatch, capsys):
+    """cpu's 09 has a budget of its own (README, Cost): a default run leaves it out and says how to run
+    it, still records a suite run; --only runs it."""
+    (suite["notebooks_dir"] / "fail.flag").unlink()
+    monkeypatch.setitem(cli.OWN_BUDGET, "smoke", ("02_broken",))
+    assert cli.run_suite("smoke", **suite) == 0
+    assert _ran(suite) == ["01_first", "03_last"]
+    assert "02_broken has a budget of its own under smoke" in capsys.readouterr().out
+    assert (suite["results_root"] / "smoke" / "suite_run.json").exists()  # the default selection is a suite run
+    assert cli.run_suite("smoke", only="02", **suite) == 0
+    assert _ran(suite) == ["01_first", "03_last", "02_broken"]
+    assert set(cli.OWN_BUDGET["cpu"]) <= set(cli.NEEDS)
+
+
 def test_needs_are_registered_notebooks_and_acyclic():
     stems = {p.stem for p in cli.discover_notebooks(config.REPO_ROOT / "notebooks")}
     assert set(cli.NEEDS) == stems == set(registry.NOTEBOOKS)
