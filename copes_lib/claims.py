@@ -653,17 +653,11 @@ def _judge_slope(metric: str, what: str) -> Callable[[Context], Judgement]:
             return Judgement(INCONCLUSIVE, f"{what}: {defined} (a trend needs 3)",
                              "gain recovery needs a positive full-GRPO gain at a size",
                              f"{defined}: a trend needs 3")
-        x = np.array([p[0] for p in points])
-        y = np.array([p[1] for p in points])
-        se = np.array([(p[3] - p[2]) / (2 * 1.96) for p in points])
-        sxx = float(((x - x.mean()) ** 2).sum())
-        slope = float(((x - x.mean()) * y).sum() / sxx)
-        slope_se = float(math.sqrt((((x - x.mean()) ** 2) * se ** 2).sum()) / sxx)
-        low, high = slope - 1.96 * slope_se, slope + 1.96 * slope_se
+        slope, _, low, high = stats.slope_interval(*zip(*points))
         text = (f"{what}: slope {_fmt(slope)} per decade of parameters [{_fmt(low)}, {_fmt(high)}], "
                 f"{defined}")
         power = (f"95% interval of the slope from the per-size 95% intervals (seeds x problems each); "
-                 f"half-width {_fmt(1.96 * slope_se)} per decade")
+                 f"half-width {_fmt((high - low) / 2)} per decade")
         verdict = AGREES if low > 0 else OPPOSITE if high < 0 else INCONCLUSIVE
         why = {AGREES: "slope interval above 0", OPPOSITE: "slope interval below 0 (the other way)"}.get(
             verdict, "slope interval spans 0")

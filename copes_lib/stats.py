@@ -40,6 +40,29 @@ def pass_at_k_curve(correct_counts: Sequence[int], n: int) -> np.ndarray:
     return np.array([np.mean([pass_at_k(n, c, k) for c in correct_counts]) for k in range(1, n + 1)])
 
 
+def slope_interval(x: Sequence[float], y: Sequence[float], lows: Sequence[float] | None = None,
+                   highs: Sequence[float] | None = None, z: float = 1.96
+                   ) -> tuple[float, float, float | None, float | None]:
+    """Least-squares slope and intercept of ``y`` over ``x``, and the slope's interval from per-point
+    intervals ``lows`` / ``highs`` (each read as a +-z standard-error interval; points independent, so
+    their variances add); without per-point intervals the slope's bounds are None.
+
+    >>> [round(v, 4) for v in slope_interval([0, 1, 2], [0.0, 1.0, 2.0], [-0.196, 0.804, 1.804],
+    ...                                      [0.196, 1.196, 2.196])]  # se 0.1 each: half-width 1.96 * 0.1 / sqrt(2)
+    [1.0, 0.0, 0.8614, 1.1386]
+    """
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    dx = x - x.mean()
+    sxx = float((dx ** 2).sum())
+    slope = float((dx * y).sum() / sxx)
+    intercept = float(y.mean() - slope * x.mean())
+    if lows is None or highs is None:
+        return slope, intercept, None, None
+    se = (np.asarray(highs, dtype=float) - np.asarray(lows, dtype=float)) / (2 * z)
+    half = z * float(math.sqrt(((dx ** 2) * se ** 2).sum()) / sxx)
+    return slope, intercept, slope - half, slope + half
+
+
 def mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
     """Mean and Student-t interval across seeds; with one value the interval is (nan, nan)."""
     x = np.asarray(values, dtype=float)

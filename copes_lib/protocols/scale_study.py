@@ -650,16 +650,14 @@ def slope_test(n_params: list[float], values: list[float | None], lows: list[flo
                            "at": None, "n_points": len(points), "extrapolation_allowed": False}
     if len(points) < 2:
         return out
-    x = np.array([p[0] for p in points])
-    y = np.array([p[1] for p in points])
-    sxx = float(((x - x.mean()) ** 2).sum())
-    slope = float(((x - x.mean()) * y).sum() / sxx)
-    intercept = float(y.mean() - slope * x.mean())
+    from copes_lib import stats
+
+    x, y = [p[0] for p in points], [p[1] for p in points]
+    slope, intercept, _, _ = stats.slope_interval(x, y)
     out.update(slope_per_decade=slope, intercept=intercept)
     if all(p[2] is not None and p[3] is not None and math.isfinite(p[2]) and math.isfinite(p[3]) for p in points):
-        se = np.array([(p[3] - p[2]) / (2 * 1.96) for p in points])
-        slope_se = float(math.sqrt((((x - x.mean()) ** 2) * se ** 2).sum()) / sxx)
-        out.update(slope_low=slope - 1.96 * slope_se, slope_high=slope + 1.96 * slope_se)
+        _, _, low, high = stats.slope_interval(x, y, [p[2] for p in points], [p[3] for p in points])
+        out.update(slope_low=low, slope_high=high)
         allowed = len(points) >= min_points and (out["slope_low"] > 0 or out["slope_high"] < 0)
         out["extrapolation_allowed"] = bool(allowed)
         if allowed:
@@ -1027,15 +1025,14 @@ def line_fit(x: list[float], values: list[float | None], lows: list[float | None
     pts = [(xi, v, lo, hi) for xi, v, lo, hi in zip(x, values, lows, highs)
            if all(z is not None and math.isfinite(z) for z in (xi, v, lo, hi))]
     out: dict[str, Any] = {"slope": None, "low": None, "high": None, "n_points": len(pts)}
+    from copes_lib import stats
+
     xs = np.array([p[0] for p in pts])
     if len(pts) < 2 or float(((xs - xs.mean()) ** 2).sum()) == 0:
         return out
-    y = np.array([p[1] for p in pts])
-    se = np.array([(p[3] - p[2]) / (2 * _Z95) for p in pts])
-    sxx = float(((xs - xs.mean()) ** 2).sum())
-    slope = float(((xs - xs.mean()) * y).sum() / sxx)
-    half = _Z95 * float(math.sqrt((((xs - xs.mean()) ** 2) * se ** 2).sum()) / sxx)
-    out.update(slope=slope, low=slope - half, high=slope + half)
+    slope, _, low, high = stats.slope_interval(xs, [p[1] for p in pts], [p[2] for p in pts], [p[3] for p in pts],
+                                               z=_Z95)
+    out.update(slope=slope, low=low, high=high)
     return out
 
 
