@@ -55,18 +55,21 @@ def _owned_leftovers(uid: int) -> list[str]:
     return left
 
 
-def _grant_traverse(paths) -> list[tuple[str, int]]:
+def _grant_traverse(paths, listable=()) -> list[tuple[str, int]]:
     """Add o+x to the folders above ``paths`` that lack it (e.g. /root, when the venv's interpreter lives
-    in /root/.pyenv), so that the throwaway user can reach the interpreter, the venv and the repo.
-    Returns (folder, old mode) pairs for :func:`_restore`; no folder gets read or write rights."""
-    changed = []
-    for path in paths:
-        for folder in [*reversed(Path(path).resolve().parents)]:
-            mode = folder.stat().st_mode & 0o7777
-            if not mode & 0o001 and str(folder) not in dict(changed):
-                os.chmod(folder, mode | 0o001)
-                changed.append((str(folder), mode))
-    return changed
+    in /root/.pyenv), so that the throwaway user can reach the interpreter, the venv and the repo, and
+    o+rx to the ``listable`` folders (the repo's root, which is on the user's PYTHONPATH: a clone made
+    in a `mktemp -d` folder is 0700). Returns (folder, old mode) pairs for :func:`_restore`; no folder
+    gets write rights."""
+    grants = [(folder, 0o001) for path in [*paths, *listable] for folder in reversed(Path(path).resolve().parents)]
+    grants += [(Path(path).resolve(), 0o005) for path in listable]
+    changed: dict[str, int] = {}  # folder -> its mode before this function
+    for folder, grant in grants:
+        mode = folder.stat().st_mode & 0o7777
+        if mode & grant != grant:
+            changed.setdefault(str(folder), mode)
+            os.chmod(folder, mode | grant)
+    return list(changed.items())
 
 
 def _restore(changed: list[tuple[str, int]]) -> None:
@@ -97,8 +100,9 @@ def nonroot_runs():
         with open(os.path.realpath(sys.executable), "rb") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
-                changed = _grant_traverse([os.path.realpath(sys.executable), sys.prefix, REPO])
-                check = _run_as(entry, [sys.executable, "-c", "import copes_lib.tools.sandbox"], timeout_s=60)
+                changed = _grant_traverse([os.path.realpath(sys.executable), sys.prefix], listable=[REPO])
+                check = _run_as(entry, [sys.executable, "-c", "import copes_lib.tools.sandbox, tests.sandbox_attacks"],
+                                timeout_s=60)
                 if check.returncode:
                     pytest.skip(f"user {name} cannot read the venv ({sys.executable}) or the repo ({REPO}): "
                                 f"{check.stderr.strip()[-300:]}")
