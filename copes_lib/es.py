@@ -52,20 +52,7 @@ from torch import nn
 
 from copes_lib.config import Config, ConfigError, param
 from copes_lib.lowrank import check_rank, dense_noise, factors, matrix_names, row_chunks
-
-_MASK64 = (1 << 64) - 1
-
-
-def mix_seed(*values: int) -> int:
-    """A 63-bit seed from integers (splitmix64 mixing): distinct inputs give unrelated streams."""
-    h = 0x9E3779B97F4A7C15
-    for v in values:
-        h = (h ^ (int(v) & _MASK64)) & _MASK64
-        h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9 & _MASK64
-        h = (h ^ (h >> 27)) * 0x94D049BB133111EB & _MASK64
-        h ^= h >> 31
-    return h & ((1 << 63) - 1)
-
+from copes_lib.sampling import mix_seed
 
 _PARTITION_TAG = 0x5EED_0001
 _MEMBER_TAG = 0x5EED_0002

@@ -2,8 +2,9 @@
 shared prompt batch, docs/paper_a_copes.md#a1-standard-es) and a toy quadratic for tests and benchmarks.
 
 Both follow ``es.Objective``. A member's rollouts are greedy, as the paper's ES decodes
-(docs/paper_a_copes.md#a3-hyperparameters); the batch of step s depends on (batch seed, s) only, so
-every method and every sigma sees the same batches (paired comparisons).
+(docs/paper_a_copes.md#a3-hyperparameters); the batch of step s depends on (batch seed, s) only
+(``sampling.prompt_batch``, GRPO's sampler too), so every ES-family method and every sigma given the
+same batch seed sees the same batches (paired comparisons).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 from torch import nn
 
 from copes_lib.config import ConfigError
-from copes_lib.es import mix_seed
+from copes_lib.sampling import prompt_batch
 
 
 class QuadraticObjective:
@@ -80,8 +81,7 @@ class AgentObjective:
         return other
 
     def batch(self, step: int) -> list:
-        rng = np.random.default_rng(mix_seed(self.batch_seed, step))
-        return [self.train_tasks[j] for j in rng.choice(len(self.train_tasks), self.batch_size, replace=False)]
+        return prompt_batch(self.train_tasks, step, self.batch_size, self.batch_seed)
 
     def rows_per_member(self, step: int) -> int:
         return self.batch_size

@@ -64,7 +64,6 @@ import contextlib
 import copy
 import dataclasses
 import math
-import random
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -75,6 +74,7 @@ import torch.utils.checkpoint
 
 from copes_lib import runs
 from copes_lib.config import Config, ConfigError, param
+from copes_lib.sampling import mix_seed, prompt_batch, rollout_seed
 from copes_lib.training_run import LAST, SCORE, RunBook, TrainingRun
 
 KL_ESTIMATORS = ("low_var_kl", "k3", "k1", "k2")
@@ -626,21 +626,6 @@ class GRPOResult(TrainingRun):
     policy: torch.nn.Module | None = None
 
 
-def prompt_batch(tasks: Sequence[Any], step: int, batch_size: int, seed: int) -> list[Any]:
-    """The prompts of training step ``step`` (1-based): epochs of seeded shuffles, consecutive slices.
-
-    Depends only on (seed, step), so a resumed run sees the same prompts as an uninterrupted one.
-    """
-    if len(tasks) < batch_size:
-        raise ValueError(f"{len(tasks)} training tasks < prompt_batch_size = {batch_size}; "
-                         "lower prompt_batch_size or load more tasks")
-    per_epoch = len(tasks) // batch_size
-    epoch, slot = divmod(step - 1, per_epoch)
-    order = list(range(len(tasks)))
-    random.Random(seed * 1_000_003 + epoch).shuffle(order)
-    return [tasks[i] for i in order[slot * batch_size:(slot + 1) * batch_size]]
-
-
 def _default_rollout_fns() -> tuple[Callable, Callable]:
     from copes_lib import rollout as rollout_module
 
@@ -693,12 +678,12 @@ def rollout_in_micro_batches(rollout_fn: Callable, model: torch.nn.Module, token
     at a time (0 = all at once): a smaller batch bounds the rollout's KV cache.
 
     The one place ``train_grpo`` calls the rollout engine (so another engine plugs in here).
-    Micro-batch i > 0 is seeded ``seed * 1000 + i`` (a single batch keeps ``seed``), so the samples
-    depend on ``rollout_batch_size``.
+    Micro-batch i is seeded ``mix_seed(seed, i)`` (``sampling.mix_seed``; a single batch keeps ``seed``),
+    so the samples depend on ``rollout_batch_size``.
     """
     size = config.rollout_batch_size or len(tasks)
     chunks = [list(tasks[i:i + size]) for i in range(0, len(tasks), size)]
-    parts = [rollout_fn(model, tokenizer, chunk, env, sample_cfg, seed if len(chunks) == 1 else seed * 1000 + i)
+    parts = [rollout_fn(model, tokenizer, chunk, env, sample_cfg, seed if len(chunks) == 1 else mix_seed(seed, i))
              for i, chunk in enumerate(chunks)]
     return concat_rollout_batches(parts)
 
@@ -723,7 +708,7 @@ def grpo_step(step: int, train_tasks: Sequence[Any], config: GRPOConfig, rollout
     t0 = time.perf_counter()
     tasks = prompt_batch(train_tasks, step, config.prompt_batch_size, config.seed)   # 1. B prompts,
     batch = rollout([t for t in tasks for _ in range(config.group_size)],            #    G trajectories each
-                    config.seed * 1_000_003 + step)
+                    rollout_seed(config.seed, step))
     t1 = time.perf_counter()
     rewards = torch.tensor(batch.rewards, dtype=torch.float32)
     advantages = group_advantages(rewards, config.group_size,                        # 2. A_i = (r_i - mean_g)

@@ -55,6 +55,7 @@ import torch
 from torch import nn
 
 from copes_lib.config import ConfigError
+from copes_lib.sampling import DIRECTION_TAG, mix_seed
 
 
 # =========================================================================== flat parameter vectors
@@ -209,7 +210,7 @@ def norm_ladder(model: nn.Module, fitness: Fitness, direction: torch.Tensor, nor
 
 
 def _draw_seed(seed: int, j: int) -> int:
-    return (int(seed) * 1_000_003 + 7919 * (j + 1)) % (2 ** 63 - 1)
+    return mix_seed(seed, DIRECTION_TAG, j)
 
 
 def gain_ratio(result: dict[str, Any], name: str, reference: str, level: float = 0.95) -> dict[str, Any]:

@@ -317,7 +317,7 @@ def test_prompt_batches_cover_an_epoch_and_depend_only_on_seed_and_step():
     assert prompt_batch(tasks, 6, 2, seed=7) == prompt_batch(tasks, 6, 2, seed=7)
     assert prompt_batch(tasks, 6, 2, seed=7) != prompt_batch(tasks, 1, 2, seed=7) or \
         prompt_batch(tasks, 7, 2, seed=7) != prompt_batch(tasks, 2, 2, seed=7)
-    with pytest.raises(ValueError, match="prompt_batch_size = 11"):
+    with pytest.raises(ValueError, match="prompt batch size = 11"):
         prompt_batch(tasks, 1, 11, seed=0)
 
 

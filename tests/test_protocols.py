@@ -395,8 +395,10 @@ def test_the_grpo_reference_has_three_seeds_and_a_cap_past_the_papers_peak(profi
     assert seeds[0] == p04.GRPO_SEED and len(set(seeds)) == len(seeds) == p04.GRPO_SEEDS
     configs = [grpo_arm.grpo_config(profile, False, seed_index=i) for i in range(p04.GRPO_SEEDS)]
     assert [c.seed for c in configs] == seeds and configs[0] == grpo_arm.grpo_config(profile, False)
-    if profile == "cpu":  # the cap leaves room past the paper's full-GRPO peak (16) and its LoRA peak (64)
-        assert p04.STEPS >= 64 and len(p04.sweep("full")) >= 3 and len(p04.sweep("lora")) >= 3
+    if profile == "cpu":  # the cap leaves room past the paper's full-GRPO peak (16) + 2 validations; the
+        # notebook's own default also passes the paper's LoRA peak (64); cpu's 40 is the 2-hour bound's
+        assert p04.STEPS >= 16 + p04.PATIENCE * p04.VAL_EVERY and params.GRPONotebookParams().STEPS >= 64
+        assert len(p04.sweep("full")) >= 3 and len(p04.sweep("lora")) >= 3
 
 
 def test_gpu_grpo_keeps_the_dtype_policy():

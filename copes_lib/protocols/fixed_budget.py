@@ -30,8 +30,9 @@ How it departs from the paper (and why):
   controls sit beside it (``protocol_arms``): CoPES at its own tuned setting (notebook 03's sweep, ties
   broken by ``es_arm.SWEEP_TIE_RULE``) and step-matched CoPES (alpha / sqrt(K), ES's update norm); at
   this scale the choice can decide the sign of the comparison (docs/prior_measurements.md).
-- GRPO's prompt batches come from its own seeded order (``grpo.prompt_batch``), so they are not
-  paired with ES's; every method is validated on the same problems.
+- GRPO and ES draw prompt batches from one sampler (``sampling.prompt_batch``) with their own seeds
+  (GRPO's 42, ES's BATCH_SEED), so GRPO's batches are not paired with ES's; every method is validated
+  on the same problems.
 - Step costs are this machine's measured wall time per training step (validation excluded, as in
   A5), counting the machine as one device; "est. device-hours" = mean step cost x steps.
 - ``BACKEND = "ray"`` spreads the members over Ray workers (one per GPU on a GPU cluster; ``RAY_ADDRESS``):

@@ -824,7 +824,7 @@ class ShuffledFitness:
         return getattr(self.objective, name)
 
     def permutation(self, step: int, n: int) -> np.ndarray:
-        from copes_lib.es import mix_seed
+        from copes_lib.sampling import mix_seed
 
         return np.random.default_rng(mix_seed(self.seed, step)).permutation(n)
 
