@@ -43,10 +43,12 @@ from copes_lib import paper, regime, stats
 from copes_lib.runs import RESULTS_ROOT, atomic_write_text, read_json
 
 AGREES, PARTLY, DISAGREES, INCONCLUSIVE, MISSING = "agrees", "partly", "does not", "inconclusive", "missing"
+STALE = "stale"  # the notebook's results predate those of a notebook it builds on
 OPPOSITE, NOT_IN_REGIME = "opposite", "not in regime"
-VERDICTS = (AGREES, PARTLY, DISAGREES, OPPOSITE, INCONCLUSIVE, NOT_IN_REGIME, MISSING)
+VERDICTS = (AGREES, PARTLY, DISAGREES, OPPOSITE, INCONCLUSIVE, NOT_IN_REGIME, STALE, MISSING)
 SCORES = "_scores"  # load_summaries puts a notebook's stats.load_scores() under this key of its summary
 REGION_MAP = "_region_map"  # ... and notebook 13's region_map.csv rows (dicts) under this one
+WRITTEN = "_written"  # ... and the time its run ended (manifest.json's ``ended``), when it has a manifest
 NO_SCORES = "inconclusive (no per-problem scores)"
 DETERMINISTIC = "deterministic (analytic or one measurement): no sampling noise to test"
 # Paper A's method claims and our regime predictions R2-R8 need the papers' regime (notebook 01's
@@ -1120,7 +1122,40 @@ def load_summaries(profile: str, root: str | Path | None = None, *,
             needed = {"alignment", "adapter_noise", "budget_evals", "outcome"}
             if len(cells) == summary["map_cells"] and cells and needed <= set(cells[0]):
                 summary[REGION_MAP] = cells
+        manifest = path.parent / "manifest.json"
+        try:
+            ended = read_json(manifest).get("ended") if manifest.exists() else None
+        except (OSError, ValueError, AttributeError):
+            ended = None  # a manifest is provenance, not a result: without it no staleness is judged
+        if isinstance(ended, str) and ended:
+            summary[WRITTEN] = ended
         out[notebook] = summary
+    return out
+
+
+def stale_notebooks(summaries: dict[str, dict[str, Any]], needs: dict[str, tuple[str, ...]]) -> dict[str, str]:
+    """Notebook -> why its results are stale: a notebook it builds on (``needs``, followed transitively,
+    the runner's ``NEEDS``) wrote its results after it did, so it was judged on an earlier upstream (e.g. 09's
+    map on an earlier base than 01's). Notebooks without a run time (no manifest) are never stale."""
+    out = {}
+    for notebook, summary in summaries.items():
+        mine = summary.get(WRITTEN)
+        if not mine:
+            continue
+        seen, todo, newer = set(), list(needs.get(notebook, ())), []
+        while todo:
+            up = todo.pop()
+            if up in seen:
+                continue
+            seen.add(up)
+            todo += needs.get(up, ())
+            theirs = summaries.get(up, {}).get(WRITTEN)
+            if theirs and theirs > mine:
+                newer.append(f"{up}'s ({theirs[:16]})")
+        if newer:
+            profile = summary.get("profile", "<profile>")
+            out[notebook] = (f"{notebook}'s results (written {mine[:16]}) predate {', '.join(sorted(newer))}, which "
+                             f"they build on; `make reproduce PROFILE={profile} ONLY={notebook[:2]}` refreshes them")
     return out
 
 
@@ -1135,10 +1170,14 @@ def _regime_gate(summaries: dict[str, dict[str, Any]]) -> str | None:
     return None
 
 
-def judge_claims(summaries: dict[str, dict[str, Any]]) -> list[dict[str, str]]:
+def judge_claims(summaries: dict[str, dict[str, Any]],
+                 needs: dict[str, tuple[str, ...]] | None = None) -> list[dict[str, str]]:
     """One row per claim: the paper's figure, ours, the verdict (``missing`` if keys are absent), the
-    reason for it and the study's power."""
+    reason for it and the study's power. With ``needs`` (the runner's ``NEEDS``), a claim whose notebook's
+    results predate an upstream notebook's reads ``stale`` (:func:`stale_notebooks`; the reason keeps
+    what its data would read)."""
     families = Families(summaries)
+    stale = stale_notebooks(summaries, needs) if needs else {}
     contexts: dict[str, Context] = {}
     rows = []
     gate = _regime_gate(summaries)
@@ -1156,6 +1195,9 @@ def judge_claims(summaries: dict[str, dict[str, Any]]) -> list[dict[str, str]]:
             if gate and claim.claim_id.split("-")[0] in REGIME_CLAIMS:
                 j = dataclasses.replace(j, verdict=NOT_IN_REGIME,
                                         reason=f"{gate}; the data alone would read {j.verdict} ({j.reason})")
+        if claim.notebook in stale and j.verdict != MISSING:
+            j = dataclasses.replace(j, verdict=STALE,
+                                    reason=f"{stale[claim.notebook]}; its data would read {j.verdict} ({j.reason})")
         rows.append({"claim": claim.claim_id, "paper": claim.paper, "statement": claim.statement,
                      "paper_figure": claim.paper_figure, "ours": j.ours, "verdict": j.verdict,
                      "reason": j.reason, "power": j.power, "notebook": claim.notebook})
@@ -1216,6 +1258,10 @@ def rules_markdown() -> str:
              "- **one data set, one test**: a contrast whose two score arrays are byte-identical to an earlier "
              "notebook's contrast carries that test (its margin, its Holm family) and is left out of its own "
              "family; the reason names the first test.",
+             "- **stale**: the claim's notebook wrote its results before a notebook it builds on (the "
+             "runner's `NEEDS`, followed transitively; times from each `manifest.json`), so they were made on an "
+             "earlier upstream; the reason keeps what its data would read and names the command that refreshes "
+             "them. Never counted as agreement.",
              f"- **opposite**: Holm p < {paper.ALPHA} with the sign the claim does not predict; where an arm has one "
              "seed the reason adds `provisional` (that arm's seed noise is not measured). The predicted sign "
              "with one seed stays inconclusive.",

@@ -41,28 +41,8 @@ from typing import Any
 from copes_lib import claims, config, report, runs, threads
 from copes_lib.protocols import notebooks as suite
 
-# What each notebook reads from the others (their summaries or cached work). The runner starts a
-# notebook only after these have finished, so parallel runs (`make reproduce JOBS=2`) never race for
-# a cache entry; a notebook missing here waits for every lower-numbered notebook.
-NEEDS: dict[str, tuple[str, ...]] = {
-    "00_suite_overview": (),
-    "01_substrate_and_agent": (),  # trains and caches the math and QA warm starts
-    "02_standard_es": ("01_substrate_and_agent",),
-    "03_copes": ("02_standard_es",),  # ES's chosen sigma / alpha
-    "04_grpo": ("01_substrate_and_agent",),
-    "05_fixed_budget_math": ("02_standard_es", "03_copes", "04_grpo"),  # tuned settings, 04's cached GRPO runs
-    # 05's budget rule on 04's s* (not 05's summary), so 06 runs beside 05; its k1 / k4 (05's ES / CoPES runs)
-    # come last and are cache hits once 05 has trained them
-    "06_copes_ablations": ("02_standard_es", "04_grpo"),
-    "07_multihop_qa": ("01_substrate_and_agent",),  # the QA warm start
-    "08_memory_and_gpu_hours": ("01_substrate_and_agent",),
-    "09_scale_study": ("01_substrate_and_agent",),  # 01's warm start at its own size (cached)
-    "10_molora_substrate": (),
-    "11_molora_router": ("10_molora_substrate",),
-    "12_molora_factorial": ("10_molora_substrate",),
-    "13_molora_sandbox": (),
-    "99_summary": tuple(n for n in suite.NOTEBOOKS if n != "99_summary"),
-}
+# What each notebook reads from the others: suite.NEEDS (copes_lib/protocols/notebooks.py).
+NEEDS = suite.NEEDS
 
 # Notebooks with a budget of their own under a profile: a run without --only leaves them out and says so;
 # `make reproduce ONLY=09` (then ONLY=99 to refresh the claims) runs them (README, Cost of the cpu profile).

@@ -213,8 +213,10 @@ def _problems_html(problems: list[str]) -> str:
 
 
 def _load_claims(profile: str, results_root: Path, problems: list[str]) -> list[dict[str, str]]:
+    from copes_lib.protocols.notebooks import NEEDS
+
     found: list[str] = []
-    rows = claims.judge_claims(claims.load_summaries(profile, results_root, problems=found))
+    rows = claims.judge_claims(claims.load_summaries(profile, results_root, problems=found), needs=NEEDS)
     for message in found:
         if message not in problems:
             problems.append(message)

@@ -690,3 +690,33 @@ def test_our_rows_render_in_the_markdown_table():
     md = claims.to_markdown(claims.judge_claims(summaries), "cpu", significant=[])
     for claim in ("R1", "P4", "MECH1", "MECH-4B"):
         assert f"| {claim} | (ours)" in md
+
+
+def test_a_notebook_older_than_its_upstream_reads_stale(tmp_path):
+    root = tmp_path / "results"
+    for notebook, ended in (("01_substrate_and_agent", "2026-12-01T12:00:00+00:00"),
+                            ("09_scale_study", "2026-11-30T20:00:00+00:00"),
+                            ("10_molora_substrate", "2026-11-30T19:00:00+00:00")):
+        folder = root / "cpu" / notebook
+        folder.mkdir(parents=True)
+        (folder / "summary.json").write_text(json.dumps({"profile": "cpu", "notebook": notebook}))
+        (folder / "manifest.json").write_text(json.dumps({"ended": ended}))
+    summaries = claims.load_summaries("cpu", root)
+    needs = {"09_scale_study": ("01_substrate_and_agent",), "01_substrate_and_agent": (), "10_molora_substrate": ()}
+    stale = claims.stale_notebooks(summaries, needs)
+    assert list(stale) == ["09_scale_study"] and "ONLY=09" in stale["09_scale_study"]
+    assert "01_substrate_and_agent's (2026-12-01T12:00)" in stale["09_scale_study"]
+    # transitively: 03 reads 02, 02 reads 01; 01 rewritten after 03 makes 03 stale too
+    chain = {"03": {claims.WRITTEN: "2026-11-30T10:00"}, "02": {claims.WRITTEN: "2026-12-01T10:00"},
+             "01": {claims.WRITTEN: "2026-12-01T11:00"}}
+    assert set(claims.stale_notebooks(chain, {"03": ("02",), "02": ("01",)})) == {"03", "02"}
+    # a claim of a stale notebook keeps what its data would read; missing stays missing; no needs: as before
+    s1 = {**claims.load_summaries("cpu")["09_scale_study"], claims.WRITTEN: "2026-11-30T20:00"}  # committed
+    rows = claims.judge_claims({"09_scale_study": s1, "01_substrate_and_agent": {claims.WRITTEN: "2026-12-01T12:00"}},
+                               needs=needs)
+    by_id = {r["claim"]: r for r in rows}
+    assert all(r["verdict"] in (claims.STALE, claims.MISSING) for r in rows if r["notebook"] == "09_scale_study")
+    assert by_id["S1"]["verdict"] == claims.STALE and "its data would read" in by_id["S1"]["reason"]
+    assert all("predate" in r["reason"] for r in rows if r["verdict"] == claims.STALE)
+    assert by_id["A1"]["verdict"] == claims.MISSING
+    assert claims.STALE not in {r["verdict"] for r in claims.judge_claims({"09_scale_study": s1})}
