@@ -291,20 +291,7 @@ def kernels(device, size: str) -> dict:
     """Which gated-delta-rule / conv implementations Qwen3.5's layer calls, statically and at run time."""
     import transformers.models.qwen3_5.modeling_qwen3_5 as q35
 
-    def implementation(fn, depth=0):
-        """The function a transformers kernel wrapper dispatches to (its closure's ``implementation``)."""
-        try:
-            closure = inspect.getclosurevars(fn).nonlocals
-        except TypeError:
-            return fn
-        if "implementation" in closure:
-            return closure["implementation"]
-        for value in closure.values():
-            if callable(value) and depth < 3 and value is not fn:
-                found = implementation(value, depth + 1)
-                if found is not value:
-                    return found
-        return fn
+    implementation = engines.kernel_implementation
 
     out = {"is_fast_path_available": getattr(q35, "is_fast_path_available", "not defined by this transformers")}
     try:

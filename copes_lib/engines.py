@@ -91,21 +91,68 @@ def make_engine(name: str, model: nn.Module, tokenizer, **options) -> RolloutEng
     return cls(model, tokenizer, **options)
 
 
+def kernel_implementation(fn: Callable, depth: int = 0) -> Callable:
+    """The function a transformers kernel wrapper (``use_kernel_func_from_hub_with_fallback``) dispatches
+    to: the ``implementation`` in its closure, looked for through at most 3 nested wrappers."""
+    try:
+        closure = inspect.getclosurevars(fn).nonlocals
+    except TypeError:
+        return fn
+    if "implementation" in closure:
+        return closure["implementation"]
+    for value in closure.values():
+        if callable(value) and depth < 3 and value is not fn:
+            found = kernel_implementation(value, depth + 1)
+            if found is not value:
+                return found
+    return fn
+
+
+#: Qwen3.5's module-level kernel entry points (transformers 5.x) whose fast path is flash-linear-attention
+LINEAR_ATTENTION_KERNELS = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule",
+                            "chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule")
+
+
+def linear_attention_kernels() -> dict[str, str]:
+    """Kernel entry point -> ``module.qualname`` of what Qwen3.5's Gated-DeltaNet layers call. transformers
+    picks the implementation when its modeling file is imported: flash-linear-attention's (``fla.``) if that
+    import and lookup work, else its reference PyTorch loop (correct, much slower), silently but for a
+    log warning at the first call."""
+    import transformers.models.qwen3_5.modeling_qwen3_5 as q35
+
+    out = {}
+    for name in LINEAR_ATTENTION_KERNELS:
+        fn = getattr(q35, name, None)
+        if callable(fn):
+            impl = kernel_implementation(fn)
+            out[name] = f"{getattr(impl, '__module__', '?')}.{getattr(impl, '__qualname__', '?')}"
+    return out
+
+
 def check_gpu_engine(model: nn.Module) -> None:
     """Raise ConfigError unless ``model`` can run fast on a GPU: CUDA present and, for hybrid
-    (linear-attention) models, the flash-linear-attention kernels installed."""
+    (linear-attention) models, transformers resolving the Gated-DeltaNet kernels to flash-linear-attention
+    (an installed ``fla`` that transformers cannot use, e.g. another version's layout, is not enough)."""
     if not torch.cuda.is_available():
         raise ConfigError("the GPU engine needs a CUDA GPU (torch.cuda.is_available() is False): install the "
                           "CUDA build of torch from requirements-gpu.txt, or use engine='loop' on the CPU")
     layer_types = getattr(getattr(model, "config", None), "layer_types", None) or []
-    if "linear_attention" in layer_types:
-        try:
-            import fla  # noqa: F401  (flash-linear-attention's import name)
-        except ImportError as err:
-            raise ConfigError("this model has linear-attention (Gated-DeltaNet) layers: on a GPU they need the "
-                              "Triton kernels of flash-linear-attention; pip install -r requirements-gpu.txt "
-                              "(or pip install flash-linear-attention)") from err
-
+    if "linear_attention" not in layer_types:
+        return
+    try:
+        import fla  # noqa: F401  (flash-linear-attention's import name)
+    except ImportError as err:
+        raise ConfigError("this model has linear-attention (Gated-DeltaNet) layers: on a GPU they need the "
+                          "Triton kernels of flash-linear-attention; pip install -r requirements-gpu.txt "
+                          "(or pip install flash-linear-attention)") from err
+    resolved = linear_attention_kernels()
+    slow = {k: v for k, v in resolved.items() if not v.startswith("fla.")}
+    if not resolved or slow:
+        raise ConfigError(f"flash-linear-attention imports, but transformers resolves Qwen3.5's Gated-DeltaNet "
+                          f"kernels to {slow or 'nothing'} (its reference PyTorch loop, not fla's Triton kernels): "
+                          "install the flash-linear-attention version of requirements-gpu.txt in the same "
+                          "environment before transformers is imported (benchmarks/gpu_check.sh reports the "
+                          "resolution)")
 
 
 # --------------------------------------------------------------------------- continuous batching

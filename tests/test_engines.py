@@ -170,3 +170,23 @@ def test_every_engine_runs_the_hybrid_cache_guard(tokenizer, env, monkeypatch, n
     with pytest.raises(ConfigError, match="LinearAttentionLayer"):
         make_engine(name, model, tokenizer).generate(load_tasks("smoke", "math", "val")[:2], env,
                                                      RolloutConfig(max_new_tokens=4))
+
+
+def test_an_installed_fla_that_transformers_does_not_use_is_refused(tokenizer, monkeypatch):
+    """The kernels transformers resolved at import, not `import fla`, decide (here: no fla, the torch loop)."""
+    import sys
+    import types
+
+    from copes_lib import engines
+
+    resolved = engines.linear_attention_kernels()
+    assert resolved and all(not v.startswith("fla.") for v in resolved.values())
+    assert any("torch_chunk_gated_delta_rule" in v for v in resolved.values())
+    model = build_qwen35("tiny", len(tokenizer), seed=0, tokenizer=tokenizer)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setitem(sys.modules, "fla", types.ModuleType("fla"))  # importable, but transformers did not use it
+    with pytest.raises(ConfigError, match="resolves Qwen3.5's Gated-DeltaNet kernels"):
+        check_gpu_engine(model)
+    monkeypatch.setattr(engines, "linear_attention_kernels",
+                        lambda: {k: "fla.ops.gated_delta_rule." + k for k in engines.LINEAR_ATTENTION_KERNELS})
+    check_gpu_engine(model)  # resolved to fla: accepted
