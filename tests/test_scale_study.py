@@ -501,6 +501,12 @@ def test_lowrank_summary_keys_follow_the_scores(tmp_path):
     assert "map_es_lowrank_delta_s_latent_p0_1_n80" not in s and "map_es_lowrank_minus_es_latent_p0_n40" not in s
     assert s["map_lowrank_cells"] == ["latent_p0_1_n40", "skill_gap_n40"] and s["map_lowrank_rank"] == 4
     assert s["map_lowrank_prediction"] == "does not agree"
+    # a cell where neither arm moved (constant fitness: both returned the base) is not judged, not "agrees"
+    for r in (*bases[("skill_gap", None)]["cells"][40]["es"], *bases[("skill_gap", None)]["cells"][40]["es_lowrank"]):
+        r["mean_update_norm"] = 0.0
+    s = ss.map_summary(p, bases)
+    assert s["map_es_lowrank_minus_es_prediction_skill_gap_n40"] == "not judged"
+    assert s["map_es_lowrank_minus_es_prediction_latent_p0_1_n40"] == "agrees"
     ss.save_map_scores(p, tmp_path, bases)
     assert set(stats.load_scores(tmp_path)["map_strict_skill_gap_n40"].arms) == {"base", "full_grpo", *ss.MAP_ARMS,
                                                                                  *ss.MAP_LOWRANK_ARMS}

@@ -1172,7 +1172,9 @@ def map_cell_summary(base_run: dict[str, Any], n: int) -> dict[str, Any]:
             c.estimate, _finite(c.low), _finite(c.high))
         s[f"{a}_minus_{b}_verdict"] = c.verdict
         if a in MAP_LOWRANK_ARMS:  # the registered rule of docs/lowrank_es.md#l4-low-rank-on-the-map
-            s[f"{a}_minus_{b}_prediction"] = lowrank_prediction(_finite(c.low), _finite(c.high))
+            moved = any(r["mean_update_norm"] > 0 for r in (*cell[a], *cell[b]))
+            s[f"{a}_minus_{b}_prediction"] = (lowrank_prediction(_finite(c.low), _finite(c.high)) if moved
+                                              else "not judged")  # both returned the base: 0 by construction
     return s
 
 
@@ -1223,7 +1225,7 @@ def map_summary(params: ScaleStudyParams, bases: dict[tuple[str, float | None], 
 def map_lowrank_summary(params: ScaleStudyParams, bases: dict, keys: dict[str, Any]) -> dict[str, Any]:
     """The low-rank arms' overall reading (docs/lowrank_es.md#l4-low-rank-on-the-map): ``map_lowrank_prediction``
     is ``does not agree`` if any cell and arm does not, ``agrees`` if every one agrees, else
-    ``inconclusive``; None without low-rank arms. Per-cell values are ``map_<arm>_*_<c>`` (map_cell_summary)."""
+    ``inconclusive`` (a ``not judged`` cell included); None without low-rank arms. Per-cell values are ``map_<arm>_*_<c>`` (map_cell_summary)."""
     cells = [c for c in params.map_lowrank_cells() if c[:2] in bases and c[2] in bases[c[:2]]["cells"]]
     readings = [keys.get(f"map_{a}_minus_{b}_prediction_{map_tag(*c)}") for c in cells
                 for a, b in MAP_LOWRANK_ARMS.items()]
