@@ -501,6 +501,10 @@ def test_lowrank_summary_keys_follow_the_scores(tmp_path):
     assert "map_es_lowrank_delta_s_latent_p0_1_n80" not in s and "map_es_lowrank_minus_es_latent_p0_n40" not in s
     assert s["map_lowrank_cells"] == ["latent_p0_1_n40", "skill_gap_n40"] and s["map_lowrank_rank"] == 4
     assert s["map_lowrank_prediction"] == "does not agree"
+    # R5's contrast with low-rank ES: the same scores as full-rank ES give R5's own value and interval
+    assert s["prediction_R5_low"] > 0
+    for part in ("value", "low", "high"):
+        assert s[f"map_lowrank_R5_{part}"] == pytest.approx(s[f"prediction_R5_{part}"])
     # a cell where neither arm moved (constant fitness: both returned the base) is not judged, not "agrees"
     for r in (*bases[("skill_gap", None)]["cells"][40]["es"], *bases[("skill_gap", None)]["cells"][40]["es_lowrank"]):
         r["mean_update_norm"] = 0.0

@@ -1116,15 +1116,7 @@ def map_predictions(params: ScaleStudyParams, bases: dict[tuple[str, float | Non
         put("R2", None, None, None)
     # R5: ES gain recovery (latent, headline p) - (skill gap), both at N = MAP_HEADLINE_N; the two bases are
     # independent, so the interval adds their variances (each from its stats.gain_recovery_interval)
-    recs = [map_gain_recovery(b, b["cells"][n0]["es"]) for b in (latent.get(p0), skill) if b is not None]
-    if len(recs) == 2 and all(r[k] is not None for r in recs for k in ("mean", "low", "high")):
-        se = math.hypot(*[(r["high"] - r["low"]) / (2 * _Z95) for r in recs])
-        d = recs[0]["mean"] - recs[1]["mean"]
-        put("R5", d, d - _Z95 * se, d + _Z95 * se)
-    else:
-        put("R5", recs[0]["mean"] - recs[1]["mean"] if len(recs) == 2 and None not in (recs[0]["mean"],
-                                                                                     recs[1]["mean"]) else None,
-            None, None)
+    put("R5", *recovery_contrast(latent.get(p0), skill, n0, "es"))
     # R6: slope of ES gain recovery over p (latent bases, N = MAP_HEADLINE_N)
     ps = sorted(latent)
     recs6 = [map_gain_recovery(latent[p], latent[p]["cells"][n0]["es"]) for p in ps]
@@ -1147,6 +1139,25 @@ def map_predictions(params: ScaleStudyParams, bases: dict[tuple[str, float | Non
     put("R7", fit["slope"], fit["low"], fit["high"])
     out["prediction_R7_points"] = fit["n_points"]
     return out
+
+
+def recovery_contrast(latent: dict[str, Any] | None, skill: dict[str, Any] | None, n: int, arm: str
+                      ) -> tuple[float | None, float | None, float | None]:
+    """R5's quantity for ``arm``: its gain recovery on the latent base minus on the skill-gap base, both at N
+    = n, with a 95% interval (the two bases are independent: the half-widths of their gain-recovery
+    intervals add in quadrature); (None, None, None) where a base or the arm is missing, no interval where
+    a recovery's interval is undefined."""
+    bases = [b for b in (latent, skill) if b is not None and arm in b["cells"].get(n, {})]
+    if len(bases) < 2:
+        return None, None, None
+    recs = [map_gain_recovery(b, b["cells"][n][arm]) for b in bases]
+    if None in (recs[0]["mean"], recs[1]["mean"]):
+        return None, None, None
+    d = recs[0]["mean"] - recs[1]["mean"]
+    if any(r[k] is None for r in recs for k in ("low", "high")):
+        return d, None, None
+    se = math.hypot(*[(r["high"] - r["low"]) / (2 * _Z95) for r in recs])
+    return d, d - _Z95 * se, d + _Z95 * se
 
 
 def map_cell_summary(base_run: dict[str, Any], n: int) -> dict[str, Any]:
@@ -1231,8 +1242,14 @@ def map_lowrank_summary(params: ScaleStudyParams, bases: dict, keys: dict[str, A
                 for a, b in MAP_LOWRANK_ARMS.items()]
     overall = (None if not readings else "does not agree" if "does not agree" in readings
                else "agrees" if all(r == "agrees" for r in readings) else "inconclusive")
-    return {"map_lowrank_rank": params.MAP_LOWRANK_RANK, "map_lowrank_cells": [map_tag(*c) for c in cells],
-            "map_lowrank_margin": LOWRANK_MARGIN, "map_lowrank_prediction": overall}
+    out = {"map_lowrank_rank": params.MAP_LOWRANK_RANK, "map_lowrank_cells": [map_tag(*c) for c in cells],
+           "map_lowrank_margin": LOWRANK_MARGIN, "map_lowrank_prediction": overall}
+    # descriptive, no rule reads it: R5's latent-minus-skill-gap contrast with low-rank ES in place of ES, beside
+    # prediction_R5_value (where ES works, at low rank)
+    latent = bases.get(("latent", params.MAP_HEADLINE_P)) if "latent" in params.map_regimes() else None
+    value, low, high = recovery_contrast(latent, bases.get(("skill_gap", None)), params.MAP_HEADLINE_N, "es_lowrank")
+    out.update(map_lowrank_R5_value=_finite(value), map_lowrank_R5_low=_finite(low), map_lowrank_R5_high=_finite(high))
+    return out
 
 
 def save_map_scores(params: ScaleStudyParams, out_dir: str | Path, bases: dict) -> None:
