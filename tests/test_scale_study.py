@@ -403,3 +403,127 @@ def test_map_bases_use_the_latent_recipe_with_their_prior_and_the_skill_gap_base
     assert (latent.protocol, latent.latent_p, latent.latent_math_steps, latent.model_size) == ("latent", 0.3, 1500,
                                                                                              "tiny")
     assert (skill.protocol, skill.model_size) == ("paper", "tiny") and skill.math_target > 0  # 01's stopping rule
+
+
+# ----------------------------------------------------------------------------- low rank on the map
+@pytest.mark.parametrize("bad, message", [
+    ({"MAP_LOWRANK_RANK": -1}, "MAP_LOWRANK_RANK"),
+    ({"MAP_LOWRANK_RANK": 17}, "MAP_LOWRANK_RANK = 17 exceeds the smaller side 16"),  # tiny: k/v are 16 x 32
+    ({"MAP_LOWRANK_CELLS": "headline,corner"}, "MAP_LOWRANK_CELLS = 'headline,corner': valid values"),
+    ({"MAP_LOWRANK_CELLS": "headline,headline"}, "each once"),
+    ({"MAP_REGIMES": "latent", "MAP_LOWRANK_CELLS": "headline,skill_gap"}, "['skill_gap'] need(s) the regime"),
+])
+def test_lowrank_errors_name_the_parameter(bad, message):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")
+                       .replace(")", r"\)")):
+        map_params(**bad)
+
+
+def test_lowrank_cells_and_configs_carry_the_rank_and_full_rank_configs_are_unchanged():
+    p = map_params(MAP_LOWRANK_RANK=4, MAP_LOWRANK_CELLS="headline,skill_gap")
+    assert p.map_lowrank_cells() == [("latent", 0.1, 40), ("skill_gap", None, 40)]
+    assert map_params(MAP_LOWRANK_CELLS="p0").map_lowrank_cells() == [("latent", 0.0, 40)]
+    assert map_params(MAP_LOWRANK_RANK=0).map_lowrank_cells() == [] and map_params(MAP_LOWRANK_CELLS="").map_lowrank_cells() == []
+    off = map_params(MAP_LOWRANK_RANK=0)
+    for arm in ss.MAP_ARMS:  # the full-rank arms: no noise_rank, the same config as with the low-rank arms off
+        cfg = ss.map_arm_config(p, arm, 40, 1)
+        assert cfg.noise_rank == 0 and "noise_rank" not in cfg.to_dict()
+        assert cfg.to_dict() == ss.map_arm_config(off, arm, 40, 1).to_dict()
+    for low, full in ss.MAP_LOWRANK_ARMS.items():
+        lo, fu = ss.map_arm_config(p, low, 40, 1), ss.map_arm_config(p, full, 40, 1)
+        assert lo.noise_rank == 4 and lo.to_dict()["noise_rank"] == 4
+        # everything but the rank is the paired full-rank arm's (seed included: paired)
+        assert {k: v for k, v in lo.to_dict().items() if k != "noise_rank"} == fu.to_dict()
+    assert ss.map_arm_config(p, "copes_lowrank", 40, 0).subspaces == 4 and ss.map_arm_config(p, "es_lowrank", 40, 0).subspaces == 1
+    with pytest.raises(ConfigError, match="MAP_LOWRANK_RANK"):
+        ss.map_arm_config(off, "es_lowrank", 40, 0)
+
+
+def test_lowrank_arms_run_only_in_their_cells_and_full_rank_cache_keys_do_not_change(monkeypatch):
+    """run_map_base with the cache replaced by a recorder: which arms ran where, and with which keys."""
+    import types
+
+    recorded = []
+
+    def fake_cached(params, name, key, compute):
+        if name == "map_base":
+            return {"scores": [0.0, 1.0], "strict": [0.0, 1.0], "lenient": [1.0, 1.0], "criterion": {}}
+        if name == "map_grpo":
+            return {"horizon_strict": [1.0, 1.0]}
+        recorded.append((params.MAP_LOWRANK_RANK, key["map_arm"], key["es"]["population"], key))
+        return {"strict": [0.0, 1.0], "lenient": [1.0, 1.0]}
+
+    monkeypatch.setattr(ss, "_cached_json", fake_cached)
+    sub = types.SimpleNamespace(key={"base": "b"}, n_params=1, warm_steps=1, warm_info={})
+    for rank in (4, 0):
+        p = map_params(MAP_LOWRANK_RANK=rank, MAP_MECHANISM=False, MAP_SEEDS=2, MAP_GRPO_SEEDS=1)
+        for regime, prior in ss.map_bases(p):
+            out = ss.run_map_base(p, sub, regime, prior, log=lambda *a: None)
+            for n, cell in out["cells"].items():
+                lowrank = rank and n == 40 and (regime, prior) in (("latent", 0.1), ("skill_gap", None))
+                assert set(ss.MAP_LOWRANK_ARMS) <= set(cell) if lowrank else not set(ss.MAP_LOWRANK_ARMS) & set(cell)
+    with_rank = [r for r in recorded if r[0] == 4]
+    without = [r for r in recorded if r[0] == 0]
+    assert sum(arm in ss.MAP_LOWRANK_ARMS for _, arm, _, _ in with_rank) == 2 * 2 * 2  # cells x arms x seeds
+    assert all(key["es"]["noise_rank"] == 4 for _, arm, _, key in with_rank if arm in ss.MAP_LOWRANK_ARMS)
+    # the full-rank arms' keys with the low-rank arms on are exactly those with them off
+    assert [runs.cache_key(k) for _, arm, _, k in with_rank if arm in ss.MAP_ARMS] == [runs.cache_key(k)
+                                                                                       for *_, k in without]
+
+
+def test_lowrank_reading_follows_the_registered_rule():
+    assert ss.lowrank_prediction(-0.01, 0.02) == "agrees"
+    assert ss.lowrank_prediction(0.01, 0.04) == "agrees"  # inside the margin, even if it excludes 0
+    assert ss.lowrank_prediction(0.02, 0.08) == "does not agree"
+    assert ss.lowrank_prediction(-0.2, -0.06) == "does not agree"
+    assert ss.lowrank_prediction(-0.1, 0.1) == "inconclusive"
+    assert ss.lowrank_prediction(None, 0.01) == "inconclusive"
+
+
+def test_lowrank_summary_keys_follow_the_scores(tmp_path):
+    rng = np.random.default_rng(1)
+    p = map_params(MAP_LOWRANK_RANK=4)
+    bases = {("latent", 0.0): synthetic_map_base(rng, "latent", 0.0, es_strict=0.1),
+             ("latent", 0.1): synthetic_map_base(rng, "latent", 0.1, es_strict=0.3),
+             ("latent", 0.3): synthetic_map_base(rng, "latent", 0.3, es_strict=0.45),
+             ("skill_gap", None): synthetic_map_base(rng, "skill_gap", None, es_strict=0.1)}
+    for key in (("latent", 0.1), ("skill_gap", None)):
+        cell = bases[key]["cells"][40]
+        cell["es_lowrank"] = [dict(r) for r in cell["es"]]  # identical to full rank: difference 0, no spread
+        cell["copes_lowrank"] = [{**r, "strict": [0.0] * len(r["strict"])} for r in cell["copes"]]  # lost the gain
+    s = ss.map_summary(p, bases)
+    for c in ("latent_p0_1_n40", "skill_gap_n40"):
+        assert s[f"map_es_lowrank_minus_es_{c}"] == 0 and s[f"map_es_lowrank_minus_es_prediction_{c}"] == "agrees"
+        assert s[f"map_copes_lowrank_minus_copes_high_{c}"] < -0.1
+        assert s[f"map_copes_lowrank_minus_copes_prediction_{c}"] == "does not agree"
+        assert s[f"map_es_lowrank_delta_s_{c}"] == pytest.approx(s[f"map_es_delta_s_{c}"])
+        assert s[f"map_es_lowrank_gain_recovery_{c}"] == pytest.approx(s[f"map_es_gain_recovery_{c}"])
+    assert "map_es_lowrank_delta_s_latent_p0_1_n80" not in s and "map_es_lowrank_minus_es_latent_p0_n40" not in s
+    assert s["map_lowrank_cells"] == ["latent_p0_1_n40", "skill_gap_n40"] and s["map_lowrank_rank"] == 4
+    assert s["map_lowrank_prediction"] == "does not agree"
+    # R5's contrast with low-rank ES: the same scores as full-rank ES give R5's own value and interval
+    assert s["prediction_R5_low"] > 0
+    for part in ("value", "low", "high"):
+        assert s[f"map_lowrank_R5_{part}"] == pytest.approx(s[f"prediction_R5_{part}"])
+    # a cell where neither arm moved (constant fitness: both returned the base) is not judged, not "agrees"
+    for r in (*bases[("skill_gap", None)]["cells"][40]["es"], *bases[("skill_gap", None)]["cells"][40]["es_lowrank"]):
+        r["mean_update_norm"] = 0.0
+    s = ss.map_summary(p, bases)
+    assert s["map_es_lowrank_minus_es_prediction_skill_gap_n40"] == "not judged"
+    assert s["map_es_lowrank_minus_es_prediction_latent_p0_1_n40"] == "agrees"
+    ss.save_map_scores(p, tmp_path, bases)
+    assert set(stats.load_scores(tmp_path)["map_strict_skill_gap_n40"].arms) == {"base", "full_grpo", *ss.MAP_ARMS,
+                                                                                 *ss.MAP_LOWRANK_ARMS}
+
+
+def test_lowrank_map_arm_learns_on_a_linear_model():
+    """A real low-rank ES update from the map's config (rank 4 on an 8 x 8 matrix) follows the gradient."""
+    p = map_params(SIGMA=0.05, ALPHA=0.05, MAP_LOWRANK_RANK=4)
+    cos = []
+    for s in range(6):
+        truth = LinearRegression(seed=s)
+        u, _, _ = one_update(ss.map_arm_config(p, "es_lowrank", 40, s), truth, seed=s)
+        torch.manual_seed(s)
+        grad = truth.gradient(torch.nn.Linear(8, 8, bias=False))
+        cos.append(float(torch.nn.functional.cosine_similarity(u, grad, dim=0)))
+    assert np.mean(cos) > 0.3, cos

@@ -22,6 +22,10 @@ model). This module runs, on the suite's miniature substrate:
   populations' cosine vs chance, which could not detect even a perfect estimator (E[cos] ~ 1e-5,
   chance spread 8.5e-4 at 1.37M parameters: docs/mechanism.md#m4-why-the-old-mechanism-test-could-not-find-anything).
   ``mechanism(params, sub, model)`` takes any base of the cell's shape, so the map can call it per cell;
+- **low rank on the map** (issue 26 item 5; docs/lowrank_es.md#l4-low-rank-on-the-map): in the cells of
+  ``MAP_LOWRANK_CELLS``, low-rank ES and paper-protocol CoPES (``ESConfig.noise_rank`` = ``MAP_LOWRANK_RANK``;
+  EGGROLL's lever, not the paper's) beside the full-rank arms, paired by seed and prompt batches, read by
+  the registered margin rule (``lowrank_prediction``);
 - **trends**: ``slope_test`` (slope and its interval over sizes; a 4B value only with >= 4 sizes and a
   slope interval excluding 0).
 
@@ -126,6 +130,12 @@ class ScaleStudyParams(NotebookParams):
                                  "recipe (its stopping rule included)", ge=0)
     MAP_MECHANISM: bool = param(True, "the mechanism measurement (d_eff, direction test) once per map base, at "
                                 "MAP_HEADLINE_N (R7 reads its d_eff)")
+    MAP_LOWRANK_RANK: int = param(4, "rank r of the map's low-rank arms: ES and paper-protocol CoPES with low-rank "
+                                  "noise of rank r (ESConfig.noise_rank; docs/lowrank_es.md#l4-low-rank-on-the-map); "
+                                  "0: no low-rank arms", ge=0)
+    MAP_LOWRANK_CELLS: str = param("headline,skill_gap", "cells that get the low-rank arms, all at MAP_HEADLINE_N: "
+                                   "headline (the latent base at MAP_HEADLINE_P), skill_gap (the skill-gap base), p0 "
+                                   "(the latent base at p 0); empty: none")
 
     def sizes(self) -> list[str]:
         return [s.strip() for s in self.SIZES.split(",") if s.strip()]
@@ -149,6 +159,40 @@ class ScaleStudyParams(NotebookParams):
     def map_subspaces(self, population: int) -> int:
         """K of CoPES at population N on the map."""
         return self.MAP_SUBSPACES or population // MIN_MEMBERS_PER_SUBSPACE
+
+    def map_lowrank_cells(self) -> list[tuple[str, float | None, int]]:
+        """(regime, p, N) of the cells with low-rank arms (none when ``MAP_LOWRANK_RANK`` is 0 or there is no map)."""
+        if not self.MAP_SIZE or not self.MAP_LOWRANK_RANK:
+            return []
+        where = {"headline": ("latent", self.MAP_HEADLINE_P), "skill_gap": ("skill_gap", None), "p0": ("latent", 0.0)}
+        names = [s.strip() for s in self.MAP_LOWRANK_CELLS.split(",") if s.strip()]
+        return [(*where[name], self.MAP_HEADLINE_N) for name in names if name in where]
+
+    def check_lowrank(self) -> None:
+        """The low-rank arms' parameters (docs/lowrank_es.md#l4-low-rank-on-the-map): clear errors naming them."""
+        from copes_lib.substrate import MODEL_SIZES
+
+        names = [s.strip() for s in self.MAP_LOWRANK_CELLS.split(",") if s.strip()]
+        valid = {"headline": "latent", "skill_gap": "skill_gap", "p0": "latent"}
+        bad = [n for n in names if n not in valid]
+        if bad or len(set(names)) != len(names):
+            raise ConfigError(f"MAP_LOWRANK_CELLS = {self.MAP_LOWRANK_CELLS!r}: valid values are {list(valid)}, each "
+                              "once, or empty (no low-rank arms)")
+        if not self.MAP_SIZE or not self.MAP_LOWRANK_RANK:
+            return
+        missing = [n for n in names if valid[n] not in self.map_regimes()]
+        if missing:
+            raise ConfigError(f"MAP_LOWRANK_CELLS = {self.MAP_LOWRANK_CELLS!r}: {missing} need(s) the regime "
+                              f"{sorted({valid[n] for n in missing})} in MAP_REGIMES = {self.MAP_REGIMES!r}")
+        # the smallest side of the Qwen3 miniature's matrices (q/k/v/o, gate/up/down; the embedding is
+        # vocabulary x hidden): lowrank.check_rank would stop the run at the first arm, this stops it here
+        shape = MODEL_SIZES[self.MAP_SIZE]
+        sides = (shape["hidden_size"], shape["intermediate_size"], shape["num_attention_heads"] * shape["head_dim"],
+                 shape["num_key_value_heads"] * shape["head_dim"])
+        if self.MAP_LOWRANK_RANK > min(sides):
+            raise ConfigError(f"MAP_LOWRANK_RANK = {self.MAP_LOWRANK_RANK} exceeds the smaller side {min(sides)} of a "
+                              f"weight matrix of MAP_SIZE {self.MAP_SIZE!r}; valid values: 0 (no low-rank arms) or "
+                              f"1..{min(sides)}")
 
     def check_map(self) -> None:
         """The map's grid: clear errors naming the parameter (docs/mechanism.md#m6-the-map-of-where-es-and-copes-work)."""
@@ -192,6 +236,7 @@ class ScaleStudyParams(NotebookParams):
         if self.BACKEND != "batched":
             raise ConfigError(f"BACKEND = {self.BACKEND!r}: the map's shuffled-fitness control permutes the rewards "
                               "of a whole population, which only the batched backend evaluates at once")
+        self.check_lowrank()
 
     def check(self) -> None:
         from copes_lib.substrate import MODEL_SIZES
@@ -807,6 +852,11 @@ def save_cell_scores(params: ScaleStudyParams, out_dir: str | Path, cell: dict[s
 
 # =========================================================================== the map (issue 22 item 5)
 MAP_ARMS = ("es", "copes", "es_shuffled", "es_sqrtk")  # the arms of every map cell
+# the low-rank arms (docs/lowrank_es.md#l4-low-rank-on-the-map), in MAP_LOWRANK_CELLS only, each paired with
+# its full-rank arm (same seeds, same prompt batches): low-rank ES, low-rank CoPES (ES's sigma and alpha)
+MAP_LOWRANK_ARMS = {"es_lowrank": "es", "copes_lowrank": "copes"}
+# docs/lowrank_es.md#l4-low-rank-on-the-map: |low-rank - full-rank| below this (strict accuracy) is "no change"
+LOWRANK_MARGIN = 0.05
 
 
 class ShuffledFitness:
@@ -842,17 +892,23 @@ class ShuffledFitness:
 def map_arm_config(params: ScaleStudyParams, arm: str, population: int, seed_index: int):
     """ESConfig of a map arm at population N: ``es`` (K = 1), ``copes`` (K = ``map_subspaces(N)``, ES's sigma and
     alpha: the paper's protocol), ``es_shuffled`` (ES on shuffled rewards) and ``es_sqrtk`` (ES at
-    sqrt(K) alpha: CoPES's update length with ES's estimator). Built through ESConfig's constructor
-    (options added to it later keep their defaults)."""
+    sqrt(K) alpha: CoPES's update length with ES's estimator); ``es_lowrank`` / ``copes_lowrank``: ``es`` /
+    ``copes`` with low-rank noise of rank ``MAP_LOWRANK_RANK`` (docs/lowrank_es.md#l4-low-rank-on-the-map).
+    Built through ESConfig's constructor (options added to it later keep their defaults); the full-rank
+    arms never pass ``noise_rank``, so their configs and cache keys are those of before the low-rank arms."""
     from copes_lib.es import ESConfig
 
-    if arm not in MAP_ARMS:
-        raise ConfigError(f"map arm {arm!r}: valid values {list(MAP_ARMS)}")
+    if arm not in (*MAP_ARMS, *MAP_LOWRANK_ARMS):
+        raise ConfigError(f"map arm {arm!r}: valid values {[*MAP_ARMS, *MAP_LOWRANK_ARMS]}")
+    if arm in MAP_LOWRANK_ARMS and not params.MAP_LOWRANK_RANK:
+        raise ConfigError(f"map arm {arm!r} needs MAP_LOWRANK_RANK >= 1 (it is 0: no low-rank arms)")
+    full = MAP_LOWRANK_ARMS.get(arm, arm)
     k = params.map_subspaces(population)
-    alpha = params.ALPHA * math.sqrt(k) if arm == "es_sqrtk" else params.ALPHA
-    return ESConfig(population=population, subspaces=k if arm == "copes" else 1, sigma=params.SIGMA, alpha=alpha,
+    alpha = params.ALPHA * math.sqrt(k) if full == "es_sqrtk" else params.ALPHA
+    lowrank = {"noise_rank": params.MAP_LOWRANK_RANK} if arm in MAP_LOWRANK_ARMS else {}
+    return ESConfig(population=population, subspaces=k if full == "copes" else 1, sigma=params.SIGMA, alpha=alpha,
                     chunk_size=params.CHUNK_SIZE, backend=params.BACKEND, members_per_batch=0,
-                    seed=params.ES_SEED + seed_index)
+                    seed=params.ES_SEED + seed_index, **lowrank)
 
 
 def map_objective(params: ScaleStudyParams, sub: Substrate, arm: str, seed_index: int):
@@ -968,8 +1024,10 @@ def run_map_base(params: ScaleStudyParams, sub: Substrate, regime: str, p: float
         f"{np.mean(base['lenient']):.3f}")
     out["grpo"] = [map_grpo_arm(params, sub, g) for g in range(params.MAP_GRPO_SEEDS)]
     out["cells"] = {}
+    lowrank_ns = [cn for cr, cp, cn in params.map_lowrank_cells() if (cr, cp) == (regime, p)]
     for n in params.map_populations():
         arms = MAP_ARMS if n in params.map_control_populations() else ("es", "copes")
+        arms = (*arms, *MAP_LOWRANK_ARMS) if n in lowrank_ns else arms  # paired with es / copes: same seeds, batches
         out["cells"][n] = {arm: [map_es_arm(params, sub, arm, n, s, base) for s in range(params.MAP_SEEDS)]
                            for arm in arms}
         log(f"[{NOTEBOOK}] map {map_tag(regime, p, n)}: " + ", ".join(
@@ -1058,15 +1116,7 @@ def map_predictions(params: ScaleStudyParams, bases: dict[tuple[str, float | Non
         put("R2", None, None, None)
     # R5: ES gain recovery (latent, headline p) - (skill gap), both at N = MAP_HEADLINE_N; the two bases are
     # independent, so the interval adds their variances (each from its stats.gain_recovery_interval)
-    recs = [map_gain_recovery(b, b["cells"][n0]["es"]) for b in (latent.get(p0), skill) if b is not None]
-    if len(recs) == 2 and all(r[k] is not None for r in recs for k in ("mean", "low", "high")):
-        se = math.hypot(*[(r["high"] - r["low"]) / (2 * _Z95) for r in recs])
-        d = recs[0]["mean"] - recs[1]["mean"]
-        put("R5", d, d - _Z95 * se, d + _Z95 * se)
-    else:
-        put("R5", recs[0]["mean"] - recs[1]["mean"] if len(recs) == 2 and None not in (recs[0]["mean"],
-                                                                                     recs[1]["mean"]) else None,
-            None, None)
+    put("R5", *recovery_contrast(latent.get(p0), skill, n0, "es"))
     # R6: slope of ES gain recovery over p (latent bases, N = MAP_HEADLINE_N)
     ps = sorted(latent)
     recs6 = [map_gain_recovery(latent[p], latent[p]["cells"][n0]["es"]) for p in ps]
@@ -1091,11 +1141,30 @@ def map_predictions(params: ScaleStudyParams, bases: dict[tuple[str, float | Non
     return out
 
 
+def recovery_contrast(latent: dict[str, Any] | None, skill: dict[str, Any] | None, n: int, arm: str
+                      ) -> tuple[float | None, float | None, float | None]:
+    """R5's quantity for ``arm``: its gain recovery on the latent base minus on the skill-gap base, both at N
+    = n, with a 95% interval (the two bases are independent: the half-widths of their gain-recovery
+    intervals add in quadrature); (None, None, None) where a base or the arm is missing, no interval where
+    a recovery's interval is undefined."""
+    bases = [b for b in (latent, skill) if b is not None and arm in b["cells"].get(n, {})]
+    if len(bases) < 2:
+        return None, None, None
+    recs = [map_gain_recovery(b, b["cells"][n][arm]) for b in bases]
+    if None in (recs[0]["mean"], recs[1]["mean"]):
+        return None, None, None
+    d = recs[0]["mean"] - recs[1]["mean"]
+    if any(r[k] is None for r in recs for k in ("low", "high")):
+        return d, None, None
+    se = math.hypot(*[(r["high"] - r["low"]) / (2 * _Z95) for r in recs])
+    return d, d - _Z95 * se, d + _Z95 * se
+
+
 def map_cell_summary(base_run: dict[str, Any], n: int) -> dict[str, Any]:
     """Flat values of one map cell (keys without the ``map_`` prefix and the cell's tag)."""
     cell, base = base_run["cells"][n], base_run["base"]
     s: dict[str, Any] = {}
-    for arm in [a for a in MAP_ARMS if a in cell]:
+    for arm in [a for a in (*MAP_ARMS, *MAP_LOWRANK_ARMS) if a in cell]:
         for metric, name in (("strict", "delta_s"), ("lenient", "delta_l"), ("protocol", "delta_protocol")):
             c = map_delta(base, cell[arm], metric)
             s[f"{arm}_{name}"], s[f"{arm}_{name}_low"], s[f"{arm}_{name}_high"] = (
@@ -1107,13 +1176,30 @@ def map_cell_summary(base_run: dict[str, Any], n: int) -> dict[str, Any]:
             rec["mean"], rec["low"], rec["high"])
         s[f"{arm}_update_norm"] = float(np.mean([r["mean_update_norm"] for r in cell[arm]]))
         s[f"{arm}_step_s"] = float(np.mean([r["mean_step_s"] for r in cell[arm]]))
-    for a, b in [(a, b) for a, b in (("copes", "es"), ("es", "es_shuffled"), ("copes", "es_sqrtk"))
-                 if a in cell and b in cell]:
+    for a, b in [(a, b) for a, b in (("copes", "es"), ("es", "es_shuffled"), ("copes", "es_sqrtk"),
+                                     *MAP_LOWRANK_ARMS.items()) if a in cell and b in cell]:
         c = map_gap(cell, a, b)
         s[f"{a}_minus_{b}"], s[f"{a}_minus_{b}_low"], s[f"{a}_minus_{b}_high"] = (
             c.estimate, _finite(c.low), _finite(c.high))
         s[f"{a}_minus_{b}_verdict"] = c.verdict
+        if a in MAP_LOWRANK_ARMS:  # the registered rule of docs/lowrank_es.md#l4-low-rank-on-the-map
+            moved = any(r["mean_update_norm"] > 0 for r in (*cell[a], *cell[b]))
+            s[f"{a}_minus_{b}_prediction"] = (lowrank_prediction(_finite(c.low), _finite(c.high)) if moved
+                                              else "not judged")  # both returned the base: 0 by construction
     return s
+
+
+def lowrank_prediction(low: float | None, high: float | None, margin: float = LOWRANK_MARGIN) -> str:
+    """docs/lowrank_es.md#l4-low-rank-on-the-map, per cell and arm, on the 95% interval of low-rank minus
+    full-rank strict accuracy (seeds paired): ``agrees`` (low rank changes nothing) if it lies inside
+    (-margin, margin), ``does not agree`` if it excludes 0, else ``inconclusive`` (also without an interval)."""
+    if low is None or high is None:
+        return "inconclusive"
+    if -margin < low and high < margin:
+        return "agrees"
+    if low > 0 or high < 0:
+        return "does not agree"
+    return "inconclusive"
 
 
 def map_summary(params: ScaleStudyParams, bases: dict[tuple[str, float | None], dict[str, Any]]) -> dict[str, Any]:
@@ -1143,6 +1229,26 @@ def map_summary(params: ScaleStudyParams, bases: dict[tuple[str, float | None], 
             cell = {**map_cell_summary(b, n), "subspaces": params.map_subspaces(n)}
             out.update({f"map_{k}_{map_tag(regime, p, n)}": v for k, v in cell.items()})
     out.update(map_predictions(params, bases))
+    out.update(map_lowrank_summary(params, bases, out))
+    return out
+
+
+def map_lowrank_summary(params: ScaleStudyParams, bases: dict, keys: dict[str, Any]) -> dict[str, Any]:
+    """The low-rank arms' overall reading (docs/lowrank_es.md#l4-low-rank-on-the-map): ``map_lowrank_prediction``
+    is ``does not agree`` if any cell and arm does not, ``agrees`` if every one agrees, else
+    ``inconclusive`` (a ``not judged`` cell included); None without low-rank arms. Per-cell values are ``map_<arm>_*_<c>`` (map_cell_summary)."""
+    cells = [c for c in params.map_lowrank_cells() if c[:2] in bases and c[2] in bases[c[:2]]["cells"]]
+    readings = [keys.get(f"map_{a}_minus_{b}_prediction_{map_tag(*c)}") for c in cells
+                for a, b in MAP_LOWRANK_ARMS.items()]
+    overall = (None if not readings else "does not agree" if "does not agree" in readings
+               else "agrees" if all(r == "agrees" for r in readings) else "inconclusive")
+    out = {"map_lowrank_rank": params.MAP_LOWRANK_RANK, "map_lowrank_cells": [map_tag(*c) for c in cells],
+           "map_lowrank_margin": LOWRANK_MARGIN, "map_lowrank_prediction": overall}
+    # descriptive, no rule reads it: R5's latent-minus-skill-gap contrast with low-rank ES in place of ES, beside
+    # prediction_R5_value (where ES works, at low rank)
+    latent = bases.get(("latent", params.MAP_HEADLINE_P)) if "latent" in params.map_regimes() else None
+    value, low, high = recovery_contrast(latent, bases.get(("skill_gap", None)), params.MAP_HEADLINE_N, "es_lowrank")
+    out.update(map_lowrank_R5_value=_finite(value), map_lowrank_R5_low=_finite(low), map_lowrank_R5_high=_finite(high))
     return out
 
 
@@ -1165,6 +1271,7 @@ def save_map_scores(params: ScaleStudyParams, out_dir: str | Path, bases: dict) 
 __all__ = ["ScaleStudyParams", "Substrate", "load_substrate", "run_cell", "cell_summary", "gain_recovery", "gap",
            "slope_test", "mechanism", "mechanism_summary", "mechanism_verdicts", "budget_efficiency", "heldout_fitness",
            "rewarded_nll", "save_cell_scores", "scores_digest", "slug", "scores", "QWEN35_4B_PARAMS", "NOTEBOOK",
-           "MAP_ARMS", "ShuffledFitness", "map_arm_config", "map_bases", "map_tag", "load_map_base", "run_map_base",
+           "MAP_ARMS", "MAP_LOWRANK_ARMS", "LOWRANK_MARGIN", "lowrank_prediction",
+           "map_lowrank_summary", "ShuffledFitness", "map_arm_config", "map_bases", "map_tag", "load_map_base", "run_map_base",
            "map_delta", "map_gain_recovery", "map_gap", "line_fit", "map_predictions", "map_summary",
            "map_cell_summary", "save_map_scores"]
