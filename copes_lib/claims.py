@@ -681,11 +681,11 @@ SCALE_CLAIMS: tuple[Claim, ...] = (
 
 
 # --------------------------------------------------------------------------- our registered predictions
-# Three sets of our own predictions, each registered in docs/ before the runs that test it: the regime
+# Four sets of our own predictions, each registered in docs/ before the runs that test it: the regime
 # predictions R1-R8 (docs/regime.md#r4-predictions-ours-registered-before-the-run, machine-readable as
-# regime.PREDICTIONS), paper B's regime predictions P1-P6 (docs/molora_regime.md#m5-predictions) and the
-# mechanism rules (docs/mechanism.md#m2-predictions-and-rules, #m3-the-4b-extrapolation-rule). Their rows
-# read paper "ours". Each judge applies the registered rule to the registered quantity; none of them
+# regime.PREDICTIONS), paper B's regime predictions P1-P6 (docs/molora_regime.md#m5-predictions), the
+# mechanism rules (docs/mechanism.md#m2-predictions-and-rules, #m3-the-4b-extrapolation-rule) and L4, low
+# rank on 09's map (docs/lowrank_es.md#l4-low-rank-on-the-map). Their rows read paper "ours". Each judge applies the registered rule to the registered quantity; none of them
 # adds a test to a notebook's Holm family (each prediction registered its own interval).
 OURS = "ours"
 # R2-R8: notebook -> the predictions whose quantity it writes as prediction_<Rk>_value / _low / _high
@@ -1045,7 +1045,97 @@ MECHANISM_CLAIMS: tuple[Claim, ...] = (
     Claim("MECH-4B", OURS, "(ours) A 4B value is shown only where >= 4 sizes and a slope interval excluding 0 allow it",
           "registered, docs/mechanism.md M3", "09_scale_study", ("sizes",), _judge_mech_extrapolation),
 )
-OUR_CLAIMS = REGIME_PREDICTION_CLAIMS + MOLORA_PREDICTION_CLAIMS + MECHANISM_CLAIMS
+
+# ---- low rank on the map (notebook 09): L4, docs/lowrank_es.md#l4-low-rank-on-the-map
+# The registered margin (strict accuracy); scale_study.LOWRANK_MARGIN is the copy 09 reads by (a test keeps
+# them equal). Set in docs before the run, never from a measurement.
+LOWRANK_MARGIN = 0.05
+# low-rank arm -> its full-rank arm, with the name the reason gives them (scale_study.MAP_LOWRANK_ARMS)
+LOWRANK_PAIRS = (("es_lowrank", "es", "ES"), ("copes_lowrank", "copes", "CoPES"))
+# a verdict in 09's own words for its per-cell reading (scale_study.lowrank_prediction; "not judged" apart)
+_LOWRANK_READING = {AGREES: "agrees", DISAGREES: "does not agree", INCONCLUSIVE: "inconclusive"}
+
+
+def lowrank_reading(low: float | None, high: float | None, moved: bool,
+                    margin: float = LOWRANK_MARGIN) -> tuple[str, str]:
+    """(verdict, why) of one cell and arm by L4's registered rule, on the 95% interval [low, high] of
+    low-rank minus full-rank strict accuracy (seeds paired): ``not judged`` where neither arm moved
+    (read inconclusive: both returned the base, the difference is 0 by construction), agrees if the
+    interval lies inside (-margin, +margin), does not if it excludes 0 (and is not inside the margin),
+    inconclusive otherwise (it holds 0 but is wider than the margin) or without an interval."""
+    if not moved:
+        return INCONCLUSIVE, ("not judged: neither arm made an update (mean update norm 0 over every seed), so "
+                              "both returned the base and the difference is 0 by construction")
+    if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)):
+        return INCONCLUSIVE, "no interval"
+    m = f"{100 * margin:g} pts"
+    if -margin < low and high < margin:
+        return AGREES, f"inside +-{m}"
+    if low > 0 or high < 0:
+        return DISAGREES, f"excludes 0, not inside +-{m}"
+    return INCONCLUSIVE, f"holds 0 but is wider than +-{m}"
+
+
+def _judge_lowrank(ctx: Context) -> Judgement:
+    """Registered rule L4 (docs/lowrank_es.md#l4-low-rank-on-the-map) on 09's map_<low>_minus_<full>_<c>
+    / _low_<c> / _high_<c> (low-rank minus full-rank strict accuracy, 95%, stats.compare, seeds paired) for
+    every cell c of map_lowrank_cells and both arms (low-rank ES vs ES, low-rank CoPES vs CoPES), margin
+    +-0.05: per cell and arm agrees if the interval lies inside (-0.05, +0.05); does not if it excludes 0
+    (and is not inside the margin); inconclusive otherwise or without an interval; "not judged" (both
+    arms' map_<arm>_update_norm_<c> 0: both returned the base, a difference of 0 by construction) reads
+    inconclusive, never agrees. Overall: agrees if every reading agrees; does not if any does not;
+    inconclusive otherwise. Missing where 09 ran no low-rank arms or a cell's keys are absent. 09's own
+    reading (map_<low>_minus_<full>_prediction_<c>) is shown where it differs."""
+    s = ctx.summary
+    cells, rank = list(s["map_lowrank_cells"] or []), s["map_lowrank_rank"]
+    if not cells:
+        return Judgement(MISSING, f"no low-rank arms (map_lowrank_rank {_fmt(rank)}, map_lowrank_cells [])", "",
+                         "09_scale_study ran no low-rank arms (MAP_LOWRANK_RANK 0 or no map): L4 is not measured")
+    readings, parts, notes, absent = [], [], [], []
+    for c in cells:
+        for low_arm, full, name in LOWRANK_PAIRS:
+            d = f"map_{low_arm}_minus_{full}"
+            keys = [f"{d}_{c}", f"{d}_low_{c}", f"{d}_high_{c}", f"map_{low_arm}_update_norm_{c}",
+                    f"map_{full}_update_norm_{c}"]
+            gone = [k for k in (keys[0], *keys[3:]) if s.get(k) is None]  # None bounds: no interval, judged
+            if gone or keys[1] not in s or keys[2] not in s:
+                absent += gone + [k for k in keys[1:3] if k not in s]
+                continue
+            value, low, high, norm_low, norm_full = (s[k] for k in keys)
+            moved = norm_low > 0 or norm_full > 0
+            verdict, why = lowrank_reading(low, high, moved=moved)
+            readings.append(verdict)
+            interval = (f" [{100 * low:+.1f}, {100 * high:+.1f}]" if low is not None and high is not None
+                        and math.isfinite(low) and math.isfinite(high) else "")
+            parts.append(f"{c} {name}: {100 * value:+.1f} pts{interval} -> {verdict}")
+            notes.append(f"{c} {name}: {why}")
+            recorded = s.get(f"{d}_prediction_{c}")
+            if recorded is not None and recorded != (_LOWRANK_READING[verdict] if moved else "not judged"):
+                notes[-1] += f" (NOTE: 09 read {recorded!r})"
+    margin = s.get("map_lowrank_margin")
+    power = (f"95% interval of the paired difference (stats.compare, seeds paired, seeds x problems); registered "
+             f"margin +-{100 * LOWRANK_MARGIN:g} pts; rank {_fmt(rank)}")
+    if margin is not None and not math.isclose(float(margin), LOWRANK_MARGIN):
+        power += f"; NOTE: 09 recorded map_lowrank_margin {_fmt(margin)}, judged by the registered one"
+    if absent:
+        return Judgement(MISSING, f"not yet measured ({', '.join(absent)})", "",
+                         f"09_scale_study's summary lacks {', '.join(absent)}")
+    verdict = (DISAGREES if DISAGREES in readings else AGREES if all(r == AGREES for r in readings)
+               else INCONCLUSIVE)
+    lead = {AGREES: "every cell and arm agrees", DISAGREES: "a cell and arm does not agree (low rank changes that "
+            "arm's strict accuracy there by more than the margin)",
+            INCONCLUSIVE: "not every cell and arm agrees and none does not"}[verdict]
+    return Judgement(verdict, f"low-rank (r = {_fmt(rank)}) minus full-rank strict accuracy: " + "; ".join(parts),
+                     power, f"{lead}; " + "; ".join(notes))
+
+
+LOWRANK_CLAIMS: tuple[Claim, ...] = (
+    Claim("L4", OURS, "(ours) Low-rank noise does not change where ES works on 09's map: in each low-rank cell, for "
+          "ES and for CoPES, low-rank minus full-rank strict accuracy is within 5 points",
+          "registered, docs/lowrank_es.md L4", "09_scale_study", ("map_lowrank_cells", "map_lowrank_rank"),
+          _judge_lowrank),
+)
+OUR_CLAIMS = REGIME_PREDICTION_CLAIMS + MOLORA_PREDICTION_CLAIMS + MECHANISM_CLAIMS + LOWRANK_CLAIMS
 
 
 def _benchmark_claims() -> tuple[Claim, ...]:
@@ -1267,10 +1357,16 @@ def rules_markdown() -> str:
              "with one seed stays inconclusive.",
              f"- **ours**: rows {', '.join(c.claim_id for c in OUR_CLAIMS)} are our own predictions, each judged by "
              "the rule registered before its run (docs/regime.md#r4-predictions-ours-registered-before-the-run, "
-             "docs/molora_regime.md#m5-predictions, docs/mechanism.md#m2-predictions-and-rules); R1 is judged on any "
+             "docs/molora_regime.md#m5-predictions, docs/mechanism.md#m2-predictions-and-rules, "
+             "docs/lowrank_es.md#l4-low-rank-on-the-map); R1 is judged on any "
              f"latent-protocol base, R2-R8 follow the not-in-regime rule above, {', '.join(P_MOLORA_REGIME)} read "
              f"`{NOT_IN_REGIME}` where P3 fails (12's `{MOLORA_REGIME_KEY}: false`), the mechanism rows are not gated "
-             "(09 keeps the paper protocol). Where a registered rule reads only holds / fails, a failure whose "
+             "(09 keeps the paper protocol), and L4 is not gated either: its quantity is a paired contrast of two "
+             "arms on the same base and batches within one map cell (low rank minus full rank), its prediction is "
+             "about low rank, not about the papers' regime, and one of its cells (the skill-gap control) is outside "
+             "that regime by design, so 01's criterion would hide a reading it does not bear on; the case where the "
+             "contrast is empty (neither arm moved) is L4's own `not judged`, read `inconclusive`, never agreement. "
+             "Where a registered rule reads only holds / fails, a failure whose "
              "interval straddles the threshold reads `inconclusive` (the notebook's reading is in the reason).",
              "- **the collapsing router contrast** (12's `b3_collapsing` vs `r_collapsing`) is judged by its "
              "registered test, the 95% paired t-interval over seeds "

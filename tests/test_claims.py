@@ -720,3 +720,102 @@ def test_a_notebook_older_than_its_upstream_reads_stale(tmp_path):
     assert all("predate" in r["reason"] for r in rows if r["verdict"] == claims.STALE)
     assert by_id["A1"]["verdict"] == claims.MISSING
     assert claims.STALE not in {r["verdict"] for r in claims.judge_claims({"09_scale_study": s1})}
+
+
+# --------------------------------------------------------------------------- L4: low rank on 09's map
+L4_CELLS = ("latent_p0_1_n40", "skill_gap_n40")
+
+
+def _l4(intervals=None, moved=True, recorded=None, cells=L4_CELLS, drop=()):
+    """09's low-rank keys: intervals = {(cell, arm): (value, low, high)} (default +1 [-2, +3] pts everywhere);
+    moved = False: no arm moved anywhere; recorded = 09's own per-cell reading; drop = keys to leave out."""
+    s = {"map_lowrank_cells": list(cells), "map_lowrank_rank": 4, "map_lowrank_margin": 0.05}
+    for c in cells:
+        for low_arm, full, _ in claims.LOWRANK_PAIRS:
+            value, low, high = (intervals or {}).get((c, low_arm), (0.01, -0.02, 0.03))
+            d = f"map_{low_arm}_minus_{full}"
+            s.update({f"{d}_{c}": value, f"{d}_low_{c}": low, f"{d}_high_{c}": high,
+                      f"map_{low_arm}_update_norm_{c}": 1.0 if moved else 0.0,
+                      f"map_{full}_update_norm_{c}": 1.0 if moved else 0.0})
+            if recorded is not None:
+                s[f"{d}_prediction_{c}"] = recorded
+    return {"09_scale_study": {k: v for k, v in s.items() if k not in drop}}
+
+
+def test_l4_reads_the_registered_margin_rule_per_cell_and_arm():
+    agrees = _rows(_l4())["L4"]
+    assert agrees["verdict"] == claims.AGREES and agrees["paper"] == claims.OURS
+    assert agrees["ours"].count("-> agrees") == 4 and "skill_gap_n40 CoPES: +1.0 pts [-2.0, +3.0]" in agrees["ours"]
+    assert "inside +-5 pts" in agrees["reason"] and agrees["notebook"] == "09_scale_study"
+    # inside the margin even though it excludes 0: agrees (the rule asks "no practical change")
+    assert _rows(_l4({("skill_gap_n40", "es_lowrank"): (0.02, 0.01, 0.04)}))["L4"]["verdict"] == claims.AGREES
+    # one cell and arm excludes 0 outside the margin: does not, whatever the others read
+    for bad in ((0.05, 0.02, 0.08), (-0.10, -0.20, -0.06), (-0.04, -0.07, -0.01)):
+        row = _rows(_l4({("skill_gap_n40", "copes_lowrank"): bad}))["L4"]
+        assert row["verdict"] == claims.DISAGREES, bad
+        assert "skill_gap_n40 CoPES: excludes 0, not inside +-5 pts" in row["reason"]
+    # holds 0 but wider than the margin: inconclusive; so is a cell without an interval
+    wide = _rows(_l4({("latent_p0_1_n40", "es_lowrank"): (0.0, -0.08, 0.08)}))["L4"]
+    assert wide["verdict"] == claims.INCONCLUSIVE and "holds 0 but is wider than +-5 pts" in wide["reason"]
+    none = _rows(_l4({("latent_p0_1_n40", "es_lowrank"): (0.0, None, None)}))["L4"]
+    assert none["verdict"] == claims.INCONCLUSIVE and "no interval" in none["reason"]
+    # a "does not" outranks an inconclusive elsewhere (the registered overall row)
+    mixed = _l4({("latent_p0_1_n40", "es_lowrank"): (0.0, -0.08, 0.08), ("skill_gap_n40", "es_lowrank"): (0.1, 0.06, 0.14)})
+    assert _rows(mixed)["L4"]["verdict"] == claims.DISAGREES
+
+
+def test_l4_not_judged_never_agrees():
+    # neither arm moved: the difference is 0 by construction, an interval inside the margin is no evidence
+    row = _rows(_l4({c: (0.0, 0.0, 0.0) for c in [(cell, a) for cell in L4_CELLS for a, _, _ in claims.LOWRANK_PAIRS]},
+                    moved=False, recorded="not judged"))["L4"]
+    assert row["verdict"] == claims.INCONCLUSIVE and "not judged" in row["reason"] and "NOTE" not in row["reason"]
+    # one not-judged cell among agreeing ones keeps the overall row from agreeing
+    one = _l4()
+    one["09_scale_study"].update({"map_es_lowrank_update_norm_skill_gap_n40": 0.0, "map_es_update_norm_skill_gap_n40": 0.0})
+    row = _rows(one)["L4"]
+    assert row["verdict"] == claims.INCONCLUSIVE and "skill_gap_n40 ES: not judged" in row["reason"]
+    # one arm moved: judged as usual
+    one["09_scale_study"]["map_es_update_norm_skill_gap_n40"] = 0.3
+    assert _rows(one)["L4"]["verdict"] == claims.AGREES
+
+
+def test_l4_missing_and_09s_own_reading():
+    assert _rows({})["L4"]["verdict"] == claims.MISSING
+    partial = _rows(_l4(drop=("map_copes_lowrank_minus_copes_high_skill_gap_n40",)))["L4"]
+    assert partial["verdict"] == claims.MISSING and "map_copes_lowrank_minus_copes_high_skill_gap_n40" in partial["reason"]
+    assert _rows(_l4(drop=("map_es_update_norm_latent_p0_1_n40",)))["L4"]["verdict"] == claims.MISSING
+    no_arms = _rows(_l4(cells=()))["L4"]
+    assert no_arms["verdict"] == claims.MISSING and "ran no low-rank arms" in no_arms["reason"]
+    # 09's own reading is shown where it differs from the rule's (it should not)
+    assert "NOTE" not in _rows(_l4(recorded="agrees"))["L4"]["reason"]
+    assert "NOTE: 09 read 'does not agree'" in _rows(_l4(recorded="does not agree"))["L4"]["reason"]
+    # judged by the registered margin, not by a changed one 09 recorded
+    changed = _l4({("skill_gap_n40", "es_lowrank"): (0.05, 0.02, 0.08)})
+    changed["09_scale_study"]["map_lowrank_margin"] = 0.1
+    row = _rows(changed)["L4"]
+    assert row["verdict"] == claims.DISAGREES and "map_lowrank_margin 0.1" in row["power"]
+
+
+def test_l4_is_not_gated_by_01s_regime_and_the_committed_cpu_summary_reads_missing():
+    gated = _l4()
+    gated["01_substrate_and_agent"] = {"regime_criterion_met": False}
+    assert _rows(gated)["L4"]["verdict"] == claims.AGREES
+    assert "L4 is not gated" in claims.rules_markdown() and "L4" not in claims.REGIME_CLAIMS
+    committed = claims.load_summaries("cpu")["09_scale_study"]
+    row = _rows({"09_scale_study": committed})["L4"]
+    if "map_lowrank_cells" not in committed:  # the cpu run committed before the low-rank arms existed
+        assert row["verdict"] == claims.MISSING and "map_lowrank_cells" in row["reason"]
+    else:  # a cpu run with them is judged, never read as agreement without its keys
+        assert row["verdict"] in (claims.AGREES, claims.DISAGREES, claims.INCONCLUSIVE, claims.MISSING)
+
+
+def test_l4_rule_and_margin_are_09s():
+    from copes_lib.protocols import scale_study
+
+    assert claims.LOWRANK_MARGIN == scale_study.LOWRANK_MARGIN
+    assert {a: b for a, b, _ in claims.LOWRANK_PAIRS} == scale_study.MAP_LOWRANK_ARMS
+    words = {claims.AGREES: "agrees", claims.DISAGREES: "does not agree", claims.INCONCLUSIVE: "inconclusive"}
+    grid = [-0.2, -0.06, -0.05, -0.049, -0.01, 0.0, 0.01, 0.049, 0.05, 0.06, 0.2]
+    for low in grid:
+        for high in [h for h in grid if h >= low]:
+            assert words[claims.lowrank_reading(low, high, moved=True)[0]] == scale_study.lowrank_prediction(low, high)

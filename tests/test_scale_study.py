@@ -527,3 +527,37 @@ def test_lowrank_map_arm_learns_on_a_linear_model():
         grad = truth.gradient(torch.nn.Linear(8, 8, bias=False))
         cos.append(float(torch.nn.functional.cosine_similarity(u, grad, dim=0)))
     assert np.mean(cos) > 0.3, cos
+
+
+def test_the_claims_table_reads_l4_from_what_map_summary_writes():
+    from copes_lib import claims
+
+    rng = np.random.default_rng(2)
+    p = map_params(MAP_LOWRANK_RANK=4)
+    bases = {("latent", 0.0): synthetic_map_base(rng, "latent", 0.0, es_strict=0.1),
+             ("latent", 0.1): synthetic_map_base(rng, "latent", 0.1, es_strict=0.3),
+             ("latent", 0.3): synthetic_map_base(rng, "latent", 0.3, es_strict=0.45),
+             ("skill_gap", None): synthetic_map_base(rng, "skill_gap", None, es_strict=0.1)}
+    for key in (("latent", 0.1), ("skill_gap", None)):
+        cell = bases[key]["cells"][40]
+        cell["es_lowrank"] = [dict(r) for r in cell["es"]]
+        cell["copes_lowrank"] = [dict(r) for r in cell["copes"]]
+
+    def l4():
+        s = ss.map_summary(p, bases)
+        return s, next(r for r in claims.judge_claims({"09_scale_study": s}) if r["claim"] == "L4")
+
+    s, row = l4()  # low rank identical to full rank everywhere: every reading agrees, as 09 reads it
+    assert s["map_lowrank_prediction"] == "agrees" and row["verdict"] == claims.AGREES and "NOTE" not in row["reason"]
+    bases[("skill_gap", None)]["cells"][40]["copes_lowrank"] = [
+        {**r, "strict": [0.0] * len(r["strict"])} for r in bases[("skill_gap", None)]["cells"][40]["copes"]]
+    s, row = l4()  # low-rank CoPES lost the gain in one cell
+    assert s["map_lowrank_prediction"] == "does not agree" and row["verdict"] == claims.DISAGREES
+    assert "skill_gap_n40 CoPES: excludes 0" in row["reason"] and "NOTE" not in row["reason"]
+    for r in (*bases[("latent", 0.1)]["cells"][40]["es"], *bases[("latent", 0.1)]["cells"][40]["es_lowrank"]):
+        r["mean_update_norm"] = 0.0
+    bases[("skill_gap", None)]["cells"][40]["copes_lowrank"] = [dict(r) for r in bases[("skill_gap", None)]["cells"][40]["copes"]]
+    s, row = l4()  # neither ES arm moved in the headline cell: 09 says not judged, the claim never agrees
+    assert s["map_es_lowrank_minus_es_prediction_latent_p0_1_n40"] == "not judged"
+    assert s["map_lowrank_prediction"] == "inconclusive" and row["verdict"] == claims.INCONCLUSIVE
+    assert "latent_p0_1_n40 ES: not judged" in row["reason"] and "NOTE" not in row["reason"]
