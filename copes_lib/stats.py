@@ -451,6 +451,9 @@ def power_note(a: Any, b: Any, *, n_seeds: int | None = None, n_problems: int | 
     model = seed_problem_model(a_arr, b_arr)
     now = minimum_detectable_effect(model.se, model.df, alpha=alpha, power=power)
     total = sum(model.components.values())
+    if total <= 0 and not np.any(a_arr - b_arr):
+        return (f"power: undefined: with {s} seeds x {p} problems the two arms' per-problem scores are identical "
+                "(no variance), so the noise and the smallest detectable difference cannot be estimated")
     share = model.components["seed"] / total if total > 0 else math.nan
     text = (f"power: with {s} seeds x {p} problems the smallest difference detectable at {power:.0%} power "
             f"(alpha {alpha}) is {now * scale:.3g}{unit}; seeds carry {share:.0%} of the variance")

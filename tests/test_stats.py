@@ -186,3 +186,13 @@ def test_two_seeds_with_equal_means_do_not_claim_certainty():
 def test_scores_without_any_variation_decide_nothing():
     c = stats.compare(np.ones((3, 4)), np.zeros((3, 4)), name="constant", margin=0.5)
     assert c.verdict == stats.INCONCLUSIVE
+
+
+def test_power_is_undefined_not_zero_when_the_arms_do_not_vary():
+    same = np.zeros((5, 64))
+    same[:, :5] = 1.0  # every seed solves the same 5 problems, in both arms
+    note = stats.power_note(same, same.copy(), n_seeds=10, scale=100, unit=" points")
+    assert note.startswith("power: undefined") and "0 points" not in note
+    other = same.copy()
+    other[0, 10] = 1.0
+    assert "smallest difference detectable" in stats.power_note(other, same)
