@@ -482,7 +482,8 @@ def gain_recovery_interval(scores: ScoreSet, method: str, *, base: str = "base",
     the method's, and the reference's when it ran several seeds). An arm with one seed contributes no
     seed noise, and the note says so (the interval is then a lower bound on the true spread). Where a
     replicate's reference gain is <= 0 the ratio is undefined; when more than the interval's tail of
-    replicates are, the interval is unbounded (nan)."""
+    replicates are, the interval is unbounded (nan). Where the reference's own gain is <= 0 the estimate
+    is nan too (a ratio of two losses is not a recovery), with a note saying so."""
     if not 0 < level < 1:
         raise ValueError(f"level must be in (0, 1), got {level}")
     arms = {name: _as_scores(scores.arms[name], name) for name in (method, base, reference)}
@@ -496,7 +497,7 @@ def gain_recovery_interval(scores: ScoreSet, method: str, *, base: str = "base",
         means[name] = np.einsum("bs,sp,bp->b", w_seed, x, w_prob) / (s * p)
     gain = means[reference] - means[base]
     point_gain = float(arms[reference].mean() - arms[base].mean())
-    estimate = float((arms[method].mean() - arms[base].mean()) / point_gain) if point_gain != 0 else math.nan
+    estimate = float((arms[method].mean() - arms[base].mean()) / point_gain) if point_gain > 0 else math.nan
     tail = (1 - level) / 2
     ok = gain > 0
     if np.mean(~ok) > tail or point_gain <= 0:
@@ -506,6 +507,8 @@ def gain_recovery_interval(scores: ScoreSet, method: str, *, base: str = "base",
         low, high = (float(v) for v in np.quantile(ratio, [tail, 1 - tail]))
     one_seed = [name for name, x in arms.items() if x.shape[0] == 1 and name != base]
     note = "interval over problems and seeds"
+    if point_gain <= 0:
+        note = f"undefined: the reference's gain over the base is {point_gain:+.3g} (not above 0)"
     if one_seed:
         note += f"; {', '.join(one_seed)} ran 1 seed: its seed noise is not measured, the interval is a lower bound"
     return GainRecovery(estimate, low, high, note)

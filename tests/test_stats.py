@@ -196,3 +196,13 @@ def test_power_is_undefined_not_zero_when_the_arms_do_not_vary():
     other = same.copy()
     other[0, 10] = 1.0
     assert "smallest difference detectable" in stats.power_note(other, same)
+
+
+def test_gain_recovery_is_undefined_when_the_reference_lost():
+    base = np.full((1, 40), 0.5)
+    reference = np.full((2, 40), 0.4)  # the reference lost 10 points
+    method = np.full((3, 40), 0.45)  # lost 5: no "50% recovery"
+    rec = stats.gain_recovery_interval(stats.ScoreSet("x", {"m": method, "base": base, "ref": reference},
+                                                      {"m": (0, 1, 2), "base": (0,), "ref": (0, 1)}),
+                                       "m", base="base", reference="ref")
+    assert math.isnan(rec.estimate) and math.isnan(rec.low) and rec.note.startswith("undefined")
