@@ -480,9 +480,10 @@ def test_lowrank_reading_follows_the_registered_rule():
     assert ss.lowrank_prediction(None, 0.01) == "inconclusive"
 
 
-def test_lowrank_summary_keys_follow_the_scores(tmp_path):
-    rng = np.random.default_rng(1)
-    p = map_params(MAP_LOWRANK_RANK=4)
+def lowrank_bases(seed: int, copes_lowrank_lost: bool) -> dict:
+    """Four synthetic map bases whose two low-rank cells copy the full-rank arms (CoPES's optionally losing
+    every strict point)."""
+    rng = np.random.default_rng(seed)
     bases = {("latent", 0.0): synthetic_map_base(rng, "latent", 0.0, es_strict=0.1),
              ("latent", 0.1): synthetic_map_base(rng, "latent", 0.1, es_strict=0.3),
              ("latent", 0.3): synthetic_map_base(rng, "latent", 0.3, es_strict=0.45),
@@ -490,7 +491,14 @@ def test_lowrank_summary_keys_follow_the_scores(tmp_path):
     for key in (("latent", 0.1), ("skill_gap", None)):
         cell = bases[key]["cells"][40]
         cell["es_lowrank"] = [dict(r) for r in cell["es"]]  # identical to full rank: difference 0, no spread
-        cell["copes_lowrank"] = [{**r, "strict": [0.0] * len(r["strict"])} for r in cell["copes"]]  # lost the gain
+        cell["copes_lowrank"] = [{**r, "strict": [0.0] * len(r["strict"])} if copes_lowrank_lost else dict(r)
+                                 for r in cell["copes"]]
+    return bases
+
+
+def test_lowrank_summary_keys_follow_the_scores(tmp_path):
+    p = map_params(MAP_LOWRANK_RANK=4)
+    bases = lowrank_bases(1, copes_lowrank_lost=True)
     s = ss.map_summary(p, bases)
     for c in ("latent_p0_1_n40", "skill_gap_n40"):
         assert s[f"map_es_lowrank_minus_es_{c}"] == 0 and s[f"map_es_lowrank_minus_es_prediction_{c}"] == "agrees"
@@ -532,16 +540,8 @@ def test_lowrank_map_arm_learns_on_a_linear_model():
 def test_the_claims_table_reads_l4_from_what_map_summary_writes():
     from copes_lib import claims
 
-    rng = np.random.default_rng(2)
     p = map_params(MAP_LOWRANK_RANK=4)
-    bases = {("latent", 0.0): synthetic_map_base(rng, "latent", 0.0, es_strict=0.1),
-             ("latent", 0.1): synthetic_map_base(rng, "latent", 0.1, es_strict=0.3),
-             ("latent", 0.3): synthetic_map_base(rng, "latent", 0.3, es_strict=0.45),
-             ("skill_gap", None): synthetic_map_base(rng, "skill_gap", None, es_strict=0.1)}
-    for key in (("latent", 0.1), ("skill_gap", None)):
-        cell = bases[key]["cells"][40]
-        cell["es_lowrank"] = [dict(r) for r in cell["es"]]
-        cell["copes_lowrank"] = [dict(r) for r in cell["copes"]]
+    bases = lowrank_bases(2, copes_lowrank_lost=False)
 
     def l4():
         s = ss.map_summary(p, bases)
