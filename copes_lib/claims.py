@@ -1047,32 +1047,30 @@ MECHANISM_CLAIMS: tuple[Claim, ...] = (
 )
 
 # ---- low rank on the map (notebook 09): L4, docs/lowrank_es.md#l4-low-rank-on-the-map
-# The registered margin (strict accuracy); scale_study.LOWRANK_MARGIN is the copy 09 reads by (a test keeps
-# them equal). Set in docs before the run, never from a measurement.
-LOWRANK_MARGIN = 0.05
+# The registered margin and rule: regime.LOWRANK_MARGIN / regime.lowrank_reading (09 reads by the same)
+LOWRANK_MARGIN = regime.LOWRANK_MARGIN
 # low-rank arm -> its full-rank arm, with the name the reason gives them (scale_study.MAP_LOWRANK_ARMS)
 LOWRANK_PAIRS = (("es_lowrank", "es", "ES"), ("copes_lowrank", "copes", "CoPES"))
-# a verdict in 09's own words for its per-cell reading (scale_study.lowrank_prediction; "not judged" apart)
+# a verdict in 09's own words for its per-cell reading (regime.lowrank_reading; "not judged" apart)
 _LOWRANK_READING = {AGREES: "agrees", DISAGREES: "does not agree", INCONCLUSIVE: "inconclusive"}
 
 
 def lowrank_reading(low: float | None, high: float | None, moved: bool,
                     margin: float = LOWRANK_MARGIN) -> tuple[str, str]:
-    """(verdict, why) of one cell and arm by L4's registered rule, on the 95% interval [low, high] of
-    low-rank minus full-rank strict accuracy (seeds paired): ``not judged`` where neither arm moved
-    (read inconclusive: both returned the base, the difference is 0 by construction), agrees if the
-    interval lies inside (-margin, +margin), does not if it excludes 0 (and is not inside the margin),
-    inconclusive otherwise (it holds 0 but is wider than the margin) or without an interval."""
+    """(verdict, why) of one cell and arm by L4's registered rule (:func:`regime.lowrank_reading`):
+    ``not judged`` where neither arm moved (read inconclusive: both returned the base, the difference is
+    0 by construction), else the rule's reading with its reason."""
     if not moved:
         return INCONCLUSIVE, ("not judged: neither arm made an update (mean update norm 0 over every seed), so "
                               "both returned the base and the difference is 0 by construction")
+    reading = regime.lowrank_reading(low, high, margin)
+    m = f"{100 * margin:g} pts"
+    if reading == "agrees":
+        return AGREES, f"inside +-{m}"
+    if reading == "does not agree":
+        return DISAGREES, f"excludes 0, not inside +-{m}"
     if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)):
         return INCONCLUSIVE, "no interval"
-    m = f"{100 * margin:g} pts"
-    if -margin < low and high < margin:
-        return AGREES, f"inside +-{m}"
-    if low > 0 or high < 0:
-        return DISAGREES, f"excludes 0, not inside +-{m}"
     return INCONCLUSIVE, f"holds 0 but is wider than +-{m}"
 
 

@@ -46,6 +46,7 @@ from copes_lib import es as es_engine
 from copes_lib import grpo as grpo_engine
 from copes_lib.es_backends import make_backend
 from copes_lib.es_objective import QuadraticObjective
+from copes_lib.sampling import mix_seed
 
 
 # --------------------------------------------------------------------------- vectors
@@ -156,7 +157,7 @@ def population_estimates(model: nn.Module, objective: Any, arm: Arm, *, step: in
     """``populations`` independent update estimates of ``arm`` at ``step`` (noise seeds seed, seed+1, ...)."""
     out = []
     for j in range(populations):
-        config = dataclasses.replace(arm.config, seed=es_engine.mix_seed(seed, j, 0xA6EE))
+        config = dataclasses.replace(arm.config, seed=mix_seed(seed, j, 0xA6EE))
         vector, rewards = es_update_vector(model, objective, config, step)
         out.append({"vector": vector, "reward_std": float(np.std(rewards)), "norm": float(vector.norm())})
     return out

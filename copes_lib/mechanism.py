@@ -248,6 +248,27 @@ def flat_gradient(model: nn.Module, loss_fn: Callable[[nn.Module], torch.Tensor]
                       for g, p in zip(grads, params)])
 
 
+def _central_difference(model: nn.Module, v: torch.Tensor, eps: float,
+                        evaluate: Callable[[nn.Module], torch.Tensor]) -> torch.Tensor:
+    """(f(theta + h v) - f(theta - h v)) / 2h with f = ``evaluate``, h = eps / |v|; theta is restored
+    exactly (from a copy) afterwards, whatever ``evaluate`` raises."""
+    params = list(model.parameters())
+    h = eps / float(v.norm())
+    backup = [p.detach().clone() for p in params]
+    values = []
+    try:
+        for sign in (1.0, -1.0):
+            with torch.no_grad():
+                for p, b, part in zip(params, backup, _split(model, v.to(params[0].device))):
+                    p.copy_(b + (sign * h) * part.to(p.dtype))
+            values.append(evaluate(model))
+    finally:
+        with torch.no_grad():
+            for p, b in zip(params, backup):
+                p.copy_(b)
+    return (values[0] - values[1]) / (2 * h)
+
+
 def finite_difference_hvp(model: nn.Module, loss_fn: Callable[[nn.Module], torch.Tensor],
                           eps: float = 1e-3) -> Callable[[torch.Tensor], torch.Tensor]:
     """v -> H v, H the Hessian of ``loss_fn`` at the model's current theta, by central differences of
@@ -255,23 +276,9 @@ def finite_difference_hvp(model: nn.Module, loss_fn: Callable[[nn.Module], torch
     Exact for a quadratic up to rounding; theta is restored exactly after every product."""
     if not eps > 0:
         raise ConfigError(f"eps = {eps}: the finite-difference step must be positive")
-    params = list(model.parameters())
 
     def hvp(v: torch.Tensor) -> torch.Tensor:
-        h = eps / float(v.norm())
-        backup = [p.detach().clone() for p in params]
-        grads = []
-        try:
-            for sign in (1.0, -1.0):
-                with torch.no_grad():
-                    for p, b, part in zip(params, backup, _split(model, v.to(params[0].device))):
-                        p.copy_(b + (sign * h) * part.to(p.dtype))
-                grads.append(flat_gradient(model, loss_fn))
-        finally:
-            with torch.no_grad():
-                for p, b in zip(params, backup):
-                    p.copy_(b)
-        return (grads[0] - grads[1]) / (2 * h)
+        return _central_difference(model, v, eps, lambda m: flat_gradient(m, loss_fn))
 
     return hvp
 
@@ -287,24 +294,13 @@ def softmax_ggn_vp(model: nn.Module, logits_fn: Callable[[nn.Module], tuple[torc
     difference of logits along v (two forwards, step length ``eps``); J^T u one backward at theta."""
     if not eps > 0:
         raise ConfigError(f"eps = {eps}: the finite-difference step must be positive")
-    params = list(model.parameters())
+
+    def logits_at(m: nn.Module) -> torch.Tensor:
+        with torch.no_grad():
+            return logits_fn(m)[0].float()
 
     def gvp(v: torch.Tensor) -> torch.Tensor:
-        h = eps / float(v.norm())
-        backup = [p.detach().clone() for p in params]
-        outs = []
-        try:
-            for sign in (1.0, -1.0):
-                with torch.no_grad():
-                    for p, b, part in zip(params, backup, _split(model, v.to(params[0].device))):
-                        p.copy_(b + (sign * h) * part.to(p.dtype))
-                    outs.append(logits_fn(model)[0].float())
-        finally:
-            with torch.no_grad():
-                for p, b in zip(params, backup):
-                    p.copy_(b)
-        jv = (outs[0] - outs[1]) / (2 * h)
-        del outs
+        jv = _central_difference(model, v, eps, logits_at)
 
         def loss_fn(m):
             z, w = logits_fn(m)

@@ -123,3 +123,24 @@ def judge_r1(strict_math_accuracy: float, latent_base: bool, prior: str = "homog
 
 
 __all__ = ["measure_regime", "sampled_protocol", "paper_analogue", "Prediction", "PREDICTIONS", "judge_r1"]
+
+
+# ---- L4, low rank on 09's map (docs/lowrank_es.md#l4-low-rank-on-the-map): set in docs before the run
+LOWRANK_MARGIN = 0.05  # strict accuracy: |low-rank - full-rank| inside this is "no change"
+
+
+def lowrank_reading(low: float | None, high: float | None, margin: float = LOWRANK_MARGIN) -> str:
+    """L4's rule for one cell and arm, on the 95% interval [low, high] of low-rank minus full-rank strict
+    accuracy (seeds paired): ``agrees`` (low rank changes nothing) if it lies inside (-margin, margin),
+    ``does not agree`` if it excludes 0, else ``inconclusive`` (also without a finite interval). Notebook
+    09 and the claims layer both read by it."""
+    import math
+
+    if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)):
+        return "inconclusive"
+    if -margin < low and high < margin:
+        return "agrees"
+    if low > 0 or high < 0:
+        return "does not agree"
+    return "inconclusive"
+

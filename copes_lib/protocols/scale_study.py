@@ -52,6 +52,8 @@ import numpy as np
 
 from copes_lib.config import ConfigError, NotebookParams, param
 from copes_lib.es_objective import AgentObjective
+from copes_lib.regime import LOWRANK_MARGIN
+from copes_lib.regime import lowrank_reading as lowrank_prediction
 
 NOTEBOOK = "09_scale_study"
 MAP_REGIMES = ("latent", "skill_gap")
@@ -855,8 +857,8 @@ MAP_ARMS = ("es", "copes", "es_shuffled", "es_sqrtk")  # the arms of every map c
 # the low-rank arms (docs/lowrank_es.md#l4-low-rank-on-the-map), in MAP_LOWRANK_CELLS only, each paired with
 # its full-rank arm (same seeds, same prompt batches): low-rank ES, low-rank CoPES (ES's sigma and alpha)
 MAP_LOWRANK_ARMS = {"es_lowrank": "es", "copes_lowrank": "copes"}
-# docs/lowrank_es.md#l4-low-rank-on-the-map: |low-rank - full-rank| below this (strict accuracy) is "no change"
-LOWRANK_MARGIN = 0.05
+# docs/lowrank_es.md#l4-low-rank-on-the-map: the registered rule and margin (regime.LOWRANK_MARGIN,
+# regime.lowrank_reading, imported above as lowrank_prediction) live with the other registered predictions
 
 
 class ShuffledFitness:
@@ -1187,19 +1189,6 @@ def map_cell_summary(base_run: dict[str, Any], n: int) -> dict[str, Any]:
             s[f"{a}_minus_{b}_prediction"] = (lowrank_prediction(_finite(c.low), _finite(c.high)) if moved
                                               else "not judged")  # both returned the base: 0 by construction
     return s
-
-
-def lowrank_prediction(low: float | None, high: float | None, margin: float = LOWRANK_MARGIN) -> str:
-    """docs/lowrank_es.md#l4-low-rank-on-the-map, per cell and arm, on the 95% interval of low-rank minus
-    full-rank strict accuracy (seeds paired): ``agrees`` (low rank changes nothing) if it lies inside
-    (-margin, margin), ``does not agree`` if it excludes 0, else ``inconclusive`` (also without an interval)."""
-    if low is None or high is None:
-        return "inconclusive"
-    if -margin < low and high < margin:
-        return "agrees"
-    if low > 0 or high < 0:
-        return "does not agree"
-    return "inconclusive"
 
 
 def map_summary(params: ScaleStudyParams, bases: dict[tuple[str, float | None], dict[str, Any]]) -> dict[str, Any]:
