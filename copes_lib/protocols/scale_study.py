@@ -166,16 +166,20 @@ class ScaleStudyParams(NotebookParams):
         """(regime, p, N) of the cells with low-rank arms (none when ``MAP_LOWRANK_RANK`` is 0 or there is no map)."""
         if not self.MAP_SIZE or not self.MAP_LOWRANK_RANK:
             return []
-        where = {"headline": ("latent", self.MAP_HEADLINE_P), "skill_gap": ("skill_gap", None), "p0": ("latent", 0.0)}
+        where = self.lowrank_cell_bases()
         names = [s.strip() for s in self.MAP_LOWRANK_CELLS.split(",") if s.strip()]
         return [(*where[name], self.MAP_HEADLINE_N) for name in names if name in where]
+
+    def lowrank_cell_bases(self) -> dict[str, tuple[str, float | None]]:
+        """MAP_LOWRANK_CELLS' names -> the (regime, p) of the base they name."""
+        return {"headline": ("latent", self.MAP_HEADLINE_P), "skill_gap": ("skill_gap", None), "p0": ("latent", 0.0)}
 
     def check_lowrank(self) -> None:
         """The low-rank arms' parameters (docs/lowrank_es.md#l4-low-rank-on-the-map): clear errors naming them."""
         from copes_lib.substrate import MODEL_SIZES
 
         names = [s.strip() for s in self.MAP_LOWRANK_CELLS.split(",") if s.strip()]
-        valid = {"headline": "latent", "skill_gap": "skill_gap", "p0": "latent"}
+        valid = {name: regime for name, (regime, _) in self.lowrank_cell_bases().items()}
         bad = [n for n in names if n not in valid]
         if bad or len(set(names)) != len(names):
             raise ConfigError(f"MAP_LOWRANK_CELLS = {self.MAP_LOWRANK_CELLS!r}: valid values are {list(valid)}, each "
