@@ -48,8 +48,11 @@ PROTOCOLS = ("paper", "latent")
 #: How the latent prior's paper-protocol traces are assigned (docs/regime.md#r3-the-latent-protocol-warm-start):
 #: homogeneous (a random fraction p of tasks, so greedy decoding takes the majority form everywhere) or cued
 #: (the tasks whose cue, a feature of the question the model reads, falls in a seeded set of cue values
-#: covering about p of the training tasks: greedy decoding then earns the reward on about p of the problems).
-PRIORS = ("homogeneous", "cued")
+#: covering about p of the training tasks: greedy decoding then earns the reward on about p of the problems), or
+#: graded (each cue value gets its own rate g, evenly spaced over [graded_low, graded_high], and each task keeps the
+#: paper's protocol with probability g(its cue): the protocol is stochastic per sample and graded across prompts, as
+#: a pretrained model's is; docs/preflight.md#p2-the-graded-base-the-new-headline-base-design).
+PRIORS = ("homogeneous", "cued", "graded")
 #: The latent answer form: the final turn states the answer in plain text and ends the trajectory.
 LATENT_ANSWER = "Answer: {answer}"
 #: Converged: the best lenient score of the curve's last quarter beats the best before it by <= this.
@@ -102,12 +105,25 @@ class WarmStartConfig(Config):
     latent_p: float = param(0.1, "latent protocol: fraction of training traces in the reward's answer protocol, "
                             "in [0, 1)", ge=0.0, lt=1.0)
     latent_prior: str = param("homogeneous", "latent protocol: how the paper-protocol traces are assigned: "
-                              "homogeneous (a random fraction latent_p of tasks) or cued (every task whose cue, the "
+                              "homogeneous (a random fraction latent_p of tasks), cued (every task whose cue, the "
                               "first letter of the question's subject name, is in a seeded set of letters covering "
-                              "about latent_p of the tasks)", choices=PRIORS)
+                              "about latent_p of the tasks) or graded (each cue value its own rate, evenly spaced "
+                              "over [graded_low, graded_high]; latent_p is then unused)", choices=PRIORS)
+    graded_low: float = param(0.02, "graded prior: the lowest cue value's rate of paper-protocol traces, in [0, 1)",
+                              ge=0.0, lt=1.0)
+    graded_high: float = param(0.70, "graded prior: the highest cue value's rate, in (graded_low, 1)", gt=0.0, lt=1.0)
+    lr_decay: float = param(0.0, "fraction of the last warm-start steps over which the learning rate decays "
+                            "linearly to 0 (0: constant after the warmup; the graded base uses 0.25: "
+                            "docs/preflight.md#p2-the-graded-base-the-new-headline-base-design)", ge=0.0, le=1.0)
     latent_math_steps: int = param(1000, "latent protocol: math warm-start steps, trained exactly (no stopping rule)",
                                    ge=1)
     latent_qa_steps: int = param(1000, "latent protocol: QA warm-start steps, trained exactly (no stopping rule)", ge=1)
+
+    def check(self) -> None:
+        if self.graded_low >= self.graded_high:
+            raise ConfigError(f"graded_low = {self.graded_low} must be < graded_high = {self.graded_high}; valid: "
+                              "0 <= graded_low < graded_high < 1 (docs/preflight.md#p2-the-graded-base-the-new-"
+                              "headline-base-design)")
 
 
 # --------------------------------------------------------------------------- tokenizer
@@ -265,6 +281,11 @@ def _warm_config(config: WarmStartConfig, kind: str, seed: int) -> dict:
         latent = {"protocol": "latent", "latent_p": config.latent_p}
         if config.latent_prior != "homogeneous":  # the homogeneous prior keeps its earlier key
             latent["latent_prior"] = config.latent_prior
+        if config.latent_prior == "graded":
+            latent.update(graded_low=config.graded_low, graded_high=config.graded_high)
+            latent.pop("latent_p")  # unused by the graded prior
+    if config.lr_decay:  # earlier bases (constant rate) keep their keys
+        latent["lr_decay"] = config.lr_decay
     return {"kind": kind, "seed": seed, "size": config.model_size, "vocab_size": config.vocab_size,
             "max_context": config.max_context, "steps": steps, "target": target, "threads": threads.N_FIXED,
             "batch": config.batch, "lr": config.lr, "warmup": config.warmup, "eval_every": config.eval_every,
@@ -322,13 +343,45 @@ def cued_values(tasks: list, p: float, seed: int) -> set[str]:
     return best if p > 0 else set()
 
 
-def latent_trace_mix(tasks: list, p: float, seed: int, prior: str = "homogeneous") -> tuple[list, int]:
-    """(tasks with their traces in the latent mix, number kept in the paper's protocol). Homogeneous:
-    exactly round(p x len(tasks)) tasks, drawn with a generator seeded by ``seed``, keep the paper's
-    answer protocol; cued: the tasks whose :func:`prior_cue` is in :func:`cued_values` do. The others
-    get :func:`latent_reference`. Order unchanged."""
+def graded_rates(tasks: list, low: float, high: float, seed: int) -> dict[str, float]:
+    """The graded prior's rate per cue value: the cues of ``tasks`` in a seeded random order get rates
+    evenly spaced over [low, high] (one cue value: ``low``).
+
+    >>> from copes_lib.tasks.protocol import Task
+    >>> tasks = [Task(str(i), "math", f"{n} has 3 eggs.", ("3",), 1) for i, n in enumerate(["Ada", "Bo", "Cy"])]
+    >>> sorted(graded_rates(tasks, 0.1, 0.5, seed=0).values())
+    [0.1, 0.3, 0.5]
+    """
     import random
 
+    if not 0.0 <= low < high < 1.0:
+        raise ConfigError(f"graded rates [{low}, {high}] are not valid; valid: 0 <= graded_low < graded_high < 1 "
+                          "(WARM_GRADED_LOW, WARM_GRADED_HIGH)")
+    cues = sorted({prior_cue(t) for t in tasks} - {""})
+    if not cues:
+        raise ConfigError("the graded prior needs tasks with a cue (the first letter of the question's subject); "
+                          f"none of the {len(tasks)} tasks has one")
+    random.Random(f"graded-cue-{seed}").shuffle(cues)
+    step = (high - low) / (len(cues) - 1) if len(cues) > 1 else 0.0
+    return {cue: round(low + i * step, 6) for i, cue in enumerate(cues)}
+
+
+def latent_trace_mix(tasks: list, p: float, seed: int, prior: str = "homogeneous",
+                     graded: tuple[float, float] = (0.02, 0.70)) -> tuple[list, int]:
+    """(tasks with their traces in the latent mix, number kept in the paper's protocol). Homogeneous:
+    exactly round(p x len(tasks)) tasks, drawn with a generator seeded by ``seed``, keep the paper's
+    answer protocol; cued: the tasks whose :func:`prior_cue` is in :func:`cued_values` do; graded: each
+    task does with probability g(its cue) (:func:`graded_rates` over ``graded`` = (low, high); one
+    seeded draw per task, ``p`` unused). The others get :func:`latent_reference`. Order unchanged."""
+    import random
+
+    if prior == "graded":
+        rates = graded_rates(tasks, *graded, seed)
+        draw = random.Random(f"graded-protocol-{seed}")
+        keep = {i for i, t in enumerate(tasks) if draw.random() < rates.get(prior_cue(t), 0.0)}
+        mixed = [t if i in keep else dataclasses.replace(t, reference=latent_reference(t.reference))
+                 for i, t in enumerate(tasks)]
+        return mixed, len(keep)
     if not 0.0 <= p < 1.0:
         raise ConfigError(f"latent_p = {p!r} is out of range; it must be in [0, 1) (docs/regime.md"
                           "#r3-the-latent-protocol-warm-start)")
@@ -377,12 +430,14 @@ def warm_rollout_config(config: WarmStartConfig):
 
 def train_warm_start(model, tokenizer, train_tasks, val_tasks, env, steps: int, batch: int, lr: float,
                      warmup: int, seed: int, eval_every: int, max_context: int, rollout_config,
-                     log=print, on_point=None, target: float = 0.0) -> list[dict]:
+                     log=print, on_point=None, target: float = 0.0, lr_decay: float = 0.0) -> list[dict]:
     """Supervised training on gold traces; returns the curve [{step, loss, val_score, val_strict,
     val_lenient, time_s}] (strict / lenient: :mod:`copes_lib.tasks.regime`).
 
     The stopping rule: evaluate every ``eval_every`` steps and stop at the first point whose
     validation score is >= ``target`` (``target`` 0: never), else after ``steps`` steps (the cap).
+    ``lr_decay`` > 0: the rate decays linearly to 0 over that fraction of the last steps, so training
+    ends settled rather than wherever the last constant-rate steps left it.
     """
     from copes_lib.rollout import evaluate
     from copes_lib.tasks.regime import regime_from_batches
@@ -390,7 +445,15 @@ def train_warm_start(model, tokenizer, train_tasks, val_tasks, env, steps: int, 
     examples = [encode_trace(tokenizer, t, max_context) for t in train_tasks]
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, warmup)))
+    decay_steps = round(lr_decay * steps)
+
+    def rate(s: int) -> float:  # s: optimizer steps taken so far
+        factor = min(1.0, (s + 1) / max(1, warmup))
+        if decay_steps:
+            factor = min(factor, (steps - s) / decay_steps)
+        return max(factor, 0.0)
+
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, rate)
     pad = tokenizer.pad_token_id
     curve, losses, t0 = [], [], time.perf_counter()
 
@@ -490,14 +553,15 @@ def warm_start(profile: str, kind: str = "math", seed: int = 0, force: bool = Fa
     train = load_tasks(profile, kind, "train")
     n_paper = len(train)
     if config.protocol == "latent":
-        train, n_paper = latent_trace_mix(train, config.latent_p, seed, config.latent_prior)
+        train, n_paper = latent_trace_mix(train, config.latent_p, seed, config.latent_prior,
+                                          (config.graded_low, config.graded_high))
     t0 = time.perf_counter()
     with threads.fixed_threads(), make_env(kind, profile) as env:
         model = build_agent_model(config.model_size, len(tokenizer), seed, config.max_context, tokenizer)
         curve = train_warm_start(model, tokenizer, train, val, env,
                                  identity["steps"], config.batch, config.lr, config.warmup, seed,
                                  config.eval_every, config.max_context, warm_rollout_config(config), log,
-                                 target=identity["target"])
+                                 target=identity["target"], lr_decay=config.lr_decay)
     trained = curve[-1]["step"]
     reached = identity["target"] > 0 and curve[-1]["val_score"] >= identity["target"]
     info = {"kind": kind, "steps": trained, "max_steps": identity["steps"], "target": identity["target"],
@@ -521,4 +585,5 @@ def describe(model, tokenizer) -> dict:
 __all__ = ["WarmStartConfig", "MODEL_SIZES", "train_agent_tokenizer", "get_tokenizer", "build_agent_model",
            "model_config", "count_model_params", "load_pretrained", "encode_trace", "warm_start", "warm_start_folder",
            "train_warm_start", "warm_rollout_config", "describe", "PROTOCOLS", "latent_reference", "latent_trace_mix", "PRIORS", "prior_cue", "cued_values",
+           "graded_rates",
            "converged"]

@@ -68,12 +68,21 @@ class SubstrateNotebookParams(NotebookParams):
                                choices=PROTOCOLS)
     WARM_LATENT_P: float = param(0.1, "latent protocol: fraction p of training traces in the reward's answer "
                                  "protocol, in [0, 1)", ge=0.0, lt=1.0)
-    WARM_LATENT_PRIOR: str = param("cued", "latent protocol: how the WARM_LATENT_P paper-protocol traces are assigned: "
-                                   "cued (every task whose subject's first letter is in a seeded set covering about "
-                                   "p of the tasks, so the greedy base earns the reward on about p of the problems, "
-                                   "as the paper's does) or homogeneous (a random fraction p: the greedy base earns "
-                                   "it on none); docs/regime.md#r3-the-latent-protocol-warm-start",
-                                   choices=("homogeneous", "cued"))
+    WARM_LATENT_PRIOR: str = param("graded", "latent protocol: how the paper-protocol traces are assigned: graded "
+                                   "(each subject's first letter its own rate, evenly spaced over [WARM_GRADED_LOW, "
+                                   "WARM_GRADED_HIGH]: the protocol is stochastic per sample and graded across "
+                                   "prompts; docs/preflight.md#p2-the-graded-base-the-new-headline-base-design), "
+                                   "cued (every task whose first letter is in a seeded set covering about "
+                                   "WARM_LATENT_P of the tasks: deterministic per prompt) or homogeneous (a random "
+                                   "fraction WARM_LATENT_P); docs/regime.md#r3-the-latent-protocol-warm-start",
+                                   choices=("homogeneous", "cued", "graded"))
+    WARM_GRADED_LOW: float = param(0.02, "graded prior: the lowest cue value's rate of paper-protocol traces, in "
+                                   "[0, 1)", ge=0.0, lt=1.0)
+    WARM_GRADED_HIGH: float = param(0.70, "graded prior: the highest cue value's rate, above WARM_GRADED_LOW and "
+                                    "below 1", gt=0.0, lt=1.0)
+    WARM_LR_DECAY: float = param(0.25, "fraction of the last latent warm-start steps over which the learning rate "
+                                 "decays linearly to 0 (0: constant; docs/preflight.md#p2-the-graded-base-the-new-"
+                                 "headline-base-design)", ge=0.0, le=1.0)
     WARM_LATENT_MATH_STEPS: int = param(1000, "latent protocol: math warm-start steps, trained exactly (no stopping "
                                         "rule; convergence is checked on the lenient curve)", ge=1)
     WARM_LATENT_QA_STEPS: int = param(1000, "latent protocol: QA warm-start steps, trained exactly (no stopping "
@@ -112,6 +121,9 @@ class SubstrateNotebookParams(NotebookParams):
                            "(the paper does not say; on is the checkpoint's default)")
 
     def check(self) -> None:
+        if self.WARM_GRADED_LOW >= self.WARM_GRADED_HIGH:
+            raise ConfigError(f"WARM_GRADED_LOW = {self.WARM_GRADED_LOW} must be < WARM_GRADED_HIGH = "
+                              f"{self.WARM_GRADED_HIGH}; valid: 0 <= WARM_GRADED_LOW < WARM_GRADED_HIGH < 1")
         if self.PROFILE != "gpu" and self.MODEL_SIZE not in MODEL_SIZES:
             raise ConfigError(f"MODEL_SIZE = {self.MODEL_SIZE!r}; valid values: {list(MODEL_SIZES)}")
         from copes_lib.tasks.loaders import parse_test_files
@@ -135,7 +147,8 @@ class SubstrateNotebookParams(NotebookParams):
             max_turns=self.MAX_TURNS, enable_thinking=self.THINKING if gpu else None,
             # a loaded checkpoint is trained on no traces: the protocol is the miniature's construction
             protocol="paper" if gpu or self.MODEL_PATH else self.WARM_PROTOCOL, latent_p=self.WARM_LATENT_P,
-            latent_prior=self.WARM_LATENT_PRIOR,
+            latent_prior=self.WARM_LATENT_PRIOR, graded_low=self.WARM_GRADED_LOW, graded_high=self.WARM_GRADED_HIGH,
+            lr_decay=self.WARM_LR_DECAY if self.WARM_PROTOCOL == "latent" else 0.0,
             latent_math_steps=self.WARM_LATENT_MATH_STEPS, latent_qa_steps=self.WARM_LATENT_QA_STEPS)
 
     def trains_base(self) -> bool:

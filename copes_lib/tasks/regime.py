@@ -184,6 +184,24 @@ CRITERIA = {"math": RegimeCriterion(),
             "qa": RegimeCriterion(min_lenient=0.25, max_strict=0.10, min_strict=0.02, min_protocol_share=0.20, min_tool_rate=0.50)}
 
 
+#: The strict upper bound on a graded-prior base (docs/preflight.md#p4-the-criterion-on-a-graded-base): the
+#: paper's base scores 49.2% on its own validation split (math) and 29.5% Acc on HotpotQA (QA).
+GRADED_MAX_STRICT = {"math": 0.492, "qa": 0.30}
+
+
+def criterion_for(kind: str, prior: str | None = None) -> RegimeCriterion:
+    """The declared criterion of ``kind`` for a base built with latent ``prior`` (None, ``cued``,
+    ``homogeneous``: :data:`CRITERIA`; ``graded``: its strict upper bound is :data:`GRADED_MAX_STRICT`).
+
+    >>> criterion_for("math", "graded").max_strict, criterion_for("math", "cued").max_strict
+    (0.492, 0.15)
+    """
+    _check_kind(kind)
+    if prior == "graded":
+        return dataclasses.replace(CRITERIA[kind], max_strict=GRADED_MAX_STRICT[kind])
+    return CRITERIA[kind]
+
+
 def judge_regime(completions: Sequence, answers: Sequence, tool_calls: Sequence[dict] | None, kind: str,
                  criterion: RegimeCriterion | None = None) -> dict:
     """The four values of the criterion on one base's trajectories, the failure classes' counts and
@@ -233,5 +251,5 @@ def regime_from_batches(batches, kind: str, criterion: RegimeCriterion | None = 
     return judge_regime(texts, answers, calls, kind, criterion)
 
 
-__all__ = ["CLASSES", "PROTOCOL_FAILURES", "CRITERIA", "RegimeCriterion", "final_turn", "strict_correctness",
+__all__ = ["CLASSES", "PROTOCOL_FAILURES", "CRITERIA", "GRADED_MAX_STRICT", "criterion_for", "RegimeCriterion", "final_turn", "strict_correctness",
            "lenient_correctness", "classify_trajectory", "protocol_failures", "judge_regime", "regime_from_batches"]

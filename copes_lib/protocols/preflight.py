@@ -1,0 +1,399 @@
+"""Preflight: can the testbed show a difference between methods? (docs/preflight.md)
+
+A base can meet the regime criterion (docs/regime.md#r2-the-base-regime-criterion) and still give no method
+anything to act on: if its answer form is a deterministic function of the prompt, GRPO's sampled groups
+have no reward variance and ES's perturbed members tie the base. This module measures the registered
+preconditions of docs/preflight.md#p1-the-preconditions on the base and settings a run will use, on the
+tuning split, in minutes:
+
+- **G1 / G2** (:func:`sampled_groups`): share of prompts whose G samples at GRPO's temperature vary in
+  reward (G1), and vary in answer form (G2); also each prompt's sampled protocol rate (a histogram);
+- **sigma** (:func:`calibrate_sigma`): the run's ES sigma, calibrated on the base by its effect
+  (docs/preflight.md#p3-settings-rules-that-cannot-choose-a-no-op, rule 1), and the member-spread curve;
+- **E1** (:func:`member_spread`): at that sigma, share of (member, batch) pairs whose greedy fitness
+  differs from the base's;
+- **E2** (:func:`es_pilot`): share of steps of a short standard-ES pilot on which every member tied;
+- **R** (:func:`grpo_pilot`): a short full-GRPO pilot's strict gain on the tuning split, paired;
+- the graded base's shape (:func:`decision_margins`): the logit margin of the reward's answer form over
+  the latent one at the final turn's first token.
+
+:func:`judge` turns the values into per-precondition verdicts against :class:`PreflightCriterion`;
+:func:`run_preflight` does everything for one task kind and caches it. Nothing here chooses a setting by
+how a method then does on validation: the tuning split is used, and the floors were registered first.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from copes_lib import runs
+from copes_lib.config import Config, ConfigError, param
+
+#: The preconditions' ids, in the order of docs/preflight.md#p1-the-preconditions.
+PRECONDITIONS = ("G1", "G2", "E1", "E2", "R")
+#: What each precondition says, for messages and tables.
+MEANING = {"G1": "GRPO can learn (groups with reward variance)",
+           "G2": "the variance includes the answer protocol",
+           "E1": "ES can see (members whose fitness differs from the base's)",
+           "E2": "ES's pilot updates (steps without all members tied)",
+           "R": "the reference acts (a short full-GRPO pilot gains)"}
+
+
+@dataclasses.dataclass(frozen=True)
+class PreflightCriterion(Config):
+    """The registered floors (docs/preflight.md#p1-the-preconditions). Changing one is a change of that page."""
+
+    min_varied_groups: float = param(0.50, "G1: share of sampled groups with non-zero reward std at least this",
+                                     ge=0.0, le=1.0)
+    min_protocol_groups: float = param(0.25, "G2: share of groups mixing the reward's answer form and another at "
+                                       "least this", ge=0.0, le=1.0)
+    min_members_differ: float = param(0.50, "E1: share of (member, batch) fitnesses differing from the base's at "
+                                      "least this", ge=0.0, le=1.0)
+    max_tied_steps: float = param(0.10, "E2: share of ES pilot steps with every member tied at most this",
+                                  ge=0.0, le=1.0)
+    min_reference_gain: float = param(0.15, "R: the GRPO pilot's strict tuning gain at least this (and its paired "
+                                      "95% interval above 0)", ge=0.0, le=1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class PreflightSettings(Config):
+    """How much the preflight measures (cpu: docs/preflight.md#p1-the-preconditions)."""
+
+    prompts: int = param(64, "tuning prompts sampled for G1 / G2 and evaluated for E1 (a multiple of batch_size)",
+                         ge=1)
+    group_size: int = param(8, "G, samples per prompt (GRPO's group size)", ge=2)
+    temperature: float = param(1.0, "sampling temperature of G1 / G2 (GRPO's)", gt=0.0)
+    members: int = param(40, "E1 and the ES pilot: members N", ge=2)
+    batch_size: int = param(16, "prompts per ES batch (the run's BATCH_SIZE)", ge=1)
+    sigma_ladder: str = param("0.00125,0.0025,0.005,0.01,0.02,0.04,0.08", "sigmas tried by the calibration, "
+                              "ascending (docs/preflight.md#p3-settings-rules-that-cannot-choose-a-no-op)")
+    calibration_members: int = param(16, "members per ladder rung", ge=2)
+    calibration_batches: int = param(2, "training batches per ladder rung (each must reach the share)", ge=1)
+    pilot_steps: int = param(8, "steps of the ES and GRPO pilots", ge=1)
+    tuning_problems: int = param(256, "tuning problems the GRPO pilot's strict gain is measured on", ge=1)
+    grpo_lr: float = param(0.0, "the GRPO pilot's learning rate; 0: notebook 04's FULL_LR (the registered "
+                           "default)", ge=0.0)
+    seed: int = param(0, "seed of the samples and of the ES members", ge=0)
+
+    def check(self) -> None:
+        ladder = self.ladder()
+        if not ladder or any(s <= 0 for s in ladder) or ladder != sorted(set(ladder)):
+            raise ConfigError(f"sigma_ladder = {self.sigma_ladder!r}: give ascending sigmas > 0, e.g. "
+                              "'0.00125,0.0025,0.005'")
+        if self.prompts % self.batch_size:
+            raise ConfigError(f"prompts = {self.prompts} must be a multiple of batch_size = {self.batch_size}")
+
+    def ladder(self) -> list[float]:
+        try:
+            return [float(v) for v in self.sigma_ladder.split(",") if v.strip()]
+        except ValueError:
+            raise ConfigError(f"sigma_ladder = {self.sigma_ladder!r}: comma-separated numbers expected") from None
+
+
+# --------------------------------------------------------------------------- G1 / G2
+def in_protocol(text: str) -> bool:
+    r"""Whether a trajectory takes the reward's answer form (answer block and boxed value: r_f = 0).
+
+    >>> in_protocol(r"<answer>\boxed{5}</answer>"), in_protocol("Answer: 5")
+    (True, False)
+    """
+    from copes_lib.tasks.rewards import format_reward_value
+
+    return format_reward_value(text) == 0.0
+
+
+def sampled_groups(model, tokenizer, tasks: Sequence, env, rollout_config, *, group_size: int = 8,
+                   temperature: float = 1.0, seed: int = 0) -> dict[str, Any]:
+    """Roll every task out ``group_size`` times at ``temperature`` (GRPO's rollouts) and return per prompt
+    its rewards' std, its sampled protocol rate and whether its group mixes the reward's form with another;
+    ``varied_share`` (G1) and ``protocol_mixed_share`` (G2) over prompts."""
+    from copes_lib.rollout import rollout
+
+    config = dataclasses.replace(rollout_config, temperature=temperature)
+    repeated = [t for t in tasks for _ in range(group_size)]
+    with torch.no_grad():
+        batch = rollout(model, tokenizer, repeated, env, config, seed=seed)
+    rewards = np.asarray(batch.rewards, dtype=float).reshape(len(tasks), group_size)
+    form = np.asarray([in_protocol(t) for t in batch.model_texts], dtype=float).reshape(len(tasks), group_size)
+    rate = form.mean(1)
+    varied = rewards.std(1) > 0
+    mixed = (rate > 0) & (rate < 1)
+    return {"task_ids": [t.id for t in tasks], "reward_std": rewards.std(1).tolist(), "protocol_rate": rate.tolist(),
+            "varied_share": float(varied.mean()), "protocol_mixed_share": float(mixed.mean()),
+            "protocol_rate_mean": float(rate.mean())}
+
+
+# --------------------------------------------------------------------------- ES: sigma, E1, E2
+def _objective_on(objective, tasks: Sequence, batch_size: int):
+    """A copy of an ES objective whose step batches are drawn from ``tasks``."""
+    other = copy.copy(objective)
+    other.train_tasks, other.batch_size = list(tasks), batch_size
+    return other
+
+
+def differing_share(model, objective, *, sigma: float, members: int, steps: Sequence[int], seed: int) -> dict:
+    """Per step (a prompt batch), the share of ``members`` standard-ES members (K = 1, noise seeded by
+    ``seed``) whose greedy fitness differs from the unperturbed model's on the same batch."""
+    from copes_lib.es import ES, ESConfig, member_rewards
+
+    es = ES(model, ESConfig(population=members, subspaces=1, sigma=sigma, alpha=sigma / 2, seed=seed,
+                            chunk_size=2**20))
+    shares = []
+    for step in steps:
+        base = objective.fitness(model, step)
+        rewards = member_rewards(es, es.plan(step), objective).ravel()
+        shares.append(float(np.mean(rewards != base)))
+    return {"sigma": sigma, "per_batch": shares, "share": float(np.mean(shares)), "min_share": float(min(shares))}
+
+
+def calibrate_sigma(model, objective, settings: PreflightSettings, min_share: float) -> dict[str, Any]:
+    """The run's sigma by docs/preflight.md#p3-settings-rules-that-cannot-choose-a-no-op rule 1: the smallest
+    of the ladder at which at least ``min_share`` of ``calibration_members`` members differ from the base on
+    every one of ``calibration_batches`` training batches; None when no rung does. Every rung is measured
+    (the member-spread curve over sigma)."""
+    steps = list(range(1, settings.calibration_batches + 1))
+    curve = [differing_share(model, objective, sigma=s, members=settings.calibration_members, steps=steps,
+                             seed=settings.seed + 1) for s in settings.ladder()]
+    chosen = next((row["sigma"] for row in curve if row["min_share"] >= min_share), None)
+    return {"sigma": chosen, "curve": curve}
+
+
+def member_spread(model, objective, tuning: Sequence, settings: PreflightSettings, sigma: float) -> dict:
+    """E1: fresh members (another noise seed than the calibration's) on the tuning prompts."""
+    tuned = _objective_on(objective, tuning, settings.batch_size)
+    steps = list(range(1, len(tuning) // settings.batch_size + 1))
+    return differing_share(model, tuned, sigma=sigma, members=settings.members, steps=steps, seed=settings.seed + 2)
+
+
+def es_pilot(model, objective, settings: PreflightSettings, sigma: float) -> dict[str, Any]:
+    """E2: ``pilot_steps`` steps of standard ES (alpha = sigma / 2) on a copy of ``model``; per step whether
+    every member earned the same fitness (a zero update) and the mean member fitness."""
+    from copes_lib.es import ES, ESConfig, es_step
+
+    pilot = copy.deepcopy(model)
+    es = ES(pilot, ESConfig(population=settings.members, subspaces=1, sigma=sigma, alpha=sigma / 2,
+                            seed=settings.seed + 3))
+    tied, fitness = [], []
+    for step in range(1, settings.pilot_steps + 1):
+        result = es_step(es, step, objective)
+        tied.append(bool(np.all(result.rewards == result.rewards.flat[0])))
+        fitness.append(float(np.mean(result.rewards)))
+    del pilot
+    return {"tied": tied, "tied_share": float(np.mean(tied)), "mean_fitness": fitness}
+
+
+# --------------------------------------------------------------------------- R
+def strict_scores(model, tokenizer, tasks: Sequence, env, rollout_config, seed: int = 0) -> list[float]:
+    """Per problem 1.0 where the greedy trajectory earns the reward fully (docs/regime.md#r2-the-base-regime-criterion)."""
+    from copes_lib.rollout import evaluate
+    from copes_lib.tasks.regime import strict_correctness
+
+    with torch.no_grad():
+        result = evaluate(model, tokenizer, list(tasks), env, rollout_config, seed=seed, return_batches=True)
+    texts = [t for b in result["batches"] for t in b.model_texts]
+    answers = [task.answers for b in result["batches"] for task in b.tasks]
+    return strict_correctness(None, texts, answers, env.kind)
+
+
+def grpo_pilot(profile: str, agent, tuning: Sequence, settings: PreflightSettings, base_strict: Sequence[float],
+               *, force: bool = False) -> dict[str, Any]:
+    """R: full GRPO for ``pilot_steps`` steps at the registered default rate (cached like 04's runs), then its
+    strict tuning score per problem against the base's, paired (mean and 95% interval over problems)."""
+    from copes_lib.protocols.grpo_arm import grpo_config, grpo_params, grpo_policy, grpo_run
+
+    lr = settings.grpo_lr or grpo_params(profile).FULL_LR
+    config = grpo_config(profile, use_lora=False, lr=lr, steps=settings.pilot_steps, patience=0)
+    objective = copy.copy(agent.objective)
+    objective.val_tasks = list(tuning)
+    run = grpo_run(profile, dataclasses.replace(agent, objective=objective), config, label="preflight grpo",
+                   force=force)
+    policy = grpo_policy(run, "final")
+    after = strict_scores(policy, objective.tokenizer, tuning, objective.env, objective.rollout_config)
+    diff = np.asarray(after, dtype=float) - np.asarray(base_strict, dtype=float)
+    half = 1.96 * diff.std(ddof=1) / math.sqrt(len(diff)) if len(diff) > 1 else math.nan
+    return {"lr": lr, "steps": settings.pilot_steps, "base_strict": float(np.mean(base_strict)),
+            "pilot_strict": float(np.mean(after)), "gain": float(diff.mean()), "gain_low": float(diff.mean() - half),
+            "gain_high": float(diff.mean() + half)}
+
+
+# --------------------------------------------------------------------------- the base's shape
+def decision_margins(model, tokenizer, tasks: Sequence, max_context: int) -> list[float]:
+    """Per task, logit(``<answer>``) - logit(first token of ``Answer``) at the first model token of the final
+    turn, teacher-forced on the gold trace (prompt, tool calls and observations as the rollout sees them).
+    Positive: the base prefers the reward's answer form there."""
+    from copes_lib.rollout import encode
+    from copes_lib.substrate import LATENT_ANSWER, encode_trace
+    from copes_lib.tasks.protocol import ANSWER_OPEN
+
+    answer_id = tokenizer.convert_tokens_to_ids(ANSWER_OPEN)
+    latent_id = encode(tokenizer, LATENT_ANSWER.split(" ")[0])[0]
+    margins = []
+    with torch.no_grad():
+        for task in tasks:
+            ids, mask = encode_trace(tokenizer, task, max_context)
+            starts = [i for i in range(1, len(mask)) if mask[i] and not mask[i - 1]]
+            if not starts:
+                raise ValueError(f"task {task.id}: its gold trace has no model-written turn")
+            decision = starts[-1]
+            logits = model(input_ids=torch.tensor([ids[:decision]], device=model.device)).logits[0, -1]
+            margins.append(float(logits[answer_id] - logits[latent_id]))
+    return margins
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float:
+    """Spearman's rank correlation (nan when either side is constant)."""
+    from scipy.stats import spearmanr
+
+    if len(set(x)) < 2 or len(set(y)) < 2:
+        return math.nan
+    return float(spearmanr(x, y).statistic)
+
+
+def base_shape(margins: Sequence[float], rates: Sequence[float], g: Sequence[float] | None) -> dict[str, Any]:
+    """The graded base's registered targets 3 and 4 (docs/preflight.md#p2-the-graded-base-the-new-headline-base-design):
+    share of prompts whose sampled protocol rate is strictly inside (0, 1), median |margin|, and the
+    margin's Spearman correlation with g(cue) (nan without a graded prior)."""
+    rates = np.asarray(rates, dtype=float)
+    inside = float(np.mean((rates > 0) & (rates < 1)))
+    median_abs = float(np.median(np.abs(margins)))
+    rho = spearman(list(margins), list(g)) if g is not None else math.nan
+    return {"rates_inside_share": inside, "margin_median_abs": median_abs, "margin_g_spearman": rho,
+            "targets_met": bool(inside >= 0.5 and median_abs <= 2.0 and (g is None or rho >= 0.5))}
+
+
+# --------------------------------------------------------------------------- verdicts
+def judge(values: dict[str, Any], criterion: PreflightCriterion) -> dict[str, Any]:
+    """Per precondition ``holds`` / ``fails`` / ``not measured`` from measured ``values`` (keys ``G1`` ...
+    ``R_low``; a missing or nan value is not measured), ``met`` (all hold) and ``failed`` (ids that fail or
+    were not measured).
+
+    >>> v = {"G1": 0.9, "G2": 0.1, "E1": 0.6, "E2": 0.0, "R": 0.3, "R_low": 0.2}
+    >>> r = judge(v, PreflightCriterion())
+    >>> r["verdicts"]["G2"], r["met"], r["failed"]
+    ('fails', False, ['G2'])
+    """
+    def value(name: str) -> float | None:
+        v = values.get(name)
+        return None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
+
+    rules = {"G1": lambda v: v >= criterion.min_varied_groups,
+             "G2": lambda v: v >= criterion.min_protocol_groups,
+             "E1": lambda v: v >= criterion.min_members_differ,
+             "E2": lambda v: v <= criterion.max_tied_steps,
+             "R": lambda v: v >= criterion.min_reference_gain and (value("R_low") or -1.0) > 0}
+    verdicts = {}
+    for pid in PRECONDITIONS:
+        v = value(pid)
+        verdicts[pid] = "not measured" if v is None else ("holds" if rules[pid](v) else "fails")
+    failed = [p for p in PRECONDITIONS if verdicts[p] != "holds"]
+    return {"verdicts": verdicts, "met": not failed, "failed": failed}
+
+
+def not_actionable_reason(summary01: dict[str, Any]) -> str | None:
+    """``not actionable: <ids>`` when notebook 01's summary says the preflight failed; None when it was met
+    or never measured (an older summary)."""
+    if summary01.get("preflight_met") is False:
+        failed = summary01.get("preflight_failed") or []
+        return "not actionable: " + ", ".join(failed) if failed else "not actionable"
+    return None
+
+
+# --------------------------------------------------------------------------- one task kind
+def run_preflight(profile: str, kind: str, settings: PreflightSettings, criterion: PreflightCriterion, *,
+                  prior: str | None = None, graded: tuple[float, float] | None = None, warm_seed: int = 0,
+                  force: bool = False, log=print) -> dict[str, Any]:
+    """Every measurement of docs/preflight.md for ``kind`` on the profile's base, cached under
+    ``cache/<profile>/preflight-<kind>/`` (key: settings, criterion, the base's checksum, the tuning ids).
+    Returns the values, the per-precondition verdicts, the calibrated sigma, the curves and the base's shape."""
+    from copes_lib.es import checksum
+    from copes_lib.protocols.es_arm import load_agent, tuning_agent
+    from copes_lib.protocols.substrate_setup import substrate_config
+    from copes_lib.substrate import graded_rates, prior_cue, warm_rollout_config
+    from copes_lib.tasks import TUNING_SPLIT, load_tasks
+
+    agent = load_agent(profile, kind, batch_size=settings.batch_size)
+    tuning_all = load_tasks(profile, kind, TUNING_SPLIT)
+    if settings.prompts > len(tuning_all):
+        raise ConfigError(f"PREFLIGHT_PROMPTS = {settings.prompts}: the {profile} tuning split of {kind} holds "
+                          f"{len(tuning_all)} problems; choose a multiple of the batch size up to that")
+    tuned = tuning_agent(agent, min(settings.tuning_problems, len(tuning_all)), "PREFLIGHT_TUNING_PROBLEMS")
+    tuning = tuned.objective.val_tasks
+    prompts = tuning_all[: settings.prompts]
+    key = runs.cache_key({"settings": settings.to_dict(), "criterion": criterion.to_dict(), "kind": kind,
+                          "substrate_checksum": checksum(agent.model), "prior": prior, "graded": graded},
+                         [t.id for t in tuning])
+    folder = runs.cache_dir(profile, f"preflight-{kind}", key)
+    if not force and (folder / "preflight.json").exists():
+        cached = runs.read_json(folder / "preflight.json")
+        return {**cached, "cached": True}
+
+    model, objective = agent.model, agent.objective
+    env, tokenizer, rcfg = objective.env, objective.tokenizer, objective.rollout_config
+    log(f"[preflight {kind}] G1/G2: {len(prompts)} prompts x {settings.group_size} samples at T = {settings.temperature}")
+    groups = sampled_groups(model, tokenizer, prompts, env, rcfg, group_size=settings.group_size,
+                            temperature=settings.temperature, seed=settings.seed)
+    log(f"[preflight {kind}] sigma calibration over {settings.ladder()}")
+    calibration = calibrate_sigma(model, objective, settings, criterion.min_members_differ)
+    sigma = calibration["sigma"]
+    spread = pilot = None
+    if sigma is not None:
+        log(f"[preflight {kind}] E1 at sigma {sigma}; E2: {settings.pilot_steps} ES steps")
+        spread = member_spread(model, objective, prompts, settings, sigma)
+        pilot = es_pilot(model, objective, settings, sigma)
+    log(f"[preflight {kind}] R: {settings.pilot_steps} full-GRPO steps, strict on {len(tuning)} tuning problems")
+    base_strict = strict_scores(model, tokenizer, tuning, env, rcfg)
+    reference = grpo_pilot(profile, tuned, tuning, settings, base_strict, force=force)
+    recipe = substrate_config(profile)
+    margins = decision_margins(model, tokenizer, prompts, recipe.max_context)
+    g = None
+    if prior == "graded" and graded is not None:
+        rates = graded_rates(load_tasks(profile, kind, "train"), *graded, warm_seed)
+        g = [rates.get(prior_cue(t), math.nan) for t in prompts]
+    values = {"G1": groups["varied_share"], "G2": groups["protocol_mixed_share"],
+              "E1": spread["share"] if spread else None, "E2": pilot["tied_share"] if pilot else None,
+              "R": reference["gain"], "R_low": reference["gain_low"], "R_high": reference["gain_high"]}
+    verdict = judge(values, criterion)
+    notes = []
+    if sigma is None:
+        notes.append(f"E1/E2: no sigma of the ladder {settings.ladder()} made {criterion.min_members_differ:.0%} of "
+                     "members differ from the base on every calibration batch")
+    out = {"kind": kind, "values": values, **verdict, "sigma": sigma, "alpha": None if sigma is None else sigma / 2,
+           "calibration": calibration["curve"], "groups": groups, "spread": spread, "pilot": pilot,
+           "reference": reference, "margins": margins, "g": g, "shape": base_shape(margins, groups["protocol_rate"], g),
+           "notes": notes, "settings": settings.to_dict(), "criterion": criterion.to_dict(),
+           "rollout": warm_rollout_config(recipe).to_dict()}
+    runs.atomic_write_json(folder / "preflight.json", out)
+    return {**out, "cached": False}
+
+
+def summary_keys(reports: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Flat ``preflight_*`` keys of notebook 01's summary from :func:`run_preflight`'s reports per kind."""
+    out: dict[str, Any] = {}
+    failed = []
+    for kind, r in reports.items():
+        for pid in PRECONDITIONS:
+            out[f"preflight_{kind}_{pid.lower()}"] = r["values"].get(pid)
+            out[f"preflight_{kind}_{pid.lower()}_verdict"] = r["verdicts"][pid]
+        out[f"preflight_{kind}_r_low"] = r["values"].get("R_low")
+        out[f"preflight_{kind}_r_high"] = r["values"].get("R_high")
+        out[f"preflight_{kind}_sigma"] = r["sigma"]
+        out[f"preflight_{kind}_met"] = r["met"]
+        for name, value in r["shape"].items():
+            out[f"preflight_{kind}_{name}"] = value
+        failed += [f"{kind} {p}" for p in r["failed"]]
+    out["preflight_met"] = not failed
+    out["preflight_failed"] = failed
+    return out
+
+
+__all__ = ["PRECONDITIONS", "MEANING", "PreflightCriterion", "PreflightSettings", "in_protocol", "sampled_groups",
+           "differing_share", "calibrate_sigma", "member_spread", "es_pilot", "strict_scores", "grpo_pilot",
+           "decision_margins", "spearman", "base_shape", "judge", "not_actionable_reason", "run_preflight",
+           "summary_keys"]
