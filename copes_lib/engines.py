@@ -75,8 +75,9 @@ class LoopEngine:
     def __init__(self, model: nn.Module, tokenizer):
         self.model, self.tokenizer = model, tokenizer
 
-    def generate(self, tasks, env, config, seed=0, row_hook=None) -> RolloutBatch:
-        return rollout(self.model, self.tokenizer, tasks, env, config, seed=seed, row_hook=row_hook)
+    def generate(self, tasks, env, config, seed=0, row_hook=None, logits_hook=None) -> RolloutBatch:
+        return rollout(self.model, self.tokenizer, tasks, env, config, seed=seed, row_hook=row_hook,
+                       logits_hook=logits_hook)
 
 
 def make_engine(name: str, model: nn.Module, tokenizer, **options) -> RolloutEngine:

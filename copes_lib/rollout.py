@@ -56,6 +56,7 @@ from copes_lib.tasks.protocol import (
 from copes_lib.tasks.rewards import format_reward_value, math_correctness, math_reward, qa_reward, qa_scores
 
 _STOP_TAGS = {PYTHON_CLOSE: "python", SEARCH_CLOSE: "search", ANSWER_CLOSE: "answer"}
+_STOP_KINDS = frozenset(_STOP_TAGS.values())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,6 +229,27 @@ class StopMatcher:
             if tag in tail:
                 return kind
         return None
+
+    def trim(self, segment: list[int]) -> list[int] | None:
+        """The tokens that replace the turn's last token so that its text ends where the closing tag
+        ends (None when it already does). A BPE that merges punctuation can write one token across the
+        tag's end (``</python><`` or ``>.``): as serving engines do with stop strings, the rest of that
+        token is dropped and the kept part re-tokenised. Only the last token changes: the tag was not
+        complete one token earlier (``check`` runs at every token), so it ends inside the last token,
+        and the tokens before it are already in the KV cache."""
+        if self.single_token or not segment:
+            return None
+        window = segment[-8:]
+        text = self.tokenizer.decode(window, skip_special_tokens=False)
+        before = self.tokenizer.decode(window[:-1], skip_special_tokens=False)
+        if not text.startswith(before):  # a multi-byte character split across tokens: keep the token
+            return None
+        ends = [text.find(tag, max(0, len(before) - len(tag) + 1)) for tag in _STOP_TAGS]
+        ends = [i + len(tag) for i, tag in zip(ends, _STOP_TAGS) if i >= 0]
+        end = min(ends, default=len(text))
+        if end >= len(text):
+            return None
+        return encode(self.tokenizer, text[len(before):end])
 
 
 def _as_list(value) -> list[int]:
@@ -787,8 +809,10 @@ class Trajectories:
         return self.last.tolist()
 
     def feed(self, tokens: list[int]) -> list[int]:
-        """Append each generating row's token; returns the batch rows whose turn ended at it."""
-        stopped = []
+        """Append each generating row's token; returns the batch rows whose turn ended at it. A turn
+        whose closing tag ends inside its last token keeps only the text up to the tag's end
+        (:meth:`StopMatcher.trim`): that token is replaced, in the completion and in what is fed next."""
+        stopped, retokenised = [], False
         for i, r in enumerate(self.rows):
             if not self.generating[i]:
                 self.pending[i] = []
@@ -801,11 +825,22 @@ class Trajectories:
             self.n_model[r] += 1
             stop = turn_stop(self.stops, self.segment[r], self.n_model[r],
                              len(self.prompt_ids[r]) + len(self.completion[r]), self.config)
+            if stop in _STOP_KINDS:
+                cut = self.stops.trim(self.segment[r])
+                if cut is not None:  # the tag ends inside this token: keep its text up to the tag's end
+                    for ids in (self.completion[r], self.segment[r]):
+                        ids[-1:] = cut
+                    self.mask[r][-1:] = [1] * len(cut)
+                    self.pending[i] = list(cut)
+                    self.n_model[r] += len(cut) - 1
+                    retokenised = True
             if stop is not None:
                 self.generating[i] = False
                 self.finish[r] = stop
                 stopped.append(i)
         self.decoding = all(self.generating)
+        if retokenised:  # the picked tokens on the device are not what some rows feed next
+            self.last = None
         return stopped
 
     def end_turns(self, stopped: list[int]) -> list[int]:

@@ -163,3 +163,64 @@ def test_pretrained_llama_model_runs_the_protocol(math_env):
     assert all(0 < sum(m) <= 10 for m in batch.model_mask)
     single = rollout(model, tok, tasks[1:], math_env, cfg, seed=0)
     assert single.completion_ids[0] == batch.completion_ids[1]
+
+
+def _merging_tokenizer():
+    """A byte-level BPE whose tags are NOT single tokens and whose merges join a tag's ``>`` with the
+    punctuation after it (``><``, ``>.``), as real Qwen tokenizers do."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    texts = [f"Question {k}? <python>print({k})</python><output>{k}</output><search>river {k}</search>"
+             f"<result>the city</result><answer>\\boxed{{{k}}}</answer>." for k in range(200)]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(texts, trainer=trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<pad>", "<eos>"], min_frequency=2,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", padding_side="left")
+
+
+class _OneOutput(AgentEnv):
+    """Python calls observe their printed number without a sandbox."""
+
+    def run_python(self, codes):
+        return [f"<output>{code.strip()[6:-1]}</output>" for code in codes]
+
+
+@pytest.mark.parametrize("engine", ["loop", "slots", "static"])
+def test_a_stop_tag_that_ends_inside_a_token_cuts_the_turn_at_the_tag(engine):
+    """The model writes ``</python><`` and ``</answer>.`` with tokens that span the tag's end (``><``,
+    ``>.``): the turn's text ends where the tag ends, the stray ``<`` / ``.`` is dropped (the last token
+    re-tokenised), the observation follows the tag directly, and the ids, mask and texts agree."""
+    from copes_lib.engines import make_engine
+
+    tok = _merging_tokenizer()
+    merged = [tok.decode([i]) for i in encode(tok, "</python><output>")]
+    assert "><" in merged and ">." in [tok.decode([i]) for i in encode(tok, "</answer>.")]
+    turns = ["<python>print(1)</python><", "<answer>\\boxed{1}</answer>.", "<python>print(2)</python><",
+             "<answer>\\boxed{2}</answer>."]
+    scripts = [encode(tok, turns[0]) + encode(tok, turns[1]), encode(tok, turns[2]) + encode(tok, turns[3])]
+    count = {}
+
+    def force(rows, generating, logits):
+        for i, (r, g) in enumerate(zip(rows, generating)):
+            if g:
+                t = count[r] = count.get(r, -1) + 1
+                if t < len(scripts[r]):
+                    logits[i] = float("-inf")
+                    logits[i, scripts[r][t]] = 0.0
+
+    model = build_agent_model("smoke", len(tok), seed=0, tokenizer=tok)
+    tasks = [Task("t0", "math", "Question 1?", ("1",), 1), Task("t1", "math", "Question 2 or 3?", ("2",), 1)]
+    out = make_engine(engine, model, tok).generate(tasks, _OneOutput("math"), RolloutConfig(max_new_tokens=40),
+                                                   seed=0, logits_hook=force)
+    for r in range(2):
+        assert out.texts[r] == f"<python>print({r + 1})</python><output>{r + 1}</output><answer>\\boxed{{{r + 1}}}</answer>"
+        assert out.model_texts[r] == f"<python>print({r + 1})</python><answer>\\boxed{{{r + 1}}}</answer>"
+        assert decode(tok, out.completion_ids[r]) == out.texts[r]
+        written = [t for t, m in zip(out.completion_ids[r], out.model_mask[r]) if m]
+        assert decode(tok, written) == out.model_texts[r]
+    assert out.finish_reasons == ["answer", "answer"] and out.scores == [1.0, 1.0]
+    assert out.tool_calls == [{"python": 1, "search": 0}] * 2
