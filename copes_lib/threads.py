@@ -35,11 +35,15 @@ N_FIXED = 1
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 #: variables that change which kernels (instruction set, reproducibility mode) torch, MKL and oneDNN pick.
 KERNEL_CHOICE_VARIABLES = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA")
+#: the kernel choice every kernel the runner starts gets: AVX2, which every x86-64 CPU of the last decade
+#: has, so Intel and AMD machines with or without AVX512 pick the same kernels (issue 32 item 5). Read by
+#: torch, MKL and oneDNN at start-up: they must be set before torch is imported.
+KERNEL_PIN: dict[str, str] = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
 def kernel_environment(n: int = N_FIXED) -> dict[str, str]:
-    """Environment variables that give a new process ``n`` math-library threads."""
-    return {name: str(n) for name in THREAD_VARIABLES}
+    """Environment variables that give a new process ``n`` math-library threads and the pinned kernels."""
+    return {**{name: str(n) for name in THREAD_VARIABLES}, **KERNEL_PIN}
 
 
 def fix_threads(n: int = N_FIXED) -> None:
@@ -85,4 +89,4 @@ def thread_info() -> dict[str, Any]:
     }
 
 
-__all__ = ["N_FIXED", "THREAD_VARIABLES", "KERNEL_CHOICE_VARIABLES", "kernel_environment", "fix_threads", "fixed_threads", "thread_info"]
+__all__ = ["N_FIXED", "THREAD_VARIABLES", "KERNEL_CHOICE_VARIABLES", "KERNEL_PIN", "kernel_environment", "fix_threads", "fixed_threads", "thread_info"]

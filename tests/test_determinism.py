@@ -86,4 +86,4 @@ def test_fixed_threads_restores_the_count(restore_threads):
     with threads.fixed_threads():
         assert torch.get_num_threads() == threads.N_FIXED
     assert torch.get_num_threads() == 2
-    assert threads.kernel_environment(3) == {name: "3" for name in threads.THREAD_VARIABLES}
+    assert threads.kernel_environment(3) == {**{name: "3" for name in threads.THREAD_VARIABLES}, **threads.KERNEL_PIN}
