@@ -46,6 +46,25 @@ def kernel_environment(n: int = N_FIXED) -> dict[str, str]:
     return {**{name: str(n) for name in THREAD_VARIABLES}, **KERNEL_PIN}
 
 
+def kernel_pin_mismatch() -> dict[str, str | None]:
+    """The :data:`KERNEL_PIN` variables this process lacks or has with another value (name -> value found)."""
+    return {k: os.environ.get(k) for k, v in KERNEL_PIN.items() if os.environ.get(k) != v}
+
+
+def cpu_model() -> dict[str, str]:
+    """The CPU's vendor and model name, from /proc/cpuinfo (Linux), else from :mod:`platform`."""
+    import platform
+
+    found: dict[str, str] = {}
+    with contextlib.suppress(OSError):
+        for line in open("/proc/cpuinfo", encoding="utf-8", errors="replace"):
+            key, _, value = line.partition(":")
+            if key.strip() in ("vendor_id", "model name") and key.strip() not in found:
+                found[key.strip()] = value.strip()
+    return {"vendor": found.get("vendor_id") or platform.machine() or "unknown",
+            "model": found.get("model name") or platform.processor() or "unknown"}
+
+
 def fix_threads(n: int = N_FIXED) -> None:
     """Set torch's intra-op threads to ``n`` (and inter-op threads where torch still allows it)."""
     import torch
@@ -82,6 +101,9 @@ def thread_info() -> dict[str, Any]:
         "interop_threads": torch.get_num_interop_threads(),
         "env": {name: os.environ.get(name) for name in THREAD_VARIABLES + KERNEL_CHOICE_VARIABLES},
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu": cpu_model(),
+        "kernel_pin": KERNEL_PIN,
+        "kernel_pin_missing": kernel_pin_mismatch(),
         "blas": blas,
         "mkl": mkl,
         "mkldnn_enabled": bool(torch.backends.mkldnn.enabled and torch.backends.mkldnn.is_available()),
@@ -89,4 +111,4 @@ def thread_info() -> dict[str, Any]:
     }
 
 
-__all__ = ["N_FIXED", "THREAD_VARIABLES", "KERNEL_CHOICE_VARIABLES", "KERNEL_PIN", "kernel_environment", "fix_threads", "fixed_threads", "thread_info"]
+__all__ = ["N_FIXED", "THREAD_VARIABLES", "KERNEL_CHOICE_VARIABLES", "KERNEL_PIN", "kernel_pin_mismatch", "cpu_model", "kernel_environment", "fix_threads", "fixed_threads", "thread_info"]
