@@ -56,8 +56,8 @@ def cpu_model() -> dict[str, str]:
     import platform
 
     found: dict[str, str] = {}
-    with contextlib.suppress(OSError):
-        for line in open("/proc/cpuinfo", encoding="utf-8", errors="replace"):
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8", errors="replace") as lines:
+        for line in lines:
             key, _, value = line.partition(":")
             if key.strip() in ("vendor_id", "model name") and key.strip() not in found:
                 found[key.strip()] = value.strip()
