@@ -55,6 +55,11 @@ export HF_HUB_OFFLINE := 1
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 # The venv's "python3" kernel wins over a user-level one that may point at another Python.
 export JUPYTER_PREFER_ENV_PATH := 1
+# The kernel choice of copes_lib/threads.py's KERNEL_PIN, for lab, test and reproduce: torch, MKL and
+# oneDNN read these at start-up, so a kernel started from JupyterLab must inherit them (keep in sync).
+export ATEN_CPU_CAPABILITY := avx2
+export MKL_CBWR := AVX2,STRICT
+export ONEDNN_MAX_CPU_ISA := AVX2
 
 .PHONY: help venv venv-gpu gpu-wheels test reproduce validate lab clean-reports
 

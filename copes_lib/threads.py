@@ -35,11 +35,34 @@ N_FIXED = 1
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 #: variables that change which kernels (instruction set, reproducibility mode) torch, MKL and oneDNN pick.
 KERNEL_CHOICE_VARIABLES = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA")
+#: the kernel choice every kernel the runner starts gets: AVX2, which every x86-64 CPU of the last decade
+#: has, so Intel and AMD machines with or without AVX512 pick the same kernels (issue 32 item 5). Read by
+#: torch, MKL and oneDNN at start-up: they must be set before torch is imported.
+KERNEL_PIN: dict[str, str] = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
 def kernel_environment(n: int = N_FIXED) -> dict[str, str]:
-    """Environment variables that give a new process ``n`` math-library threads."""
-    return {name: str(n) for name in THREAD_VARIABLES}
+    """Environment variables that give a new process ``n`` math-library threads and the pinned kernels."""
+    return {**{name: str(n) for name in THREAD_VARIABLES}, **KERNEL_PIN}
+
+
+def kernel_pin_mismatch() -> dict[str, str | None]:
+    """The :data:`KERNEL_PIN` variables this process lacks or has with another value (name -> value found)."""
+    return {k: os.environ.get(k) for k, v in KERNEL_PIN.items() if os.environ.get(k) != v}
+
+
+def cpu_model() -> dict[str, str]:
+    """The CPU's vendor and model name, from /proc/cpuinfo (Linux), else from :mod:`platform`."""
+    import platform
+
+    found: dict[str, str] = {}
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8", errors="replace") as lines:
+        for line in lines:
+            key, _, value = line.partition(":")
+            if key.strip() in ("vendor_id", "model name") and key.strip() not in found:
+                found[key.strip()] = value.strip()
+    return {"vendor": found.get("vendor_id") or platform.machine() or "unknown",
+            "model": found.get("model name") or platform.processor() or "unknown"}
 
 
 def fix_threads(n: int = N_FIXED) -> None:
@@ -78,6 +101,9 @@ def thread_info() -> dict[str, Any]:
         "interop_threads": torch.get_num_interop_threads(),
         "env": {name: os.environ.get(name) for name in THREAD_VARIABLES + KERNEL_CHOICE_VARIABLES},
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu": cpu_model(),
+        "kernel_pin": KERNEL_PIN,
+        "kernel_pin_missing": kernel_pin_mismatch(),
         "blas": blas,
         "mkl": mkl,
         "mkldnn_enabled": bool(torch.backends.mkldnn.enabled and torch.backends.mkldnn.is_available()),
@@ -85,4 +111,4 @@ def thread_info() -> dict[str, Any]:
     }
 
 
-__all__ = ["N_FIXED", "THREAD_VARIABLES", "KERNEL_CHOICE_VARIABLES", "kernel_environment", "fix_threads", "fixed_threads", "thread_info"]
+__all__ = ["N_FIXED", "THREAD_VARIABLES", "KERNEL_CHOICE_VARIABLES", "KERNEL_PIN", "kernel_pin_mismatch", "cpu_model", "kernel_environment", "fix_threads", "fixed_threads", "thread_info"]

@@ -86,4 +86,14 @@ def test_fixed_threads_restores_the_count(restore_threads):
     with threads.fixed_threads():
         assert torch.get_num_threads() == threads.N_FIXED
     assert torch.get_num_threads() == 2
-    assert threads.kernel_environment(3) == {name: "3" for name in threads.THREAD_VARIABLES}
+    assert threads.kernel_environment(3) == {**{name: "3" for name in threads.THREAD_VARIABLES}, **threads.KERNEL_PIN}
+
+
+def test_makefile_exports_the_kernel_pin():
+    """`make lab` kernels never pass through the runner: the Makefile must export the same pin."""
+    import re
+    from pathlib import Path
+
+    makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
+    exported = dict(re.findall(r"^export (\w+) := (\S+)$", makefile, flags=re.M))
+    assert {k: exported.get(k) for k in threads.KERNEL_PIN} == threads.KERNEL_PIN
