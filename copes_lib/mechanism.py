@@ -46,6 +46,7 @@ How this departs from the cited papers, and why:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
@@ -54,7 +55,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from copes_lib import es as es_engine
+from copes_lib import grpo as grpo_engine
 from copes_lib.config import ConfigError
+from copes_lib.es_backends import make_backend
 from copes_lib.sampling import DIRECTION_TAG, mix_seed
 
 
@@ -447,3 +451,80 @@ __all__ = ["flat_parameters", "n_parameters", "random_direction", "rescaled", "F
            "tail_stats", "direction_test", "norm_ladder", "gain_ratio", "flat_gradient", "finite_difference_hvp", "softmax_ggn_vp",
            "hutchinson_trace", "power_iteration", "effective_rank", "antithetic_fitness", "linear_share",
            "predicted_efficiency", "predicted_z"]
+
+
+# --------------------------------------------------------------------------- the directions 09 measures
+# ES's (or CoPES's) update and the GRPO gradient at fixed parameters, as flat vectors in
+# ``model.parameters()`` order, for ``direction_test`` (once the estimator_agreement module's; its
+# two-population cosine, which could not detect even a perfect estimator, is gone:
+# docs/mechanism.md#m4-why-the-old-mechanism-test-could-not-find-anything).
+def es_update_vector(model: nn.Module, objective: Any, config: es_engine.ESConfig, step: int,
+                     backend: Any = None) -> tuple[torch.Tensor, np.ndarray]:
+    """(u, rewards): the flat update ``es.ES`` would apply at ``step`` and the members' rewards (K, N_k).
+
+    The model is left unchanged: members are evaluated (and restored) by the backend as in training,
+    then ``ES.update`` writes the step into zero tensors instead of theta (its master copy).
+    """
+    engine = es_engine.ES(model, config)
+    backend = backend or make_backend(engine)
+    try:
+        plan = engine.plan(step)
+        rewards = backend.evaluate(engine, plan, objective)
+    finally:
+        backend.close()
+    es_engine.check_rewards(rewards)
+    rhat = engine.standardize(rewards)
+    # ES.update adds the step to its fp32 master (and refreshes the compute weights from it): point both
+    # at the same zero tensors, so the step lands there and theta is never touched
+    zeros = [torch.zeros_like(p, dtype=torch.float32) for p in engine.params]
+    engine.params, engine.master = zeros, zeros
+    engine.update(plan, rhat)
+    return torch.cat([p.reshape(-1) for p in zeros]), rewards
+
+
+def grpo_direction(model: nn.Module, tokenizer: Any, env: Any, tasks: Sequence[Any], rollout_config: Any, *,
+                   group_size: int, seed: int, micro_batch_size: int = 16, temperature: float = 1.0,
+                   rollout_fn: Any = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """(d, stats): minus the gradient of the GRPO loss (``grpo.grpo_loss``, ratio 1, no KL) on
+    ``group_size`` sampled trajectories of each of ``tasks``; ``d`` is zero when every group's
+    rewards are equal (no advantage). The model's weights are unchanged; its grads are cleared.
+    ``rollout_fn`` defaults to ``copes_lib.rollout.rollout`` (tests pass a stand-in, as for grpo)."""
+    if rollout_fn is None:
+        from copes_lib.rollout import rollout as rollout_fn
+
+    config = grpo_engine.GRPOConfig(group_size=group_size, prompt_batch_size=len(tasks),
+                                    mini_batch_size=len(tasks), micro_batch_size=micro_batch_size,
+                                    kl_coef=0.0, temperature=temperature)
+    sample_config = dataclasses.replace(rollout_config, temperature=temperature, top_p=1.0)
+    grouped = [t for t in tasks for _ in range(group_size)]
+    batch = rollout_fn(model, tokenizer, grouped, env, sample_config, seed)
+    rewards = torch.tensor(batch.rewards, dtype=torch.float32)
+    advantages = grpo_engine.group_advantages(rewards, group_size, norm_by_std=config.norm_adv_by_std,
+                                              eps=config.adv_eps)
+    params = list(model.parameters())
+    requires = [p.requires_grad for p in params]
+    for p in params:
+        p.requires_grad_(True)
+        p.grad = None
+    (micro,) = grpo_engine.mini_batches(batch, advantages, config, grpo_engine._pad_id(tokenizer),
+                                        params[0].device)
+    num_tokens = float(sum(packed.completion_mask.sum() for packed, _ in micro))
+    num_seqs = float(sum(len(packed) for packed, _ in micro))
+    was_training = model.training
+    model.eval()
+    try:
+        for packed, adv in micro:
+            logps, _ = grpo_engine.completion_logprobs(model, packed, temperature)
+            loss, _ = grpo_engine.grpo_loss(logps, logps.detach(), None, adv, packed.completion_mask, config,
+                                            num_tokens=num_tokens, num_seqs=num_seqs)
+            loss.backward()
+        direction = -torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().float().reshape(-1)
+                                for p in params])
+    finally:
+        for p, r in zip(params, requires):
+            p.grad = None
+            p.requires_grad_(r)
+        model.train(was_training)
+    group_std = rewards.view(-1, group_size).std(dim=1)
+    return direction, {"reward_mean": float(rewards.mean()),
+                       "zero_std_group_frac": float((group_std == 0).float().mean())}

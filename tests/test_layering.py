@@ -14,7 +14,7 @@ PACKAGE = REPO_ROOT / "copes_lib"
 # The modules above the engines: the protocol layer and the runner (command line, reports of a run).
 UPPER = ("copes_lib.protocols", "copes_lib.cli")
 # Modules that are neither engine nor upper: the suite's own bookkeeping, read by the runner and by
-# notebook 99 (paper numbers, claims, HTML reports).
+# notebook 99 (paper numbers, claims, HTML reports); a package counts with its modules.
 NOT_ENGINES = ("copes_lib.claims", "copes_lib.report")
 
 
@@ -24,7 +24,8 @@ def _module_name(path: Path) -> str:
 
 
 MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
-ENGINES = sorted(m for m in MODULES if not m.startswith(UPPER) and m not in NOT_ENGINES)
+ENGINES = sorted(m for m in MODULES if not m.startswith(UPPER)
+                 and not any(m == n or m.startswith(n + ".") for n in NOT_ENGINES))
 
 
 def _imports(module: str) -> list[tuple[str, list[str], int]]:

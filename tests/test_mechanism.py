@@ -11,7 +11,6 @@ import pytest
 import torch
 from torch import nn
 
-from copes_lib import estimator_agreement as ea
 from copes_lib import mechanism as mech
 from copes_lib.config import ConfigError
 from copes_lib.es import ESConfig
@@ -109,7 +108,7 @@ def test_an_es_update_lands_near_its_predicted_z_and_the_linear_share_is_one_for
 
     population = 16
     config = ESConfig(population=population, subspaces=1, sigma=1e-3, alpha=1e-2, backend="sequential", seed=5)
-    u, _ = ea.es_update_vector(model, objective, config, step=1)
+    u, _ = mech.es_update_vector(model, objective, config, step=1)
     plus, minus = mech.antithetic_fitness(model, Held(), sigma=1e-3, members=population, seed=0)
     share = mech.linear_share(plus, minus)
     assert share["rho2"] == pytest.approx(1.0, abs=1e-3)

@@ -453,7 +453,7 @@ def test_lowrank_arms_run_only_in_their_cells_and_full_rank_cache_keys_do_not_ch
         recorded.append((params.MAP_LOWRANK_RANK, key["map_arm"], key["es"]["population"], key))
         return {"strict": [0.0, 1.0], "lenient": [1.0, 1.0]}
 
-    monkeypatch.setattr(ss, "_cached_json", fake_cached)
+    monkeypatch.setattr(ss.map_study, "_cached_json", fake_cached)  # the map reads the cache through it
     sub = types.SimpleNamespace(key={"base": "b"}, n_params=1, warm_steps=1, warm_info={})
     for rank in (4, 0):
         p = map_params(MAP_LOWRANK_RANK=rank, MAP_MECHANISM=False, MAP_SEEDS=2, MAP_GRPO_SEEDS=1)

@@ -1,0 +1,307 @@
+"""The claims table: every claim judged over a profile's results (:func:`judge_claims`), the
+significant results, the markdown of the table and the generated pages (docs/statistics.md's rules,
+the README's results section)."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from copes_lib import paper, stats
+from copes_lib.claims.paper_a import BENCHMARK_CLAIMS, PAPER_A_CLAIMS
+from copes_lib.claims.paper_b import PAPER_B_CLAIMS
+from copes_lib.claims.predictions import MOLORA_REGIME_KEY, OUR_CLAIMS, P_MOLORA_REGIME, SCALE_CLAIMS
+from copes_lib.claims.verdicts import (
+    CONTRAST_CLAIM,
+    FAMILIES,
+    MISSING,
+    NOT_IN_REGIME,
+    REGIME_CLAIMS,
+    REGIME_KEY,
+    REGIME_NOTEBOOK,
+    REGION_MAP,
+    SCORES,
+    STALE,
+    VERDICTS,
+    WRITTEN,
+    Context,
+    Families,
+    Judgement,
+    _provisional,
+)
+from copes_lib.runs import RESULTS_ROOT, atomic_write_text, read_json
+
+CLAIMS = PAPER_A_CLAIMS + PAPER_B_CLAIMS  # the papers' claims, in the table's order
+
+
+class UnreadableResultError(ValueError):
+    """A result file (summary, scores, a table) cannot be read; the message names it and what to do."""
+
+
+def _rerun_hint(profile: str, notebook: str, path: Path) -> str:
+    number = notebook.split("_", 1)[0]
+    return (f"rerun the notebook (make reproduce PROFILE={profile} ONLY={number}) or delete {path} "
+            "to drop its results")
+
+
+def load_summaries(profile: str, root: str | Path | None = None, *,
+                   problems: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    """Every ``results/<profile>/<notebook>/summary.json`` there is, keyed by notebook; a notebook's
+    per-problem scores (``scores.npz``) under the summary's ``SCORES`` key when the summary's
+    ``scores_sha256`` names that very file (a file left by an earlier run is ignored); notebook 13's
+    ``region_map.csv`` rows under ``REGION_MAP`` when their count is the summary's ``map_cells``.
+
+    An unreadable summary (empty, truncated) raises :class:`UnreadableResultError` naming it and the
+    command that rewrites it; pass a list as ``problems`` to collect those messages instead and skip
+    the notebook (the reports do: one bad file does not hide the others)."""
+    base = Path(root or RESULTS_ROOT) / profile
+    out = {}
+    for path in sorted(base.glob("*/summary.json")):
+        notebook = path.parent.name
+        bad = path
+        try:
+            summary = read_json(path)
+            if not isinstance(summary, dict):
+                raise ValueError(f"expected a JSON object, got {type(summary).__name__}")
+            bad = path.parent / stats.SCORES_FILE
+            digest = stats.scores_digest(path.parent)
+            if digest is not None and digest == summary.get("scores_sha256"):
+                summary[SCORES] = stats.load_scores(path.parent)
+        except (OSError, ValueError, EOFError) as exc:
+            first = (str(exc).splitlines() or [""])[0][:200]
+            message = f"{bad} cannot be read ({type(exc).__name__}: {first}); {_rerun_hint(profile, notebook, bad)}"
+            if problems is None:
+                raise UnreadableResultError(message) from exc
+            problems.append(message)
+            continue
+        table = path.parent / "region_map.csv"
+        if summary.get("map_cells") and table.exists():
+            try:
+                with table.open(newline="") as handle:
+                    cells = list(csv.DictReader(handle))
+            except (OSError, UnicodeDecodeError, csv.Error) as exc:
+                message = f"{table} cannot be read ({exc}); {_rerun_hint(profile, notebook, table)}"
+                if problems is None:
+                    raise UnreadableResultError(message) from exc
+                problems.append(message)
+                cells = []
+            needed = {"alignment", "adapter_noise", "budget_evals", "outcome"}
+            if len(cells) == summary["map_cells"] and cells and needed <= set(cells[0]):
+                summary[REGION_MAP] = cells
+        manifest = path.parent / "manifest.json"
+        try:
+            ended = read_json(manifest).get("ended") if manifest.exists() else None
+        except (OSError, ValueError, AttributeError):
+            ended = None  # a manifest is provenance, not a result: without it no staleness is judged
+        if isinstance(ended, str) and ended:
+            summary[WRITTEN] = ended
+        out[notebook] = summary
+    return out
+
+
+def stale_notebooks(summaries: dict[str, dict[str, Any]], needs: dict[str, tuple[str, ...]]) -> dict[str, str]:
+    """Notebook -> why its results are stale: a notebook it builds on (``needs``, followed transitively,
+    the runner's ``NEEDS``) wrote its results after it did, so it was judged on an earlier upstream (e.g. 09's
+    map on an earlier base than 01's). Notebooks without a run time (no manifest) are never stale."""
+    out = {}
+    for notebook, summary in summaries.items():
+        mine = summary.get(WRITTEN)
+        if not mine:
+            continue
+        seen, todo, newer = set(), list(needs.get(notebook, ())), []
+        while todo:
+            up = todo.pop()
+            if up in seen:
+                continue
+            seen.add(up)
+            todo += needs.get(up, ())
+            theirs = summaries.get(up, {}).get(WRITTEN)
+            if theirs and theirs > mine:
+                newer.append(f"{up}'s ({theirs[:16]})")
+        if newer:
+            profile = summary.get("profile", "<profile>")
+            out[notebook] = (f"{notebook}'s results (written {mine[:16]}) predate {', '.join(sorted(newer))}, which "
+                             f"they build on; `make reproduce PROFILE={profile} ONLY={notebook[:2]}` refreshes them")
+    return out
+
+
+def _regime_gate(summaries: dict[str, dict[str, Any]]) -> str | None:
+    """The reason paper A's method claims are not in the papers' regime, or None (criterion met or not
+    recorded: then the claims are judged as usual)."""
+    s = summaries.get(REGIME_NOTEBOOK, {})
+    if s.get(REGIME_KEY) is False:
+        note = s.get("regime_note") or s.get("regime_reason")
+        return (f"not in the papers' regime: {REGIME_NOTEBOOK}'s {REGIME_KEY} is false"
+                + (f" ({note})" if note else ""))
+    return None
+
+
+def judge_claims(summaries: dict[str, dict[str, Any]],
+                 needs: dict[str, tuple[str, ...]] | None = None) -> list[dict[str, str]]:
+    """One row per claim: the paper's figure, ours, the verdict (``missing`` if keys are absent), the
+    reason for it and the study's power. With ``needs`` (the runner's ``NEEDS``), a claim whose notebook's
+    results predate an upstream notebook's reads ``stale`` (:func:`stale_notebooks`; the reason keeps
+    what its data would read)."""
+    families = Families(summaries)
+    stale = stale_notebooks(summaries, needs) if needs else {}
+    contexts: dict[str, Context] = {}
+    rows = []
+    gate = _regime_gate(summaries)
+    measured = tuple(c for c in BENCHMARK_CLAIMS if all(k in summaries.get(c.notebook, {}) for k in c.keys))
+    for claim in CLAIMS + SCALE_CLAIMS + OUR_CLAIMS + measured:
+        summary = summaries.get(claim.notebook, {})
+        absent = [k for k in claim.keys
+                  if k not in summary or (summary[k] is None and k not in claim.none_means)]
+        if absent:
+            j = Judgement(MISSING, f"not yet measured ({', '.join(absent)})", "",
+                          f"{claim.notebook}'s summary lacks {', '.join(absent)}")
+        else:
+            ctx = contexts.setdefault(claim.notebook, Context(claim.notebook, summaries, families))
+            j = claim.judge(ctx)
+            if gate and claim.claim_id.split("-")[0] in REGIME_CLAIMS:
+                j = dataclasses.replace(j, verdict=NOT_IN_REGIME,
+                                        reason=f"{gate}; the data alone would read {j.verdict} ({j.reason})")
+        if claim.notebook in stale and j.verdict != MISSING:
+            j = dataclasses.replace(j, verdict=STALE,
+                                    reason=f"{stale[claim.notebook]}; its data would read {j.verdict} ({j.reason})")
+        rows.append({"claim": claim.claim_id, "paper": claim.paper, "statement": claim.statement,
+                     "paper_figure": claim.paper_figure, "ours": j.ours, "verdict": j.verdict,
+                     "reason": j.reason, "power": j.power, "notebook": claim.notebook})
+    return rows
+
+
+def significant_results(summaries: dict[str, dict[str, Any]]) -> list[str]:
+    """One line per test of any notebook's family with Holm p < alpha, whichever way it points (each data
+    set once), so that a summary can state every significant result, not only those a claim predicted."""
+    lines = []
+    for notebook, c in Families(summaries).significant():
+        scale, unit = (1.0, " nats") if notebook == "12_molora_factorial" else (
+            (1.0, "") if notebook == "13_molora_sandbox" else (100.0, " pts"))
+        claim = CONTRAST_CLAIM.get(c.name, "")
+        direction = ("in the contrast's predicted direction" if c.estimate * c.expected_sign > 0
+                     else "the OTHER way from the contrast's predicted direction")
+        lines.append(f"{notebook} {c.name}{f' ({claim})' if claim else ''}: {c.estimate * scale:+.2g}{unit} "
+                     f"[{c.low * scale:+.2g}, {c.high * scale:+.2g}], Holm p = {c.p_holm:.2g}, {direction}"
+                     + _provisional(c))
+    return lines
+
+
+def to_markdown(rows: list[dict[str, str]], profile: str, link_prefix: str = "notebooks/",
+                significant: list[str] | None = None) -> str:
+    rows = [{k: str(v).replace("|", "/") for k, v in r.items()} for r in rows]  # keep the table intact
+    lines = [f"Claims of both papers against the `{profile}` profile's results "
+             "(generated by notebooks/99_summary.ipynb; do not edit by hand).", "",
+             "| claim | statement | paper | ours | verdict | reason | power | notebook |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        link = f"[{r['notebook']}]({link_prefix}{r['notebook']}.ipynb)"
+        lines.append(f"| {r['claim']} | {r['statement']} | {r['paper_figure']} | {r['ours']} | "
+                     f"{r['verdict']} | {r.get('reason', '')} | {r.get('power', '')} | {link} |")
+    if significant is not None:
+        lines += ["", "Every significant result (Holm p < 0.05 within its notebook's family), whichever way it "
+                  "points:", ""]
+        lines += [f"- {line}" for line in significant] or ["- none"]
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- the rules, for docs/statistics.md
+RULES_START, RULES_END = "<!-- rules:start -->", "<!-- rules:end -->"
+
+
+def _doc(fn: Callable[..., Any]) -> str:
+    return " ".join((fn.__doc__ or "").split())
+
+
+def rules_markdown() -> str:
+    """The rule of every claim and every declared margin, from this module and ``paper.py``: the text
+    ``docs/statistics.md`` holds between its rules markers (a test keeps them equal)."""
+    lines = ["Generated from `copes_lib/claims/` and `copes_lib/paper.py` (`claims.rules_markdown()`; "
+             "`tests/test_claims.py` checks this copy is current).", "",
+             f"Verdicts: {', '.join(f'`{v}`' for v in VERDICTS)}.", "",
+             f"- **not in regime**: claims {', '.join(REGIME_CLAIMS)} read `{NOT_IN_REGIME}` when "
+             f"`results/<profile>/{REGIME_NOTEBOOK}/summary.json` has `{REGIME_KEY}: false` (the reason keeps what "
+             "the data alone would read); without the key they are judged as below.",
+             "- **one data set, one test**: a contrast whose two score arrays are byte-identical to an earlier "
+             "notebook's contrast carries that test (its margin, its Holm family) and is left out of its own "
+             "family; the reason names the first test.",
+             "- **stale**: the claim's notebook wrote its results before a notebook it builds on (the "
+             "runner's `NEEDS`, followed transitively; times from each `manifest.json`), so they were made on an "
+             "earlier upstream; the reason keeps what its data would read and names the command that refreshes "
+             "them. Never counted as agreement.",
+             f"- **opposite**: Holm p < {paper.ALPHA} with the sign the claim does not predict; where an arm has one "
+             "seed the reason adds `provisional` (that arm's seed noise is not measured). The predicted sign "
+             "with one seed stays inconclusive.",
+             f"- **ours**: rows {', '.join(c.claim_id for c in OUR_CLAIMS)} are our own predictions, each judged by "
+             "the rule registered before its run (docs/regime.md#r4-predictions-ours-registered-before-the-run, "
+             "docs/molora_regime.md#m5-predictions, docs/mechanism.md#m2-predictions-and-rules, "
+             "docs/lowrank_es.md#l4-low-rank-on-the-map); R1 is judged on any "
+             f"latent-protocol base, R2-R8 follow the not-in-regime rule above, {', '.join(P_MOLORA_REGIME)} read "
+             f"`{NOT_IN_REGIME}` where P3 fails (12's `{MOLORA_REGIME_KEY}: false`), the mechanism rows are not gated "
+             "(09 keeps the paper protocol), and L4 is not gated either: its quantity is a paired contrast of two "
+             "arms on the same base and batches within one map cell (low rank minus full rank), its prediction is "
+             "about low rank, not about the papers' regime, and one of its cells (the skill-gap control) is outside "
+             "that regime by design, so 01's criterion would hide a reading it does not bear on; the case where the "
+             "contrast is empty (neither arm moved) is L4's own `not judged`, read `inconclusive`, never agreement. "
+             "Where a registered rule reads only holds / fails, a failure whose "
+             "interval straddles the threshold reads `inconclusive` (the notebook's reading is in the reason).",
+             "- **the collapsing router contrast** (12's `b3_collapsing` vs `r_collapsing`) is judged by its "
+             "registered test, the 95% paired t-interval over seeds "
+             "(docs/molora_regime.md#m4-the-router-contrast-in-a-collapsing-setting), and is not added to 12's Holm "
+             "family: B2-B5's family and Holm levels are unchanged.", "",
+             "| claim | statement | rule |", "|---|---|---|"]
+    for claim in CLAIMS + SCALE_CLAIMS + OUR_CLAIMS:
+        lines.append(f"| {claim.claim_id} | {claim.statement.replace('|', '/')} | {_doc(claim.judge).replace('|', '/')} |")
+    lines += ["", "Equivalence margins (declared before the runs; from the papers' effect sizes by the rule "
+              f"stated, never from an effect we measured). Paper A: margin = {paper.EQUIVALENCE_FRACTION} x the "
+              "paper's effect as a share of its reference gain (full GRPO's best - base) x our reference gain. "
+              f"Paper B: margin = {paper.EQUIVALENCE_FRACTION} x the paper's effect in nats where it is significant, "
+              f"else {paper.EQUIVALENCE_FRACTION} x the smallest significant effect of Table B2 "
+              f"({paper.PAPER_B_SMALLEST_SIGNIFICANT_NATS:g} nats).", "",
+              "| contrast | claim | paper's effect | margin |", "|---|---|---|---|"]
+    for name, share in paper.EFFECT_SHARE_A.items():
+        text = "none (no paper figure)" if share is None else f"{paper.EQUIVALENCE_FRACTION} x {share:.3g} x our gain"
+        effect = "--" if share is None else f"{share:.3g} of the reference gain"
+        lines.append(f"| {name} | {CONTRAST_CLAIM.get(name, '--')} | {effect} | {text} |")
+    for contrast in FAMILIES["12_molora_factorial"]:
+        effect = paper.PAPER_B_EFFECT_NATS.get(contrast.name)
+        margin = paper.equivalence_margin_b(contrast.name)
+        lines.append(f"| {contrast.name} | {CONTRAST_CLAIM.get(contrast.name, '--')} | "
+                     f"{'--' if effect is None else f'{effect:+g} nats'} | "
+                     f"{'none' if margin is None else f'+-{margin:g} nats'} |")
+    return "\n".join(lines) + "\n"
+
+
+def _replace_block(text: str, start: str, end: str, body: str) -> str | None:
+    pattern = re.compile(re.escape(start) + ".*?" + re.escape(end), re.DOTALL)
+    if not pattern.search(text):
+        return None
+    return pattern.sub(lambda _: f"{start}\n{body}{end}", text)
+
+
+def update_docs(path: str | Path) -> bool:
+    """Rewrite the rules block of ``docs/statistics.md``; False if its markers are absent."""
+    path = Path(path)
+    new = _replace_block(path.read_text(), RULES_START, RULES_END, rules_markdown())
+    if new is None:
+        return False
+    atomic_write_text(path, new)
+    return True
+
+
+README_START, README_END = "<!-- results:start -->", "<!-- results:end -->"
+
+
+def update_readme(readme: str | Path, markdown: str) -> bool:
+    """Replace the README's generated results section; False if the markers are absent."""
+    readme = Path(readme)
+    text = readme.read_text()
+    pattern = re.compile(re.escape(README_START) + ".*?" + re.escape(README_END), re.DOTALL)
+    if not pattern.search(text):
+        return False
+    new = pattern.sub(lambda _: f"{README_START}\n{markdown}{README_END}", text)
+    atomic_write_text(readme, new)
+    return True
