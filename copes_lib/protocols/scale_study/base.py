@@ -321,6 +321,11 @@ def load_substrate(params: ScaleStudyParams, size: str, warm_steps: int | None =
         if warm_steps is not None:
             recipe = dataclasses.replace(recipe, math_steps=warm_steps, math_target=0.0)
     else:
+        # the map's latent bases are registered as p-prior bases (docs/mechanism.md): a graded 01 recipe
+        # ignores p, so the map keeps the cued prior and the constant rate it was registered with; a
+        # graded row on the map is the next round's (docs/preflight.md#p2-the-graded-base-the-new-headline-base-design)
+        if recipe.latent_prior == "graded":
+            recipe = dataclasses.replace(recipe, latent_prior="cued", lr_decay=0.0)
         recipe = dataclasses.replace(recipe, model_size=size, protocol="latent", latent_p=latent_p,
                                      latent_math_steps=params.MAP_LATENT_STEPS or recipe.latent_math_steps)
     model, tokenizer, info = substrate.warm_start(data, "math", seed=0, config=recipe)

@@ -1,0 +1,124 @@
+"""The preflight of docs/preflight.md: verdicts, bad input, the graded prior, and a base that must fail."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from copes_lib.config import ConfigError
+from copes_lib.protocols import preflight as pf
+from copes_lib.substrate import WarmStartConfig, graded_rates, latent_trace_mix
+from copes_lib.tasks.protocol import Task
+from copes_lib.tasks.regime import CRITERIA, criterion_for
+
+GOOD = {"G1": 0.8, "G2": 0.5, "E1": 0.7, "E2": 0.0, "R": 0.3, "R_low": 0.2}
+
+
+def test_judge_holds_and_fails_by_the_registered_floors():
+    criterion = pf.PreflightCriterion()
+    assert pf.judge(GOOD, criterion)["met"]
+    for pid, bad in (("G1", 0.49), ("G2", 0.24), ("E1", 0.49), ("E2", 0.125), ("R", 0.14)):
+        verdict = pf.judge({**GOOD, pid: bad}, criterion)
+        assert verdict["verdicts"][pid] == "fails" and verdict["failed"] == [pid] and not verdict["met"]
+
+
+def test_reference_gain_needs_an_interval_above_zero():
+    assert pf.judge({**GOOD, "R_low": -0.01}, pf.PreflightCriterion())["verdicts"]["R"] == "fails"
+
+
+def test_unmeasured_precondition_never_holds():
+    verdict = pf.judge({**GOOD, "E1": None, "E2": math.nan}, pf.PreflightCriterion())
+    assert verdict["verdicts"]["E1"] == verdict["verdicts"]["E2"] == "not measured"
+    assert verdict["failed"] == ["E1", "E2"] and not verdict["met"]
+
+
+@pytest.mark.parametrize("field", ["min_varied_groups", "min_protocol_groups", "min_members_differ",
+                                   "max_tied_steps", "min_reference_gain"])
+def test_a_floor_outside_its_range_names_the_field(field):
+    with pytest.raises(ConfigError, match=field):
+        pf.PreflightCriterion(**{field: 1.5})
+
+
+def test_bad_settings_name_the_parameter():
+    with pytest.raises(ConfigError, match="sigma_ladder"):
+        pf.PreflightSettings(sigma_ladder="0.02,0.01")
+    with pytest.raises(ConfigError, match="sigma_ladder"):
+        pf.PreflightSettings(sigma_ladder="a,b")
+    with pytest.raises(ConfigError, match="prompts"):
+        pf.PreflightSettings(prompts=10, batch_size=4)
+
+
+def test_not_actionable_reason_names_the_failed_preconditions():
+    assert pf.not_actionable_reason({"preflight_met": False, "preflight_failed": ["math G1", "math R"]}) == \
+        "not actionable: math G1, math R"
+    assert pf.not_actionable_reason({"preflight_met": True}) is None
+    assert pf.not_actionable_reason({}) is None  # an older summary: never measured
+
+
+def _tasks(names, copies=1):
+    return [Task(f"{n}{i}", "math", f"{n} has 3 eggs. How many eggs does {n} have?", ("3",), 1,
+                 reference="<python>print(3)</python><output>3</output><answer>\\boxed{3}</answer>")
+            for n in names for i in range(copies)]
+
+
+def test_graded_rates_are_evenly_spaced_and_seeded():
+    tasks = _tasks(["Ada", "Bo", "Cy", "Di", "Ed"])
+    rates = graded_rates(tasks, 0.02, 0.70, seed=0)
+    assert sorted(rates.values()) == pytest.approx([0.02, 0.19, 0.36, 0.53, 0.70])
+    assert rates == graded_rates(tasks, 0.02, 0.70, seed=0)
+    assert any(graded_rates(tasks, 0.02, 0.70, seed=s) != rates for s in range(1, 5))
+
+
+def test_graded_mix_keeps_each_cue_at_its_rate():
+    tasks = _tasks(["Ada", "Bo"], copies=2000)
+    rates = graded_rates(tasks, 0.1, 0.6, seed=3)
+    mixed, n_paper = latent_trace_mix(tasks, 0.0, seed=3, prior="graded", graded=(0.1, 0.6))
+    for cue, rate in rates.items():
+        kept = [t for t in mixed if t.question.startswith(cue) and t.reference.endswith("</answer>")]
+        assert abs(len(kept) / 2000 - rate) < 0.04
+    assert n_paper == sum(t.reference.endswith("</answer>") for t in mixed)
+
+
+def test_graded_prior_bad_input():
+    with pytest.raises(ConfigError, match="graded_low"):
+        WarmStartConfig(graded_low=0.5, graded_high=0.3)
+    with pytest.raises(ConfigError, match="graded_high"):
+        WarmStartConfig(graded_high=1.0)
+    with pytest.raises(ConfigError, match="cue"):
+        graded_rates([Task("x", "math", "", ("1",), 1)], 0.1, 0.5, seed=0)
+    from copes_lib.protocols.params import SubstrateNotebookParams
+
+    with pytest.raises(ConfigError, match="WARM_GRADED_LOW"):
+        SubstrateNotebookParams(WARM_GRADED_LOW=0.8, WARM_GRADED_HIGH=0.7)
+
+
+def test_graded_base_has_its_own_strict_bound_and_others_keep_theirs():
+    assert criterion_for("math", "graded").max_strict == 0.492
+    assert criterion_for("qa", "graded").max_strict == 0.30
+    assert criterion_for("math", "cued") == CRITERIA["math"] and criterion_for("qa", None) == CRITERIA["qa"]
+
+
+def test_warm_start_key_separates_graded_and_decay():
+    from copes_lib.substrate import _warm_config
+
+    latent = WarmStartConfig(protocol="latent", latent_prior="graded")
+    assert _warm_config(latent, "math", 0) != _warm_config(WarmStartConfig(protocol="latent", latent_prior="cued"),
+                                                           "math", 0)
+    assert "lr_decay" not in _warm_config(WarmStartConfig(protocol="latent", latent_prior="cued"), "math", 0)
+    assert _warm_config(latent, "math", 0) != _warm_config(WarmStartConfig(protocol="latent", latent_prior="graded",
+                                                                           lr_decay=0.25), "math", 0)
+
+
+@pytest.mark.slow
+def test_preflight_fails_on_a_base_whose_protocol_is_deterministic():
+    """The smoke base is trained on paper-protocol traces only: its answer form never varies, so G2 must fail,
+    the preflight is not met, and the summary keys say which precondition failed."""
+    settings = pf.PreflightSettings(prompts=8, group_size=4, members=4, batch_size=4, sigma_ladder="0.01,0.04,0.16",
+                                    calibration_members=4, calibration_batches=1, pilot_steps=2, tuning_problems=16)
+    report = pf.run_preflight("smoke", "math", settings, pf.PreflightCriterion(), log=lambda *_: None)
+    assert report["values"]["G2"] == 0.0 and report["verdicts"]["G2"] == "fails" and not report["met"]
+    assert report["shape"]["rates_inside_share"] == 0.0 and not report["shape"]["targets_met"]
+    keys = pf.summary_keys({"math": report})
+    assert keys["preflight_met"] is False and "math G2" in keys["preflight_failed"]
+    assert len(report["calibration"]) == 3 and all(0 <= row["share"] <= 1 for row in report["calibration"])
