@@ -52,6 +52,24 @@ NOTEBOOK_PATTERN = re.compile(r"^(\d{2})_[A-Za-z0-9_]+\.ipynb$")
 KERNEL = "python3"
 
 
+def preflight_halt(profile: str, stem: str, results_root: Path | str | None = None) -> str | None:
+    """Why the run must stop after ``stem``, or None: notebook 01's summary says its preflight was enforced and
+    failed (docs/preflight.md#p1-the-preconditions), so the later notebooks could only tabulate zeros."""
+    if stem != "01_substrate_and_agent":
+        return None
+    path = Path(results_root or runs.RESULTS_ROOT) / profile / stem / "summary.json"
+    try:
+        summary = runs.read_json(path)
+    except (OSError, ValueError):
+        return None
+    if summary.get("preflight_enforced") and summary.get("preflight_met") is False:
+        failed = ", ".join(summary.get("preflight_failed") or [])
+        return (f"the testbed's preflight failed ({failed}; {path}): no method could show a difference on this base "
+                "(docs/preflight.md). Change the base design (registered first in docs/preflight.md), or run single "
+                "notebooks with ONLY=... (their claims then read 'not actionable')")
+    return None
+
+
 def discover_notebooks(notebooks_dir: Path) -> list[Path]:
     """``NN_topic.ipynb`` files of ``notebooks_dir`` in suite order."""
     return sorted(p for p in Path(notebooks_dir).iterdir() if NOTEBOOK_PATTERN.match(p.name))
@@ -283,6 +301,7 @@ def run_suite(
     waiting = needs(notebooks)
     pending = list(notebooks)  # number order: the lowest ready notebook starts first
     finished: set[str] = set()
+    halted: list[str] = []  # the preflight's reason, and the notebooks it left unrun
     with _kernel_threads(jobs), ThreadPoolExecutor(max_workers=jobs) as pool:
         running: dict[Any, str] = {}
         while pending or running:
@@ -294,7 +313,13 @@ def run_suite(
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in done:
                 future.result()
-                finished.add(running.pop(future))
+                stem = running.pop(future)
+                finished.add(stem)
+                reason = None if only else preflight_halt(profile, stem, results_root)
+                if reason and pending:
+                    halted[:] = [reason, *(p.stem for p in pending)]
+                    pending.clear()
+                    print(f"[suite] STOPPING after {stem}: {reason}. Not run: {', '.join(halted[1:])}", flush=True)
 
     try:
         index = report.render_index(profile, reports_dir, status, results_root=results_root,
@@ -303,7 +328,10 @@ def run_suite(
         index = reports_dir / "index.html"
         print(f"[suite] error: could not write {exc.filename or index} ({os.strerror(exc.errno) if exc.errno else exc}); "
               "free space and run `python -m copes_lib.cli report` to write it again", file=sys.stderr, flush=True)
-    failed = [p.stem for p in notebooks if status["notebooks"][p.stem]["status"] != "ok"]
+    failed = [p.stem for p in notebooks if p.stem not in halted[1:] and status["notebooks"][p.stem]["status"] != "ok"]
+    if halted:
+        print(f"[suite] STOPPED by the preflight: {halted[0]}", flush=True)
+        return 2
     if not only and not rerun_failed and notebooks == default_selection:
         suite_run = Path(results_root or runs.RESULTS_ROOT) / profile / "suite_run.json"
         _write_or_warn(lambda path: record_suite_run(

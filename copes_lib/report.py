@@ -239,7 +239,7 @@ def _figures(figures_root: Path, profile: str, stem: str) -> list[Path]:
 
 _VERDICT_CLASS = {claims.AGREES: "agrees", claims.PARTLY: "partly", claims.DISAGREES: "disagrees",
                   claims.OPPOSITE: "opposite", claims.INCONCLUSIVE: "inconclusive",
-                  claims.NOT_IN_REGIME: "notinregime", claims.MISSING: "missing"}
+                  claims.NOT_IN_REGIME: "notinregime", claims.NOT_ACTIONABLE: "notinregime", claims.MISSING: "missing"}
 
 _CSS = """
 body.cr { font-family: system-ui, sans-serif; margin: 0 auto; padding: 1.5em 2em; max-width: 1500px; color: #222;

@@ -122,8 +122,7 @@ class WarmStartConfig(Config):
     def check(self) -> None:
         if self.graded_low >= self.graded_high:
             raise ConfigError(f"graded_low = {self.graded_low} must be < graded_high = {self.graded_high}; valid: "
-                              "0 <= graded_low < graded_high < 1 (docs/preflight.md#p2-the-graded-base-the-new-"
-                              "headline-base-design)")
+                              "0 <= graded_low < graded_high < 1 (docs/preflight.md#p2-the-graded-base-the-new-headline-base-design)")
 
 
 # --------------------------------------------------------------------------- tokenizer

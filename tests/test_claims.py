@@ -432,6 +432,22 @@ def test_not_in_regime_gates_the_method_claims(met):
     assert rows["A4"]["verdict"] == claims.MISSING  # missing keys stay missing
 
 
+@pytest.mark.parametrize("met", [None, True, False])
+def test_a_failed_preflight_makes_the_method_claims_not_actionable(met):
+    rng = np.random.default_rng(21)
+    summaries = {"05_fixed_budget_math": {**MATH_05, claims.SCORES: _a1_effect(rng)},
+                 "01_substrate_and_agent": {"regime_criterion_met": True}}
+    if met is not None:
+        summaries["01_substrate_and_agent"].update(preflight_met=met, preflight_failed=[] if met else ["math G1"])
+    rows = {r["claim"]: r for r in claims.judge_claims(summaries)}
+    if met is False:
+        assert rows["A1"]["verdict"] == claims.NOT_ACTIONABLE
+        assert "math G1" in rows["A1"]["reason"] and "would read agrees" in rows["A1"]["reason"]
+    else:
+        assert rows["A1"]["verdict"] == claims.AGREES
+    assert rows["A4"]["verdict"] == claims.MISSING
+
+
 # --------------------------------------------------------------------------- intervals with every noise source
 def test_gain_recovery_interval_counts_the_reference_and_the_problems():
     rng = np.random.default_rng(22)

@@ -122,3 +122,20 @@ def test_preflight_fails_on_a_base_whose_protocol_is_deterministic():
     keys = pf.summary_keys({"math": report})
     assert keys["preflight_met"] is False and "math G2" in keys["preflight_failed"]
     assert len(report["calibration"]) == 3 and all(0 <= row["share"] <= 1 for row in report["calibration"])
+
+
+def test_runner_stops_after_01_only_when_an_enforced_preflight_failed(tmp_path):
+    from copes_lib import cli, runs
+
+    folder = tmp_path / "cpu" / "01_substrate_and_agent"
+    folder.mkdir(parents=True)
+    runs.atomic_write_json(folder / "summary.json", {"preflight_enforced": True, "preflight_met": False,
+                                                     "preflight_failed": ["math G2"]})
+    reason = cli.preflight_halt("cpu", "01_substrate_and_agent", tmp_path)
+    assert reason and "math G2" in reason and "docs/preflight.md" in reason
+    assert cli.preflight_halt("cpu", "02_standard_es", tmp_path) is None
+    runs.atomic_write_json(folder / "summary.json", {"preflight_enforced": False, "preflight_met": False})
+    assert cli.preflight_halt("cpu", "01_substrate_and_agent", tmp_path) is None  # smoke: reported, not enforced
+    runs.atomic_write_json(folder / "summary.json", {"preflight_enforced": True, "preflight_met": True})
+    assert cli.preflight_halt("cpu", "01_substrate_and_agent", tmp_path) is None
+

@@ -186,7 +186,7 @@ def test_cache_key_changes_with_p_and_the_paper_base_keeps_its_key():
     from copes_lib.substrate import warm_start_folder
 
     base = substrate_config("smoke")
-    latent = dataclasses.replace(base, protocol="latent")
+    latent = dataclasses.replace(base, protocol="latent", latent_prior="cued", lr_decay=0.0)
 
     def folder(config, kind="math"):
         return warm_start_folder("smoke", kind, 0, config=config)[0]
@@ -197,6 +197,9 @@ def test_cache_key_changes_with_p_and_the_paper_base_keeps_its_key():
     assert folder(dataclasses.replace(latent, latent_qa_steps=7), "qa") != folder(latent, "qa")
     homogeneous = dataclasses.replace(latent, latent_prior="homogeneous")
     assert folder(dataclasses.replace(latent, latent_prior="cued")) != folder(homogeneous)
+    graded = dataclasses.replace(latent, latent_prior="graded")
+    assert folder(dataclasses.replace(graded, latent_p=0.3)) == folder(graded)  # the graded prior ignores p
+    assert folder(dataclasses.replace(graded, graded_high=0.6)) != folder(graded)
     # the paper protocol ignores the latent knobs, so its cache entry (the skill-gap control) is unchanged
     assert folder(dataclasses.replace(base, latent_p=0.3, latent_math_steps=7)) == folder(base)
 

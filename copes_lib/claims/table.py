@@ -19,6 +19,7 @@ from copes_lib.claims.verdicts import (
     CONTRAST_CLAIM,
     FAMILIES,
     MISSING,
+    NOT_ACTIONABLE,
     NOT_IN_REGIME,
     REGIME_CLAIMS,
     REGIME_KEY,
@@ -140,6 +141,16 @@ def _regime_gate(summaries: dict[str, dict[str, Any]]) -> str | None:
     return None
 
 
+def _preflight_gate(summaries: dict[str, dict[str, Any]]) -> str | None:
+    """The reason paper A's method claims cannot show a difference, or None (preflight met or not recorded):
+    01's ``preflight_met`` is false (docs/preflight.md#p1-the-preconditions)."""
+    s = summaries.get(REGIME_NOTEBOOK, {})
+    if s.get("preflight_met") is False:
+        failed = ", ".join(s.get("preflight_failed") or []) or "see 01's preflight"
+        return f"not actionable: {failed} (docs/preflight.md#p1-the-preconditions)"
+    return None
+
+
 def judge_claims(summaries: dict[str, dict[str, Any]],
                  needs: dict[str, tuple[str, ...]] | None = None) -> list[dict[str, str]]:
     """One row per claim: the paper's figure, ours, the verdict (``missing`` if keys are absent), the
@@ -151,6 +162,7 @@ def judge_claims(summaries: dict[str, dict[str, Any]],
     contexts: dict[str, Context] = {}
     rows = []
     gate = _regime_gate(summaries)
+    preflight = _preflight_gate(summaries)
     measured = tuple(c for c in BENCHMARK_CLAIMS if all(k in summaries.get(c.notebook, {}) for k in c.keys))
     for claim in CLAIMS + SCALE_CLAIMS + OUR_CLAIMS + measured:
         summary = summaries.get(claim.notebook, {})
@@ -165,6 +177,9 @@ def judge_claims(summaries: dict[str, dict[str, Any]],
             if gate and claim.claim_id.split("-")[0] in REGIME_CLAIMS:
                 j = dataclasses.replace(j, verdict=NOT_IN_REGIME,
                                         reason=f"{gate}; the data alone would read {j.verdict} ({j.reason})")
+            elif preflight and claim.claim_id.split("-")[0] in REGIME_CLAIMS:
+                j = dataclasses.replace(j, verdict=NOT_ACTIONABLE,
+                                        reason=f"{preflight}; the data alone would read {j.verdict} ({j.reason})")
         if claim.notebook in stale and j.verdict != MISSING:
             j = dataclasses.replace(j, verdict=STALE,
                                     reason=f"{stale[claim.notebook]}; its data would read {j.verdict} ({j.reason})")
@@ -225,6 +240,9 @@ def rules_markdown() -> str:
              f"- **not in regime**: claims {', '.join(REGIME_CLAIMS)} read `{NOT_IN_REGIME}` when "
              f"`results/<profile>/{REGIME_NOTEBOOK}/summary.json` has `{REGIME_KEY}: false` (the reason keeps what "
              "the data alone would read); without the key they are judged as below.",
+             f"- **not actionable**: the same claims read `{NOT_ACTIONABLE}` when that summary has `preflight_met: "
+             "false` (docs/preflight.md#p1-the-preconditions: the testbed could not show a difference; the reason "
+             "names the failed preconditions and keeps what the data alone would read).",
              "- **one data set, one test**: a contrast whose two score arrays are byte-identical to an earlier "
              "notebook's contrast carries that test (its margin, its Holm family) and is left out of its own "
              "family; the reason names the first test.",

@@ -81,12 +81,27 @@ class SubstrateNotebookParams(NotebookParams):
     WARM_GRADED_HIGH: float = param(0.70, "graded prior: the highest cue value's rate, above WARM_GRADED_LOW and "
                                     "below 1", gt=0.0, lt=1.0)
     WARM_LR_DECAY: float = param(0.25, "fraction of the last latent warm-start steps over which the learning rate "
-                                 "decays linearly to 0 (0: constant; docs/preflight.md#p2-the-graded-base-the-new-"
-                                 "headline-base-design)", ge=0.0, le=1.0)
+                                 "decays linearly to 0 (0: constant; docs/preflight.md#p2-the-graded-base-the-new-headline-base-design)",
+                                 ge=0.0, le=1.0)
     WARM_LATENT_MATH_STEPS: int = param(1000, "latent protocol: math warm-start steps, trained exactly (no stopping "
                                         "rule; convergence is checked on the lenient curve)", ge=1)
     WARM_LATENT_QA_STEPS: int = param(1000, "latent protocol: QA warm-start steps, trained exactly (no stopping "
                                       "rule; convergence is checked on the lenient curve)", ge=1)
+    PREFLIGHT: bool = param(True, "measure the testbed's preconditions on the base (docs/preflight.md; the gpu "
+                            "profile has no tuning split: off there)")
+    PREFLIGHT_ENFORCE: bool = param(True, "a failed preflight stops make reproduce after this notebook (off in smoke, "
+                                    "whose bases are too small to act)")
+    PREFLIGHT_KINDS: str = param("math,qa", "task kinds the preflight measures, comma-separated")
+    PREFLIGHT_PROMPTS: int = param(64, "preflight: tuning prompts sampled (G1/G2) and evaluated (E1)", ge=1)
+    PREFLIGHT_GROUP: int = param(8, "preflight: samples per prompt at T 1 (GRPO's group size)", ge=2)
+    PREFLIGHT_MEMBERS: int = param(40, "preflight: ES members of E1 and of the ES pilot (the run's N)", ge=2)
+    PREFLIGHT_BATCH: int = param(16, "preflight: prompts per ES batch (the run's BATCH_SIZE)", ge=1)
+    PREFLIGHT_SIGMAS: str = param("0.00125,0.0025,0.005,0.01,0.02,0.04,0.08", "preflight: the sigma ladder of the "
+                                  "calibration, ascending (docs/preflight.md#p3-settings-rules-that-cannot-choose-a-no-op)")
+    PREFLIGHT_CALIBRATION_MEMBERS: int = param(16, "preflight: members per ladder rung", ge=2)
+    PREFLIGHT_CALIBRATION_BATCHES: int = param(2, "preflight: training batches per ladder rung", ge=1)
+    PREFLIGHT_PILOT_STEPS: int = param(8, "preflight: steps of the ES and full-GRPO pilots", ge=1)
+    PREFLIGHT_TUNING_PROBLEMS: int = param(256, "preflight: tuning problems of the GRPO pilot's strict gain", ge=1)
     WARM_BATCH: int = param(32, "warm-start traces per step", ge=1)
     WARM_LR: float = param(3e-3, "warm-start AdamW learning rate (after a linear warmup)", gt=0.0)
     WARM_WARMUP: int = param(20, "linear learning-rate warmup steps", ge=0)
@@ -124,6 +139,11 @@ class SubstrateNotebookParams(NotebookParams):
         if self.WARM_GRADED_LOW >= self.WARM_GRADED_HIGH:
             raise ConfigError(f"WARM_GRADED_LOW = {self.WARM_GRADED_LOW} must be < WARM_GRADED_HIGH = "
                               f"{self.WARM_GRADED_HIGH}; valid: 0 <= WARM_GRADED_LOW < WARM_GRADED_HIGH < 1")
+        self.preflight_kinds()
+        try:
+            self.preflight_settings()
+        except ConfigError as error:
+            raise ConfigError(f"{error} (the PREFLIGHT_* parameters)") from None
         if self.PROFILE != "gpu" and self.MODEL_SIZE not in MODEL_SIZES:
             raise ConfigError(f"MODEL_SIZE = {self.MODEL_SIZE!r}; valid values: {list(MODEL_SIZES)}")
         from copes_lib.tasks.loaders import parse_test_files
@@ -133,6 +153,24 @@ class SubstrateNotebookParams(NotebookParams):
                 parse_test_files(getattr(self, name), kind, f"{type(self).__name__}.{name}")
             except ValueError as error:
                 raise ConfigError(str(error)) from None
+
+    def preflight_kinds(self) -> list[str]:
+        kinds = [k.strip() for k in self.PREFLIGHT_KINDS.split(",") if k.strip()]
+        if not kinds or any(k not in ("math", "qa") for k in kinds):
+            raise ConfigError(f"PREFLIGHT_KINDS = {self.PREFLIGHT_KINDS!r}; valid: a comma-separated subset of "
+                              "['math', 'qa']")
+        return kinds
+
+    def preflight_settings(self):
+        """The preflight's settings (``copes_lib.protocols.preflight.PreflightSettings``)."""
+        from copes_lib.protocols.preflight import PreflightSettings
+
+        return PreflightSettings(prompts=self.PREFLIGHT_PROMPTS, group_size=self.PREFLIGHT_GROUP,
+                                 members=self.PREFLIGHT_MEMBERS, batch_size=self.PREFLIGHT_BATCH,
+                                 sigma_ladder=self.PREFLIGHT_SIGMAS, calibration_members=self.PREFLIGHT_CALIBRATION_MEMBERS,
+                                 calibration_batches=self.PREFLIGHT_CALIBRATION_BATCHES,
+                                 pilot_steps=self.PREFLIGHT_PILOT_STEPS, tuning_problems=self.PREFLIGHT_TUNING_PROBLEMS,
+                                 seed=self.SEED)
 
     def warm_start_config(self) -> WarmStartConfig:
         """The substrate these parameters describe (the gpu profile loads MODEL_PATH instead of training)."""

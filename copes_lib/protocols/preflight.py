@@ -388,12 +388,59 @@ def summary_keys(reports: dict[str, dict[str, Any]]) -> dict[str, Any]:
         for name, value in r["shape"].items():
             out[f"preflight_{kind}_{name}"] = value
         failed += [f"{kind} {p}" for p in r["failed"]]
+    out = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in out.items()}  # flat JSON: no nan
     out["preflight_met"] = not failed
     out["preflight_failed"] = failed
     return out
 
 
-__all__ = ["PRECONDITIONS", "MEANING", "PreflightCriterion", "PreflightSettings", "in_protocol", "sampled_groups",
+def table(reports: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (kind, precondition): measured value, floor, verdict, what it means and the paper's analogue."""
+    floors = {"G1": ">= {min_varied_groups}", "G2": ">= {min_protocol_groups}", "E1": ">= {min_members_differ}",
+              "E2": "<= {max_tied_steps}", "R": ">= {min_reference_gain}, 95% low > 0"}
+    paper = {"G1": "base 49.2% val -> +42 points in 16 GRPO steps", "G2": "GSM8K 9.2 -> 94 in 16 steps (form)",
+             "E1": "ES@16 77.6 from 49.2: members must differ", "E2": "no tied steps reported",
+             "R": "full GRPO +42 val points in 16 steps"}
+    rows = []
+    for kind, r in reports.items():
+        for pid in PRECONDITIONS:
+            value = r["values"].get(pid)
+            if pid == "R" and value is not None:
+                value = f"{value:+.3f} [{r['values']['R_low']:+.3f}, {r['values']['R_high']:+.3f}]"
+            rows.append({"kind": kind, "precondition": pid, "meaning": MEANING[pid], "ours": value,
+                         "floor": floors[pid].format(**r["criterion"]), "verdict": r["verdicts"][pid],
+                         "paper's analogue": paper[pid]})
+    return rows
+
+
+def plot(reports: dict[str, dict[str, Any]]):
+    """Per kind: the histogram of per-prompt sampled protocol rates, and the member-spread curve over sigma
+    (share of members differing from the base) with the E1 floor and the calibrated sigma."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(reports), 2, figsize=(10, 3.2 * len(reports)), squeeze=False)
+    for (left, right), (kind, r) in zip(axes, reports.items()):
+        left.hist(r["groups"]["protocol_rate"], bins=np.linspace(0, 1, 11), color="tab:blue", edgecolor="white")
+        left.set_xlabel(f"per-prompt sampled protocol rate (G = {r['settings']['group_size']}, T = "
+                        f"{r['settings']['temperature']})")
+        left.set_ylabel("prompts")
+        left.set_title(f"{kind}: G1 {r['values']['G1']:.2f}, G2 {r['values']['G2']:.2f}")
+        sigmas = [row["sigma"] for row in r["calibration"]]
+        right.plot(sigmas, [row["share"] for row in r["calibration"]], marker="o", label="members differing")
+        right.axhline(r["criterion"]["min_members_differ"], color="grey", ls=":", label="E1 floor")
+        if r["sigma"] is not None:
+            right.axvline(r["sigma"], color="green", ls="--", label=f"calibrated sigma {r['sigma']:g}")
+        right.set_xscale("log")
+        right.set_ylim(-0.02, 1.02)
+        right.set_xlabel("sigma")
+        right.set_ylabel("share of members")
+        right.set_title(f"{kind}: ES member spread over sigma")
+        right.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+__all__ = ["table", "plot", "PRECONDITIONS", "MEANING", "PreflightCriterion", "PreflightSettings", "in_protocol", "sampled_groups",
            "differing_share", "calibrate_sigma", "member_spread", "es_pilot", "strict_scores", "grpo_pilot",
            "decision_margins", "spearman", "base_shape", "judge", "not_actionable_reason", "run_preflight",
            "summary_keys"]
