@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from copes_lib.budget import SubstrateSizes
-from copes_lib.config import ConfigError, NotebookParams, param
+from copes_lib.config import Config, ConfigError, NotebookParams, param
 from copes_lib.engines import ENGINES
 from copes_lib.es import ESConfig
 from copes_lib.grpo import GRPOConfig
@@ -38,6 +38,42 @@ class SummaryParams(NotebookParams):
     NOTEBOOK = "99_summary"
 
     WRITE_README: bool = param(True, "rewrite the README's generated results section from the claims table")
+
+
+@dataclass(frozen=True)
+class PreflightSettings(Config):
+    """How much the preflight measures (cpu: docs/preflight.md#p1-the-preconditions)."""
+
+    prompts: int = param(64, "tuning prompts sampled for G1 / G2 and evaluated for E1 (a multiple of batch_size)",
+                         ge=1)
+    group_size: int = param(8, "G, samples per prompt (GRPO's group size)", ge=2)
+    temperature: float = param(1.0, "sampling temperature of G1 / G2 (GRPO's)", gt=0.0)
+    members: int = param(40, "E1 and the ES pilot: members N", ge=2)
+    batch_size: int = param(16, "prompts per ES batch (the run's BATCH_SIZE)", ge=1)
+    sigma_ladder: str = param("0.00125,0.0025,0.005,0.01,0.02,0.04,0.08", "sigmas tried by the calibration, "
+                              "ascending (docs/preflight.md#p3-settings-rules-that-cannot-choose-a-no-op)")
+    calibration_members: int = param(16, "members per ladder rung", ge=2)
+    calibration_batches: int = param(2, "training batches per ladder rung (each must reach the share)", ge=1)
+    pilot_steps: int = param(8, "steps of the ES and GRPO pilots", ge=1)
+    tuning_problems: int = param(256, "tuning problems the GRPO pilot's strict gain is measured on", ge=1)
+    grpo_lr: float = param(0.0, "the GRPO pilot's learning rate; 0: notebook 04's FULL_LR (the registered "
+                           "default)", ge=0.0)
+    seed: int = param(0, "seed of the samples and of the ES members", ge=0)
+
+    def check(self) -> None:
+        ladder = self.ladder()
+        if not ladder or any(s <= 0 for s in ladder) or ladder != sorted(set(ladder)):
+            raise ConfigError(f"sigma_ladder = {self.sigma_ladder!r}: give ascending sigmas > 0, e.g. "
+                              "'0.00125,0.0025,0.005'")
+        if self.prompts % self.batch_size:
+            raise ConfigError(f"prompts = {self.prompts} must be a multiple of batch_size = {self.batch_size}")
+
+    def ladder(self) -> list[float]:
+        try:
+            return [float(v) for v in self.sigma_ladder.split(",") if v.strip()]
+        except ValueError:
+            raise ConfigError(f"sigma_ladder = {self.sigma_ladder!r}: comma-separated numbers expected") from None
+
 
 
 # =========================================================================== 01: substrate and agent
@@ -162,9 +198,7 @@ class SubstrateNotebookParams(NotebookParams):
         return kinds
 
     def preflight_settings(self):
-        """The preflight's settings (``copes_lib.protocols.preflight.PreflightSettings``)."""
-        from copes_lib.protocols.preflight import PreflightSettings
-
+        """The preflight's settings."""
         return PreflightSettings(prompts=self.PREFLIGHT_PROMPTS, group_size=self.PREFLIGHT_GROUP,
                                  members=self.PREFLIGHT_MEMBERS, batch_size=self.PREFLIGHT_BATCH,
                                  sigma_ladder=self.PREFLIGHT_SIGMAS, calibration_members=self.PREFLIGHT_CALIBRATION_MEMBERS,

@@ -35,6 +35,7 @@ import torch
 
 from copes_lib import runs
 from copes_lib.config import Config, ConfigError, param
+from copes_lib.protocols.params import PreflightSettings
 
 #: The preconditions' ids, in the order of docs/preflight.md#p1-the-preconditions.
 PRECONDITIONS = ("G1", "G2", "E1", "E2", "R")
@@ -60,41 +61,6 @@ class PreflightCriterion(Config):
                                   ge=0.0, le=1.0)
     min_reference_gain: float = param(0.15, "R: the GRPO pilot's strict tuning gain at least this (and its paired "
                                       "95% interval above 0)", ge=0.0, le=1.0)
-
-
-@dataclasses.dataclass(frozen=True)
-class PreflightSettings(Config):
-    """How much the preflight measures (cpu: docs/preflight.md#p1-the-preconditions)."""
-
-    prompts: int = param(64, "tuning prompts sampled for G1 / G2 and evaluated for E1 (a multiple of batch_size)",
-                         ge=1)
-    group_size: int = param(8, "G, samples per prompt (GRPO's group size)", ge=2)
-    temperature: float = param(1.0, "sampling temperature of G1 / G2 (GRPO's)", gt=0.0)
-    members: int = param(40, "E1 and the ES pilot: members N", ge=2)
-    batch_size: int = param(16, "prompts per ES batch (the run's BATCH_SIZE)", ge=1)
-    sigma_ladder: str = param("0.00125,0.0025,0.005,0.01,0.02,0.04,0.08", "sigmas tried by the calibration, "
-                              "ascending (docs/preflight.md#p3-settings-rules-that-cannot-choose-a-no-op)")
-    calibration_members: int = param(16, "members per ladder rung", ge=2)
-    calibration_batches: int = param(2, "training batches per ladder rung (each must reach the share)", ge=1)
-    pilot_steps: int = param(8, "steps of the ES and GRPO pilots", ge=1)
-    tuning_problems: int = param(256, "tuning problems the GRPO pilot's strict gain is measured on", ge=1)
-    grpo_lr: float = param(0.0, "the GRPO pilot's learning rate; 0: notebook 04's FULL_LR (the registered "
-                           "default)", ge=0.0)
-    seed: int = param(0, "seed of the samples and of the ES members", ge=0)
-
-    def check(self) -> None:
-        ladder = self.ladder()
-        if not ladder or any(s <= 0 for s in ladder) or ladder != sorted(set(ladder)):
-            raise ConfigError(f"sigma_ladder = {self.sigma_ladder!r}: give ascending sigmas > 0, e.g. "
-                              "'0.00125,0.0025,0.005'")
-        if self.prompts % self.batch_size:
-            raise ConfigError(f"prompts = {self.prompts} must be a multiple of batch_size = {self.batch_size}")
-
-    def ladder(self) -> list[float]:
-        try:
-            return [float(v) for v in self.sigma_ladder.split(",") if v.strip()]
-        except ValueError:
-            raise ConfigError(f"sigma_ladder = {self.sigma_ladder!r}: comma-separated numbers expected") from None
 
 
 # --------------------------------------------------------------------------- G1 / G2
