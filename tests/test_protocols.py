@@ -267,11 +267,62 @@ def test_sweep_tie_is_shown_and_broken_by_the_declared_rule():
     choice = es_arm.sweep_choice(rows, (1.0, 1.0))
     assert (choice.sigma, choice.alpha, choice.tie) == (0.01, 0.005, (0.005, 0.01))  # higher training reward
     assert "TIE" in choice.describe() and choice.rule == es_arm.SWEEP_TIE_RULE
-    rows[1]["final_reward_mean"] = 0.2  # still tied on reward: the smaller sigma
+    rows[1]["final_reward_mean"] = 0.2  # still tied on reward: the registered default, never "the smaller sigma"
+    rows[0]["default"] = True
     assert es_arm.best_setting(rows, (1.0, 1.0)) == (0.005, 0.0025)
+    rows[0]["default"], rows[1]["default"] = False, True
+    assert es_arm.best_setting(rows, (1.0, 1.0)) == (0.01, 0.005)
+    del rows[0]["default"], rows[1]["default"]  # no default among the rows: the closest to the fallback's sigma
+    assert es_arm.best_setting(rows, (0.004, 0.002)) == (0.005, 0.0025)
+    assert es_arm.best_setting(rows, (0.03, 0.015)) == (0.01, 0.005)
     rows[1]["final_val_accuracy"] = 0.40
     assert es_arm.sweep_choice(rows, (1.0, 1.0)).tie == ()
     assert es_arm.sweep_choice([], (1.0, 2.0)) == es_arm.SweepChoice(1.0, 2.0)
+
+
+def test_sweep_ties_go_to_the_registered_default_and_an_all_tied_sweep_is_uninformative():
+    """docs/preflight.md#p3-settings-rules-that-cannot-choose-a-no-op, rules 2-3: a tie never goes to the value
+    that changes the model least; a sweep where every value ties keeps the default and says so."""
+    flat = sweeps.widen_to_bracket(lambda v: {"score": 0.25, "reward": 0.1}, [0.005, 0.01, 0.02],
+                                   key=lambda r: (r["score"], r["reward"]), max_extend=2, name="SWEEP_SIGMAS",
+                                   default=0.01)
+    assert flat.uninformative and flat.chosen == 0.01 and flat.added == [] and not flat.at_edge
+    assert "UNINFORMATIVE" in flat.describe() and "0.01" in flat.describe()
+    # two values tie at the top (the smallest and the default): the default wins, and the grid is not widened
+    rows = {0.005: (0.3, 0.1), 0.01: (0.3, 0.1), 0.02: (0.2, 0.1)}
+    tied = sweeps.widen_to_bracket(lambda v: rows[v], list(rows), key=lambda r: r, max_extend=2, default=0.01)
+    assert tied.chosen == 0.01 and tied.tied == [0.005, 0.01] and not tied.uninformative and tied.added == []
+    assert "registered default" in tied.describe()
+    # the training reward breaks an accuracy tie before the default does
+    rows[0.005] = (0.3, 0.2)
+    by_reward = sweeps.widen_to_bracket(lambda v: rows[v], list(rows), key=lambda r: r, max_extend=0, default=0.01)
+    assert by_reward.chosen == 0.005 and by_reward.at_edge
+    # a default missing from the grid is evaluated too; the grid centred on it
+    added = sweeps.widen_to_bracket(lambda v: {"score": 0.0}, [0.005, 0.02], key=lambda r: r["score"],
+                                    max_extend=0, default=0.01)
+    assert added.values == [0.005, 0.01, 0.02] and added.chosen == 0.01
+    assert sweeps.centred_grid(0.04, (0.5, 1, 2)) == [0.02, 0.04, 0.08]
+    assert sweeps.break_tie([0.0025, 0.02], 0.005) == 0.0025 and sweeps.break_tie([0.01, 0.0025], 0.005) == 0.0025
+
+
+def test_es_sweep_is_centred_on_notebook_01s_calibrated_sigma(tmp_path, monkeypatch):
+    from copes_lib import runs
+    from copes_lib.protocols.params import StandardESNotebookParams
+
+    monkeypatch.setattr(runs, "RESULTS_ROOT", tmp_path)
+    params = StandardESNotebookParams(PROFILE="smoke", SIGMA=0.01)
+    assert es_arm.registered_sigma(params)[0] == 0.01  # 01 has not run: SIGMA
+    assert params.sweep_grid(0.01) == [0.005, 0.01, 0.02]
+    folder = tmp_path / "smoke" / "01_substrate_and_agent"
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text('{"preflight_math_sigma": 0.04, "preflight_qa_sigma": null}')
+    sigma, source = es_arm.registered_sigma(params)
+    assert sigma == 0.04 and "calibrated" in source
+    qa = StandardESNotebookParams(PROFILE="smoke", SIGMA=0.01, TASK_KIND="qa")
+    assert es_arm.registered_sigma(qa)[0] == 0.01  # the qa calibration found no sigma: SIGMA, said so
+    assert StandardESNotebookParams(SWEEP_SIGMAS="0.003,0.03").sweep_grid(0.04) == [0.003, 0.03]
+    with pytest.raises(ConfigError, match="SWEEP_FACTORS"):
+        StandardESNotebookParams(SWEEP_FACTORS="half")
 
 
 def _peaked_at(optimum):

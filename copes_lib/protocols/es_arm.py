@@ -32,9 +32,9 @@ from copes_lib.es_backends import ensure_ray
 from copes_lib.es_objective import AgentObjective
 from copes_lib.es_training import cached_es_run, run_key
 from copes_lib.protocols.histories import val_points
-from copes_lib.protocols.params import ESSettings, StandardESNotebookParams, sweep_values
+from copes_lib.protocols.params import ESSettings, StandardESNotebookParams
 from copes_lib.protocols.substrate_setup import substrate_config
-from copes_lib.protocols.sweeps import GridSweep, widen_to_bracket
+from copes_lib.protocols.sweeps import GridSweep, break_tie, widen_to_bracket
 from copes_lib.substrate import WarmStartConfig
 from copes_lib.training_run import BEST, LAST, SCORE
 
@@ -138,8 +138,19 @@ def tuning_agent(agent: AgentSetup, problems: int, name: str = "SWEEP_VAL_PROBLE
 
 
 def _sweep_key(row: dict[str, Any]) -> tuple:
-    """SWEEP_TIE_RULE as a sort key (higher is better)."""
-    return (row["final_val_accuracy"], row.get("final_reward_mean", 0.0), -row["sigma"])
+    """SWEEP_TIE_RULE's first two criteria as a sort key (higher is better); the rest goes to the default."""
+    return (row["final_val_accuracy"], row.get("final_reward_mean", 0.0))
+
+
+def registered_sigma(params: StandardESNotebookParams) -> tuple[float, str]:
+    """(the sigma a sweep is centred on and ties go to, where it comes from): notebook 01's calibrated sigma
+    for TASK_KIND (docs/preflight.md#p3-settings-rules-that-cannot-choose-a-no-op, rule 1) when 01's
+    preflight calibrated one, else the notebook's SIGMA."""
+    summary = runs.load_summary(params.PROFILE, "01_substrate_and_agent") or {}
+    calibrated = summary.get(f"preflight_{params.TASK_KIND}_sigma")
+    if isinstance(calibrated, (int, float)) and calibrated > 0:
+        return float(calibrated), f"notebook 01's calibrated sigma for {params.TASK_KIND}"
+    return params.SIGMA, "SIGMA (notebook 01 calibrated no sigma for " + params.TASK_KIND + ")"
 
 
 def sigma_sweep(params: StandardESNotebookParams, agent: AgentSetup, subspaces: int) -> GridSweep:
@@ -160,16 +171,18 @@ def sigma_sweep(params: StandardESNotebookParams, agent: AgentSetup, subspaces: 
                 "mean_update_norm": float(np.mean([r["es/update_norm"] for r in history[1:]])),
                 "device_hours": history[-1]["time/device_hours"]}
 
-    values = sweep_values(params.SWEEP_SIGMAS, "SWEEP_SIGMAS")
+    default, _ = registered_sigma(params)
+    values = params.sweep_grid(default)
     if not values:
         return GridSweep("SWEEP_SIGMAS", [], {}, float("nan"))
-    return widen_to_bracket(evaluate, values, key=_sweep_key, max_extend=params.SWEEP_MAX_EXTEND, name="SWEEP_SIGMAS")
+    return widen_to_bracket(evaluate, values, key=_sweep_key, max_extend=params.SWEEP_MAX_EXTEND, name="SWEEP_SIGMAS",
+                            default=default)
 
 
 def sweep_rows(grid: GridSweep) -> list[dict[str, Any]]:
     """One row per evaluated setting, ascending, marking the widening's additions and the choice."""
-    return [{**grid.rows[v], "split": "tune", "added_by_widening": v in grid.added, "chosen": v == grid.chosen}
-            for v in grid.values]
+    return [{**grid.rows[v], "split": "tune", "added_by_widening": v in grid.added, "default": v == grid.default,
+             "chosen": v == grid.chosen} for v in grid.values]
 
 
 def sweep_summary(grid: GridSweep) -> dict[str, Any]:
@@ -179,6 +192,8 @@ def sweep_summary(grid: GridSweep) -> dict[str, Any]:
         best["val_at_sweep_end"], best["base_val"])  # an ES row (02, 03) or a GRPO row (04)
     return {"sweep_split": "tune", "sweep_values": list(grid.values), "sweep_added": list(grid.added),
             "sweep_at_edge": bool(grid.at_edge), "sweep_max_extend": grid.max_extend,
+            "sweep_default": grid.default, "sweep_uninformative": bool(grid.uninformative),
+            "sweep_tied": list(grid.tied) if len(grid.tied) > 1 else [],
             # the choice's tuning-split accuracy after SWEEP_STEPS minus the base's: <= 0 means no setting helped
             "sweep_best_minus_base": float(after - before)}
 
@@ -188,8 +203,10 @@ def run_sweep(params: StandardESNotebookParams, agent: AgentSetup, subspaces: in
     return sweep_rows(sigma_sweep(params, agent, subspaces))
 
 
-SWEEP_TIE_RULE = ("highest final validation accuracy; ties (equal accuracy) go to the higher mean training "
-                  "reward at the last sweep step, then to the smaller sigma")
+SWEEP_TIE_RULE = ("highest tuning-split accuracy after the sweep steps; ties (equal accuracy) go to the higher mean "
+                  "training reward at the last sweep step, then to the registered default (or the value geometrically "
+                  "closest to it); every value tied: 'uninformative', the default is kept "
+                  "(docs/preflight.md#p3-settings-rules-that-cannot-choose-a-no-op)")
 
 
 @dataclass(frozen=True)
@@ -210,12 +227,22 @@ class SweepChoice:
 
 
 def sweep_choice(sweep: list[dict[str, Any]], fallback: tuple[float, float]) -> SweepChoice:
-    """The best row of a sigma sweep by ``SWEEP_TIE_RULE``, with the tie shown; ``fallback`` when empty."""
+    """The best row of a sigma sweep by ``SWEEP_TIE_RULE``, with the tie shown; ``fallback`` when empty.
+    Rows of :func:`sweep_rows` carry the sweep's choice (``chosen``) and its default (``default``); rows
+    without them break a tie towards ``fallback``'s sigma."""
     if not sweep:
         return SweepChoice(*fallback)
     top = max(r["final_val_accuracy"] for r in sweep)
     tied = [r for r in sweep if r["final_val_accuracy"] == top]
-    best = max(tied, key=lambda r: (r.get("final_reward_mean", 0.0), -r["sigma"]))
+    chosen = [r for r in sweep if r.get("chosen")]
+    if chosen:
+        best = chosen[0]
+    else:
+        defaults = [r["sigma"] for r in sweep if r.get("default")]
+        reward = max(r.get("final_reward_mean", 0.0) for r in tied)
+        still = [r["sigma"] for r in tied if r.get("final_reward_mean", 0.0) == reward]
+        sigma = break_tie(still, defaults[0] if defaults else fallback[0])
+        best = next(r for r in tied if r["sigma"] == sigma)
     return SweepChoice(best["sigma"], best["alpha"], tuple(sorted(r["sigma"] for r in tied)) if len(tied) > 1 else ())
 
 

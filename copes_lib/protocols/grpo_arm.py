@@ -180,17 +180,19 @@ def seed_report(seed_runs: list[GRPORun], prefix: str) -> dict[str, Any]:
 
 
 def _lr_key(row: dict[str, Any]) -> tuple:
-    """grpo.pick_learning_rate's rule: the highest score after the sweep steps, then the higher mean
-    training reward, then the smaller rate."""
-    return (row["val_at_sweep_end"], row["mean_train_reward"], -row["lr"])
+    """The sweep rule's first two criteria: the highest score after the sweep steps, then the higher mean
+    training reward; rates still tied go to the registered default (``protocols.sweeps.break_tie``)."""
+    return (row["val_at_sweep_end"], row["mean_train_reward"])
 
 
 def lr_sweep(profile: str, agent: Any, use_lora: bool, candidates: list[float], *, force: bool = False,
-             forced: set[Path] | None = None) -> GridSweep:
+             forced: set[Path] | None = None, default: float | None = None) -> GridSweep:
     """Notebook 04's learning-rate sweep of one arm: SWEEP_STEPS-step runs scored on the first
     SWEEP_VAL_PROBLEMS problems of the tuning split (never validation), the grid widened while its best
     rate is at an edge (``protocols.sweeps``, at most SWEEP_MAX_EXTEND added rates), as 02 / 03's sigma
-    sweeps. The sweep runs are their own cache entries (another validation set), not the reference runs."""
+    sweeps. Ties go to ``default`` (None: the arm's FULL_LR / LORA_LR, the registered default); every rate
+    tied: ``uninformative``, the default is kept. The sweep runs are their own cache entries (another
+    validation set), not the reference runs."""
     from copes_lib.protocols.es_arm import tuning_agent
 
     p = grpo_params(profile)
@@ -207,7 +209,10 @@ def lr_sweep(profile: str, agent: Any, use_lora: bool, candidates: list[float], 
                 "mean_train_reward": float(np.mean([r["reward/mean"] for r in trained])),
                 "kl_at_sweep_end": trained[-1]["grpo/kl"]}
 
-    return widen_to_bracket(evaluate, candidates, key=_lr_key, max_extend=p.SWEEP_MAX_EXTEND, name=name)
+    if default is None:
+        default = p.LORA_LR if use_lora else p.FULL_LR
+    return widen_to_bracket(evaluate, candidates, key=_lr_key, max_extend=p.SWEEP_MAX_EXTEND, name=name,
+                            default=default)
 
 
 def grpo_policy(run: GRPORun, which: str = "final"):

@@ -321,10 +321,14 @@ class StandardESNotebookParams(ESSettings):
     STEPS: int = param(16, "ES steps of the main run (paper: the 16-step budget; best ES checkpoint at 112)",
                        ge=0)
     VAL_EVERY: int = param(8, "validate every this many steps (paper: 8)", ge=1)
-    SWEEP_SIGMAS: str = param("0.005,0.01,0.02", "comma-separated sigmas of the sweep (a geometric grid, widened "
-                              "while its best is at an edge); empty for no sweep")
+    SWEEP_SIGMAS: str = param("centred", "the sweep's sigmas: 'centred' (the registered default sigma x "
+                              "SWEEP_FACTORS: notebook 01's calibrated sigma, else SIGMA), comma-separated sigmas "
+                              "(the default is added), or empty for no sweep; widened while its best is at an edge "
+                              "(docs/preflight.md#p3-settings-rules-that-cannot-choose-a-no-op)")
+    SWEEP_FACTORS: str = param("0.5,1,2", "with SWEEP_SIGMAS 'centred': the factors of the registered default sigma")
     SWEEP_ALPHA_RATIO: float = param(0.5, "the sweep sets alpha to this ratio times sigma (paper: 0.5)", gt=0.0)
-    SWEEP_STEPS: int = param(4, "steps per sweep run (the same for every method's sweep)", ge=1)
+    SWEEP_STEPS: int = param(8, "steps per sweep run: the budget it serves (05's BUDGET_MAX; the same for every "
+                             "method's sweep)", ge=1)
     SWEEP_VAL_PROBLEMS: int = param(256, "tuning-split problems each sweep run is scored on (the tuning split is "
                                     "disjoint from validation, tasks.TUNING_SPLIT)", ge=1)
     SWEEP_MAX_EXTEND: int = param(2, "values the sweep may add beyond an edge of SWEEP_SIGMAS (one grid step at a "
@@ -337,7 +341,15 @@ class StandardESNotebookParams(ESSettings):
 
     def check(self) -> None:
         super().check()
-        sweep_values(self.SWEEP_SIGMAS, "SWEEP_SIGMAS")
+        self.sweep_grid(self.SIGMA)
+
+    def sweep_grid(self, default: float) -> list[float]:
+        """The sweep's grid around the registered default ``default`` (empty: no sweep)."""
+        if self.SWEEP_SIGMAS.strip() == "centred":
+            from copes_lib.protocols.sweeps import centred_grid
+
+            return centred_grid(default, sweep_values(self.SWEEP_FACTORS, "SWEEP_FACTORS"))
+        return sweep_values(self.SWEEP_SIGMAS, "SWEEP_SIGMAS")
 
 
 @dataclass(frozen=True)
@@ -350,8 +362,8 @@ class CoPESNotebookParams(StandardESNotebookParams):
     ZSCORE: str = _es_param("zscore", "joint", "z-score over all N (paper) or per subspace (ablation)")
     SIGMA: float = _es_param("sigma", 1e-2, "sigma; CoPES perturbs with sigma_k: sqrt(K) x sigma (the paper's "
                              "protocol shares ES's sigma)")
-    SWEEP_SIGMAS: str = param("0.005,0.01,0.02", "comma-separated sigmas of the CoPES sweep, separate from "
-                              "ES's (widened while its best is at an edge); empty for no sweep")
+    SWEEP_SIGMAS: str = param("centred", "the CoPES sweep's sigmas, separate from ES's: 'centred' (the registered "
+                              "default sigma x SWEEP_FACTORS), comma-separated sigmas, or empty for no sweep")
     STEP_CONTROL: bool = param(False, "also run ES with sqrt(K) x alpha (CoPES's update size; docs/prior_measurements.md)")
 
 
@@ -397,13 +409,14 @@ class GRPONotebookParams(NotebookParams):
     LORA_ALPHA: int = param(16, "LoRA alpha (paper: 64), twice the rank as in the paper", ge=1)
     KL_COEF: float = param(1e-3, "k3 KL coefficient (paper: 1e-3)", ge=0)
     TEMPERATURE: float = param(1.0, "sampling temperature of training rollouts (paper: 1.0)", gt=0)
-    SWEEP_LRS_FULL: str = param("3e-5,1e-4,3e-4", "comma-separated full-parameter learning rates to sweep first "
-                                "(a geometric grid, widened while its best is at an edge; empty: no sweep, use "
-                                "FULL_LR)")
-    SWEEP_LRS_LORA: str = param("1e-3,3e-3,1e-2", "comma-separated LoRA learning rates to sweep first (widened as "
-                                "SWEEP_LRS_FULL; empty: use LORA_LR)")
-    SWEEP_STEPS: int = param(4, "steps per sweep run; the best tuning-split accuracy after them picks the rate "
-                             "(the same steps as the ES sweeps of 02 / 03)", ge=1)
+    SWEEP_LRS_FULL: str = param("1e-5,1e-4,1e-3", "comma-separated full-parameter learning rates to sweep first "
+                                "(a geometric grid centred on FULL_LR, the registered default ties go to; widened "
+                                "while its best is at an edge; empty: no sweep, use FULL_LR)")
+    SWEEP_LRS_LORA: str = param("1e-4,1e-3,1e-2", "comma-separated LoRA learning rates to sweep first (centred on "
+                                "LORA_LR, widened as SWEEP_LRS_FULL; empty: use LORA_LR)")
+    SWEEP_STEPS: int = param(8, "steps per sweep run: the budget it serves (05's BUDGET_MAX); the best "
+                             "tuning-split accuracy after them picks the rate (the same steps as the ES sweeps of "
+                             "02 / 03)", ge=1)
     SWEEP_VAL_PROBLEMS: int = param(256, "tuning-split problems each sweep run is scored on (disjoint from "
                                     "validation, tasks.TUNING_SPLIT)", ge=1)
     SWEEP_MAX_EXTEND: int = param(2, "rates a sweep may add beyond an edge of its grid (one grid step at a time, "
