@@ -325,6 +325,18 @@ def test_es_sweep_is_centred_on_notebook_01s_calibrated_sigma(tmp_path, monkeypa
         StandardESNotebookParams(SWEEP_FACTORS="half")
 
 
+@pytest.mark.parametrize("name", ["SWEEP_SIGMAS", "SWEEP_FACTORS", "SWEEP_LRS_FULL", "SWEEP_LRS_LORA"])
+def test_a_sweep_grid_with_one_value_is_an_error_naming_the_parameter(name):
+    from copes_lib.protocols.params import GRPONotebookParams, StandardESNotebookParams
+
+    cls = GRPONotebookParams if name.startswith("SWEEP_LRS") else StandardESNotebookParams
+    with pytest.raises(ConfigError, match=f"{name} = '0.01' holds one value: give at least two"):
+        cls(**{name: "0.01"})
+    cls(**{name: ""}) if name != "SWEEP_FACTORS" else None  # empty: no sweep (factors need values)
+    with pytest.raises(ConfigError, match=name):
+        cls(**{name: "0.01,-1"})
+
+
 def _peaked_at(optimum):
     """A known sweep objective: higher the closer log(value) is to log(optimum); counts its calls."""
     calls = []

@@ -348,8 +348,8 @@ class StandardESNotebookParams(ESSettings):
         if self.SWEEP_SIGMAS.strip() == "centred":
             from copes_lib.protocols.sweeps import centred_grid
 
-            return centred_grid(default, sweep_values(self.SWEEP_FACTORS, "SWEEP_FACTORS"))
-        return sweep_values(self.SWEEP_SIGMAS, "SWEEP_SIGMAS")
+            return centred_grid(default, sweep_grid(self.SWEEP_FACTORS, "SWEEP_FACTORS"))
+        return sweep_grid(self.SWEEP_SIGMAS, "SWEEP_SIGMAS")
 
 
 @dataclass(frozen=True)
@@ -365,6 +365,16 @@ class CoPESNotebookParams(StandardESNotebookParams):
     SWEEP_SIGMAS: str = param("centred", "the CoPES sweep's sigmas, separate from ES's: 'centred' (the registered "
                               "default sigma x SWEEP_FACTORS), comma-separated sigmas, or empty for no sweep")
     STEP_CONTROL: bool = param(False, "also run ES with sqrt(K) x alpha (CoPES's update size; docs/prior_measurements.md)")
+
+
+def sweep_grid(text: str, name: str) -> list[float]:
+    """:func:`sweep_values` of a sweep's grid: empty (no sweep) or at least two distinct values, since one
+    value is a sweep that can neither compare nor bracket anything."""
+    values = sweep_values(text, name)
+    if len(set(values)) == 1:
+        raise ConfigError(f"{name} = {text!r} holds one value: give at least two (a geometric grid, e.g. "
+                          "'0.5,1,2') or leave it empty for no sweep")
+    return values
 
 
 def sweep_values(text: str, name: str) -> list[float]:
@@ -431,21 +441,16 @@ class GRPONotebookParams(NotebookParams):
             raise ConfigError(f"PROMPT_BATCH = {self.PROMPT_BATCH} is not divisible by MINI_BATCH = "
                               f"{self.MINI_BATCH}; choose a MINI_BATCH that divides it")
         for name in ("SWEEP_LRS_FULL", "SWEEP_LRS_LORA"):
-            for item in filter(None, (s.strip() for s in getattr(self, name).split(","))):
-                try:
-                    ok = float(item) > 0
-                except ValueError:
-                    ok = False
-                if not ok:
-                    raise ConfigError(f"{name} = {getattr(self, name)!r}: {item!r} is not a positive number")
+            sweep_grid(getattr(self, name), name)
 
     def seeds(self, use_lora: bool) -> list[int]:
         """The GRPO seeds of the full (GRPO_SEEDS) or LoRA (LORA_SEEDS) reference runs."""
         return [self.GRPO_SEED + i for i in range(self.LORA_SEEDS if use_lora else self.GRPO_SEEDS)]
 
     def sweep(self, which: str) -> list[float]:
-        text = self.SWEEP_LRS_FULL if which == "full" else self.SWEEP_LRS_LORA
-        return [float(s) for s in text.split(",") if s.strip()]
+        """The learning-rate grid of the full or LoRA arm (empty: no sweep)."""
+        return sweep_grid(self.SWEEP_LRS_FULL, "SWEEP_LRS_FULL") if which == "full" else sweep_grid(
+            self.SWEEP_LRS_LORA, "SWEEP_LRS_LORA")
 
     def grpo_config(self, use_lora: bool, lr: float | None = None, steps: int | None = None,
                     patience: int | None = None, seed_index: int = 0) -> GRPOConfig:
