@@ -45,7 +45,7 @@ from copes_lib.protocols import notebooks as suite
 NEEDS = suite.NEEDS
 
 # Notebooks with a budget of their own under a profile: a run without --only leaves them out and says so;
-# `make reproduce ONLY=09` (then ONLY=99 to refresh the claims) runs them (README, Cost of the cpu profile).
+# `make reproduce ONLY=09` (then ONLY=99 to refresh the claims) runs them (docs/cost.md).
 OWN_BUDGET: dict[str, tuple[str, ...]] = {"cpu": ("09_scale_study",)}
 
 NOTEBOOK_PATTERN = re.compile(r"^(\d{2})_[A-Za-z0-9_]+\.ipynb$")
@@ -252,7 +252,7 @@ def run_suite(
         notebooks = [p for p in notebooks if p.stem not in apart]
         for stem in apart:
             print(f"[suite] {stem} has a budget of its own under {profile} and is not run by default: "
-                  f"`make reproduce PROFILE={profile} ONLY={stem[:2]}` runs it (README, Cost of the cpu profile)",
+                  f"`make reproduce PROFILE={profile} ONLY={stem[:2]}` runs it (docs/cost.md)",
                   flush=True)
     default_selection = [p for p in discovered if p.stem not in OWN_BUDGET.get(profile, ())]
     status_path = reports_dir / "status.json"

@@ -130,13 +130,13 @@ def atomic_torch_save(obj: Any, path: str | Path) -> Path:
 
 
 # --------------------------------------------------------------------------- provenance
-OUTPUT_PATHS = ("results", "figures", "reports", "README.md")
+OUTPUT_PATHS = ("results", "figures", "reports", "README.md", "docs/results.md")
 
 
 def git_state() -> dict[str, Any]:
     """The repository's HEAD sha and whether the work tree differs from it ("unknown" outside git).
 
-    The suite's own outputs (results/, figures/, reports/ and the README's generated claims table) do
+    The suite's own outputs (results/, figures/, reports/ and the generated claims tables of the README and docs/results.md) do
     not count as dirty: a full `make reproduce` rewrites them while it runs, and the later notebooks of
     that run still come from the committed code."""
     def _git(*args: str) -> str:

@@ -18,7 +18,7 @@ substrate), which is too little to trust 2 everywhere. The price: ``JOBS=1`` lea
 idle; use ``JOBS`` to fill them. What the thread count cannot fix: the instruction set of the CPU
 (AVX512 vs AVX2 vs ARM) changes the kernels torch and MKL pick: forcing AVX2 on the development
 machine changed the smoke warm start's stopping step (300 -> 350) and base accuracy (0.297 -> 0.266);
-see the README ("Reproducibility").
+see docs/reproducibility.md.
 """
 
 from __future__ import annotations

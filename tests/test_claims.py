@@ -315,6 +315,35 @@ def test_update_readme_replaces_only_the_marked_section(tmp_path):
     assert plain.read_text() == "no markers\n"
 
 
+def test_results_pages_get_the_short_and_the_full_table(tmp_path):
+    """99's WRITE_README: the README gets the short table (the papers' claims, our predictions counted),
+    docs/results.md the full one with reasons and notebook links relative to docs/."""
+    (tmp_path / "docs").mkdir()
+    for page in ("README.md", claims.RESULTS_PAGE):
+        (tmp_path / page).write_text(f"# {page}\nhand-written\n{claims.README_START}\nSTALE-TABLE\n{claims.README_END}\ntail\n")
+    rows = claims.judge_claims({})
+    assert claims.write_results_pages(tmp_path, rows, "cpu", significant=[]) == {"README.md": True,
+                                                                                   claims.RESULTS_PAGE: True}
+    readme, full = (tmp_path / "README.md").read_text(), (tmp_path / claims.RESULTS_PAGE).read_text()
+    assert "STALE-TABLE" not in readme + full and "hand-written" in readme and readme.endswith("tail\n")
+    assert "| claim | paper | ours | verdict |" in readme and "| reason |" not in readme
+    for claim in claims.CLAIMS:
+        assert f"| {claim.claim_id}: " in readme and f"| {claim.claim_id} |" in full
+    ours = [r["claim"] for r in rows if r["paper"] == claims.OURS]
+    assert ours and f"Our {len(ours)} registered predictions" in readme
+    assert not any(f"| {claim}: " in readme for claim in ours)
+    assert "| verdict | reason | power |" in full and "](../notebooks/05_fixed_budget_math.ipynb)" in full
+    assert "Every significant result" in full and "Every significant result" not in readme
+
+
+def test_readme_table_cuts_long_values_at_a_word():
+    rows = [{"claim": "A1", "paper": "A", "statement": "s", "paper_figure": "1", "ours": "word " * 40,
+             "verdict": claims.AGREES, "reason": "r", "power": "", "notebook": "05_fixed_budget_math"}]
+    line = claims.readme_markdown(rows, "cpu").splitlines()[4]
+    ours = line.split(" | ")[2]
+    assert ours.endswith("word ...") and len(ours) <= 115
+
+
 def test_markdown_lists_every_claim_with_a_link_and_power():
     md = claims.to_markdown(claims.judge_claims({}), "cpu")
     assert "| verdict | reason | power |" in md

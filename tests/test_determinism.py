@@ -46,7 +46,7 @@ def test_warm_start_is_the_same_under_1_and_2_threads(tmp_cache, restore_threads
 def test_training_arithmetic_does_not_depend_on_threads_here(restore_threads):
     """Why N_FIXED = 1 loses nothing on this machine: a forward/backward of the smoke model is bitwise
     equal under 1 and 2 threads. If this fails on another machine, the fixed count is what keeps runs
-    comparable (README, "Reproducibility")."""
+    comparable (docs/reproducibility.md)."""
     from copes_lib.substrate import build_agent_model
 
     grads = {}

@@ -58,6 +58,23 @@ def test_one_parameters_cell_then_validation(notebook):
     assert call in following[0].source, f"{path.name}: the cell after the parameters must call {call}"
 
 
+# Notebooks narrate: a table or a figure is one call into copes_lib/protocols/, so no code cell (the parameters
+# cell aside) runs past about 40 lines (CONTRIBUTING.md, Notebooks). 04's training cell has not been moved yet.
+CELL_LINES_MAX = 45
+LONG_CELLS_NOT_YET_MOVED = {"04_grpo"}
+
+
+def test_code_cells_are_short(notebook):
+    path, nb = notebook
+    parameters = set(_parameters_cells(nb))
+    long = [(i, len(c.source.splitlines())) for i, c in enumerate(nb.cells)
+            if c.cell_type == "code" and i not in parameters and len(c.source.splitlines()) > CELL_LINES_MAX]
+    if path.stem in LONG_CELLS_NOT_YET_MOVED:
+        return
+    assert not long, (f"{path.name}: code cells {long} (index, lines) exceed {CELL_LINES_MAX} lines: move the table or "
+                      "figure they build into a copes_lib/protocols/ function and call it")
+
+
 def test_parameters_match_dataclass(notebook):
     """`papermill --help-notebook` lists every parameter with help text; defaults = the dataclass's."""
     path, _ = notebook

@@ -175,7 +175,7 @@ def test_parallel_runs_respect_needs_and_run_the_summary_last(tmp_path, capsys):
 
 
 def test_a_notebook_with_its_own_budget_runs_only_when_named(suite, monkeypatch, capsys):
-    """cpu's 09 has a budget of its own (README, Cost): a default run leaves it out and says how to run
+    """cpu's 09 has a budget of its own (docs/cost.md): a default run leaves it out and says how to run
     it, still records a suite run; --only runs it."""
     (suite["notebooks_dir"] / "fail.flag").unlink()
     monkeypatch.setitem(cli.OWN_BUDGET, "smoke", ("02_broken",))

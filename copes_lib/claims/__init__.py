@@ -57,17 +57,20 @@ from copes_lib.claims.table import (
     CLAIMS,
     README_END,
     README_START,
+    RESULTS_PAGE,
     RULES_END,
     RULES_START,
     UnreadableResultError,
     judge_claims,
     load_summaries,
+    readme_markdown,
     rules_markdown,
     significant_results,
     stale_notebooks,
     to_markdown,
     update_docs,
     update_readme,
+    write_results_pages,
 )
 from copes_lib.claims.verdicts import (
     AGREES,
@@ -109,4 +112,5 @@ __all__ = [
     "VERDICTS", "WRITTEN", "Claim", "Context", "Contrast", "Families", "Judgement", "Shared", "UnreadableResultError",
     "_stat", "judge_claims", "load_summaries", "lowrank_reading", "parse_rule", "rules_markdown",
     "significant_results", "stale_notebooks", "to_markdown", "update_docs", "update_readme",
+    "write_results_pages", "readme_markdown", "RESULTS_PAGE",
 ]

@@ -63,7 +63,7 @@ Linux only (fork, /proc, rlimits; pidfd when the kernel has it, else polling; se
 The value of a final expression is NOT printed (unlike a REPL): the agent protocol asks the model to
 ``print`` what it wants to see, and an empty output is reported as ``(no output)``.
 
-What this does not protect against (the threat-model table is in README.md#the-python-tool-sandbox).
+What this does not protect against (the threat-model table is in docs/sandbox.md#layers-and-what-they-stop).
 The kernel layers confine what the process can reach, not what it computes: code that gets native
 execution (the preloaded numpy or sympy load ctypes; an interpreter bug) can forge its own result --
 the secret is in its memory -- and can catch a Landlock PermissionError, but it still cannot read or

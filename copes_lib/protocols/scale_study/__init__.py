@@ -41,8 +41,9 @@ batches; the budget is a few steps, far below the paper's 16 at 64 prompts.
 
 The package, by concept: ``base`` (the parameters, the bases, the arms and how a cell's scores read),
 ``size_axis`` (every arm per size, the trend over sizes, a cell's summary), ``mechanism_study`` (the
-mechanism measurement and its summary) and ``map_study`` (the map). Every public name is importable
-from ``copes_lib.protocols.scale_study``.
+mechanism measurement and its summary), ``map_study`` (the map), ``tables`` (the notebook's tables and its
+flat summary) and ``figures`` (its figures: the scale axis, the phase diagram, low rank on the map). Every
+public name is importable from ``copes_lib.protocols.scale_study``.
 """
 
 from copes_lib.protocols.scale_study.base import (
@@ -67,6 +68,12 @@ from copes_lib.protocols.scale_study.base import (
     score_problems,
     scores,
     slug,
+)
+from copes_lib.protocols.scale_study.figures import (
+    plot_lowrank_map,
+    plot_phase_diagram,
+    plot_scale_axis,
+    size_fits,
 )
 from copes_lib.protocols.scale_study.map_study import (
     LOWRANK_MARGIN,
@@ -109,6 +116,16 @@ from copes_lib.protocols.scale_study.size_axis import (
     scores_digest,
     slope_test,
 )
+from copes_lib.protocols.scale_study.tables import (
+    MECHANISM_COLUMNS,
+    map_table,
+    mechanism_table,
+    size_overview,
+    size_table,
+    study_summary,
+    tagged_cells,
+    warm_axis_table,
+)
 
 __all__ = [
     "LADDER",
@@ -116,6 +133,7 @@ __all__ = [
     "MAP_ARMS",
     "MAP_LOWRANK_ARMS",
     "MAP_REGIMES",
+    "MECHANISM_COLUMNS",
     "MIN_MEMBERS_PER_SUBSPACE",
     "NOTEBOOK",
     "QWEN35_4B_PARAMS",
@@ -152,10 +170,15 @@ __all__ = [
     "map_objective",
     "map_predictions",
     "map_summary",
+    "map_table",
     "map_tag",
     "mechanism",
     "mechanism_summary",
+    "mechanism_table",
     "mechanism_verdicts",
+    "plot_lowrank_map",
+    "plot_phase_diagram",
+    "plot_scale_axis",
     "recovery_contrast",
     "rewarded_nll",
     "run_cell",
@@ -165,6 +188,12 @@ __all__ = [
     "score_problems",
     "scores",
     "scores_digest",
+    "size_fits",
+    "size_overview",
+    "size_table",
     "slope_test",
     "slug",
+    "study_summary",
+    "tagged_cells",
+    "warm_axis_table",
 ]
