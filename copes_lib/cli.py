@@ -9,7 +9,10 @@ executes each ``notebooks/NN_*.ipynb`` with papermill (kernel ``python3``, worki
 ``notebooks/``, parameters = the profile's section + ``PROFILE`` (+ ``FORCE``)).
 
 Order: a notebook starts once the notebooks it reads from have finished (:data:`NEEDS`; an
-unregistered notebook waits for every lower-numbered one), lowest number first. ``--jobs N`` runs up
+unregistered notebook waits for every lower-numbered one); of the notebooks ready at once, the one with
+the longest critical path starts first (:func:`critical_paths`: its own cost plus the longest chain of
+notebooks waiting on it, costs from the profile's last complete run, ``suite_run.json``), so that with
+``--jobs 2`` the long chain 01 -> 04 -> 05 is not queued behind short notebooks. ``--jobs N`` runs up
 to N notebooks at once; every kernel gets ``threads.N_FIXED`` threads whatever N, the core count or
 ``OMP_NUM_THREADS`` (numbers must not depend on the machine); ``--jobs 1`` is one notebook after
 another in number order. Executed notebooks
@@ -105,6 +108,42 @@ def needs(notebooks: list[Path]) -> dict[str, set[str]]:
         wanted = NEEDS.get(stem, stems[:i])
         out[stem] = {s for s in wanted if s in stems}  # a need outside the selection: its cached work
     return out
+
+
+def notebook_costs(profile: str, results_root: str | Path | None = None) -> dict[str, float]:
+    """Seconds each notebook took in the profile's last complete run (``suite_run.json``); empty when
+    there is none or it cannot be read (the order then falls back to chain lengths)."""
+    path = Path(results_root or runs.RESULTS_ROOT) / profile / "suite_run.json"
+    try:
+        record = runs.read_json(path)
+        return {stem: float(row["duration_s"]) for stem, row in record.get("notebooks", {}).items()
+                if isinstance(row, dict) and isinstance(row.get("duration_s"), (int, float))}
+    except (OSError, ValueError, runs.UnreadableFileError):
+        return {}
+
+
+def critical_paths(waiting: dict[str, set[str]], costs: dict[str, float]) -> dict[str, float]:
+    """Each notebook's cost plus the costliest chain of notebooks that wait on it (unknown costs: the
+    median of the known ones, or 1). The runner starts the ready notebook with the longest first.
+
+    >>> waiting = {"01": set(), "02": {"01"}, "03": {"02"}, "04": {"01"}, "05": {"03", "04"}, "13": set()}
+    >>> paths = critical_paths(waiting, {"01": 30, "02": 5, "03": 5, "04": 12, "05": 17, "13": 2})
+    >>> paths["01"], paths["04"], paths["02"], paths["13"]
+    (59.0, 29.0, 27.0, 2.0)
+    """
+    known = sorted(costs[s] for s in waiting if s in costs)
+    fallback = known[len(known) // 2] if known else 1.0
+    later = {stem: [s for s, needed in waiting.items() if stem in needed] for stem in waiting}
+    paths: dict[str, float] = {}
+
+    def path(stem: str) -> float:
+        if stem not in paths:
+            paths[stem] = float(costs.get(stem, fallback)) + max((path(s) for s in later[stem]), default=0.0)
+        return paths[stem]
+
+    for stem in sorted(waiting):
+        path(stem)
+    return paths
 
 
 def notebook_parameters(profile: str, stem: str, force: bool) -> dict[str, Any]:
@@ -299,7 +338,9 @@ def run_suite(
             print(line, flush=True)
 
     waiting = needs(notebooks)
-    pending = list(notebooks)  # number order: the lowest ready notebook starts first
+    priority = critical_paths(waiting, notebook_costs(profile, results_root))
+    # the longest critical path first; number order among equals (and for --jobs 1, one after another)
+    pending = sorted(notebooks, key=lambda p: (-priority[p.stem], p.stem)) if jobs > 1 else list(notebooks)
     finished: set[str] = set()
     halted: list[str] = []  # the preflight's reason, and the notebooks it left unrun
     with _kernel_threads(jobs), ThreadPoolExecutor(max_workers=jobs) as pool:

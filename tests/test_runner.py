@@ -174,6 +174,31 @@ def test_parallel_runs_respect_needs_and_run_the_summary_last(tmp_path, capsys):
         cli.run_suite("smoke", jobs=0, **kwargs)
 
 
+def test_ready_notebooks_start_by_critical_path_with_costs_of_the_last_suite_run(tmp_path, monkeypatch):
+    """Issue 32 item 4: with two jobs, the long chain (01 -> 04 -> 05 in the suite) starts before short
+    notebooks that are ready at the same time; costs come from the last complete run."""
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    stamp = 'import time\nwith open("order.log", "a") as f:\n    f.write(f"{time.time()} {THIS}\\n")'
+    for stem in ("01_a", "02_short", "03_long", "04_end"):
+        _notebook(notebooks / f"{stem}.ipynb", f"THIS = {stem!r}", stamp)
+    monkeypatch.setattr(cli, "NEEDS", {"01_a": (), "02_short": (), "03_long": (), "04_end": ("01_a", "02_short", "03_long")})
+    kwargs = {"notebooks_dir": notebooks, "reports_dir": tmp_path / "reports", "results_root": tmp_path / "r",
+              "figures_root": tmp_path / "f"}
+    record = tmp_path / "r" / "smoke" / "suite_run.json"
+    runs.atomic_write_json(record, {"notebooks": {"01_a": {"duration_s": 1.0}, "02_short": {"duration_s": 1.0},
+                                                  "03_long": {"duration_s": 50.0}, "04_end": {"duration_s": 1.0}}})
+    assert cli.critical_paths(cli.needs(sorted(notebooks.glob("*.ipynb"))), cli.notebook_costs("smoke", tmp_path / "r"))[
+        "03_long"] > 50
+    assert cli.run_suite("smoke", jobs=2, **kwargs) == 0
+    rows = [line.split() for line in (notebooks / "order.log").read_text().splitlines()]
+    order = [name for _, name in sorted(rows, key=lambda r: float(r[0]))]
+    # number order would start 01 and 02; the critical path starts 03 (and 01) first; 04 (needs all) is last
+    assert set(order[:2]) == {"01_a", "03_long"} and order[-1] == "04_end", order
+    record.write_text("not json")  # an unreadable record: chain lengths only, still a valid order
+    assert cli.notebook_costs("smoke", tmp_path / "r") == {}
+
+
 def test_a_notebook_with_its_own_budget_runs_only_when_named(suite, monkeypatch, capsys):
     """cpu's 09 has a budget of its own (docs/cost.md): a default run leaves it out and says how to run
     it, still records a suite run; --only runs it."""
