@@ -367,7 +367,8 @@ def effective_rank(model: nn.Module, loss_fn: Callable[[nn.Module], torch.Tensor
     lambda_max (the power-iteration value taken as known). d_eff is None when tr(H) <= 0,
     lambda_max <= 0 or the trace estimate is below lambda_max (impossible for a PSD H; d_eff < 1): H
     is then not positive semi-definite in the sense the effective rank needs (a saddle of the
-    surrogate), or the probes too few, which the returned trace and eigenvalue show."""
+    surrogate), or the probes too few, which the returned trace and eigenvalue show
+    (``undefined_reason`` names which)."""
     if hvp is None:
         if loss_fn is None:
             raise ConfigError("effective_rank needs loss_fn (a differentiable surrogate) or hvp")
@@ -379,9 +380,11 @@ def effective_rank(model: nn.Module, loss_fn: Callable[[nn.Module], torch.Tensor
     # a PSD H has tr(H) >= lambda_max: an estimate below it is an indefinite H (or too few probes)
     ok = trace["trace"] > 0 and lam > 0 and trace["trace"] >= lam
     d_eff = trace["trace"] / lam if ok else None
+    reason = (None if ok else "tr(H) <= 0" if not trace["trace"] > 0 else "lambda_max <= 0" if not lam > 0
+              else "tr(H) below lambda_max (H indefinite, or too few probes)")
     low = max(trace["low"] / lam, 1.0) if ok and math.isfinite(trace["low"]) else None
     high = min(trace["high"] / lam, float(dim)) if ok and math.isfinite(trace["high"]) else None
-    return {"d_eff": d_eff, "d_eff_low": low, "d_eff_high": high, "trace": trace["trace"],
+    return {"d_eff": d_eff, "d_eff_low": low, "d_eff_high": high, "undefined_reason": reason, "trace": trace["trace"],
             "trace_low": trace["low"], "trace_high": trace["high"], "trace_values": trace["values"],
             "lambda_max": lam, "power_iterations": top["iterations"], "power_converged": top["converged"],
             "power_relative_change": top["relative_change"], "dim": dim}

@@ -561,3 +561,32 @@ def test_the_claims_table_reads_l4_from_what_map_summary_writes():
     assert s["map_es_lowrank_minus_es_prediction_latent_p0_1_n40"] == "not judged"
     assert s["map_lowrank_prediction"] == "inconclusive" and row["verdict"] == claims.INCONCLUSIVE
     assert "latent_p0_1_n40 ES: not judged" in row["reason"] and "NOTE" not in row["reason"]
+
+
+def test_a_map_bases_d_eff_falls_back_to_the_gauss_newton_one_and_says_why():
+    """docs/mechanism.md#m6-the-map-of-where-es-and-copes-work (changed before the next map run): the
+    Hessian's d_eff where defined, else the GGN's with its source, else None with the reason."""
+    hessian = {"d_eff": 5.0, "d_eff_low": 4.0, "d_eff_high": 6.0, "undefined_reason": None}
+    ggn = {"d_eff": 3.0, "d_eff_low": 2.0, "d_eff_high": 4.0}
+    both = ss.base_d_eff({"mechanism": {"curvature": hessian, "curvature_ggn": ggn}})
+    assert (both["d_eff"], both["source"], both["undefined_reason"]) == (5.0, "hessian", None)
+    indefinite = {"d_eff": None, "undefined_reason": "tr(H) below lambda_max (H indefinite, or too few probes)"}
+    fallback = ss.base_d_eff({"mechanism": {"curvature": indefinite, "curvature_ggn": ggn}})
+    assert (fallback["d_eff"], fallback["low"], fallback["source"]) == (3.0, 2.0, "ggn")
+    assert "indefinite" in fallback["undefined_reason"]
+    none = {"d_eff": None, "undefined_reason": "no rewarded trajectory in 4 ES batch(es)"}
+    missing = ss.base_d_eff({"mechanism": {"curvature": none, "curvature_ggn": dict(none)}})
+    assert missing["d_eff"] is None and missing["source"] is None and "no rewarded" in missing["undefined_reason"]
+    assert ss.base_d_eff({"mechanism": None})["undefined_reason"] == "no mechanism measurement"
+
+
+def test_effective_rank_names_why_it_is_undefined():
+    from copes_lib import mechanism as mech
+    from tests.test_grpo import tiny_model
+
+    model = tiny_model()
+    dim = mech.n_parameters(model)
+    negative = mech.effective_rank(model, hvp=lambda v: -v, probes=4, iters=4, seed=0)
+    assert negative["d_eff"] is None and negative["undefined_reason"] == "tr(H) <= 0"
+    identity = mech.effective_rank(model, hvp=lambda v: v, probes=4, iters=4, seed=0)
+    assert identity["undefined_reason"] is None and identity["d_eff"] == pytest.approx(dim, rel=0.5)

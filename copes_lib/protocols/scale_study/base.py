@@ -61,6 +61,9 @@ class ScaleStudyParams(NotebookParams):
                             "rewarded trajectories", ge=2)
     MECH_PROBES: int = param(16, "Hutchinson probes of tr(H) (d_eff)", ge=2)
     MECH_POWER_ITERS: int = param(20, "at most this many power-iteration products for lambda_max(H) (d_eff)", ge=1)
+    MECH_NLL_BATCHES: int = param(4, "d_eff's surrogate: ES batches (from step 1 on) sampled until one holds a "
+                                  "rewarded trajectory (a base that rarely earns the reward has none in one batch)",
+                                  ge=1)
     MECH_FD_EPS: float = param(1e-2, "step length of the finite-difference Hessian-vector products", gt=0.0)
     MECH_MEMBERS_PER_BATCH: int = param(4, "directions per batched forward in the direction test (memory only)",
                                         ge=1)

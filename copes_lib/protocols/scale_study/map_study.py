@@ -303,7 +303,7 @@ def map_predictions(params: ScaleStudyParams, bases: dict[tuple[str, float | Non
     # R7: slope of CoPES - ES (strict) over log10(N / d_eff), every cell whose base has a positive d_eff
     xs, vs, lo, hi = [], [], [], []
     for b in bases.values():
-        d_eff = ((b.get("mechanism") or {}).get("curvature") or {}).get("d_eff")
+        d_eff = base_d_eff(b)["d_eff"]
         if d_eff is None or not d_eff > 0:
             continue
         for n, cell in b["cells"].items():
@@ -316,6 +316,23 @@ def map_predictions(params: ScaleStudyParams, bases: dict[tuple[str, float | Non
     put("R7", fit["slope"], fit["low"], fit["high"])
     out["prediction_R7_points"] = fit["n_points"]
     return out
+
+
+def base_d_eff(base: dict[str, Any]) -> dict[str, Any]:
+    """A map base's d_eff for R7 (docs/mechanism.md#m6-the-map-of-where-es-and-copes-work): the Hessian's
+    (M1) where it is defined, else the Gauss-Newton curvature's of the same surrogate (positive
+    semi-definite by construction, so defined wherever the surrogate exists); ``source`` says which, and
+    ``undefined_reason`` why the Hessian's was not used."""
+    mech = base.get("mechanism") or {}
+    hessian, ggn = mech.get("curvature") or {}, mech.get("curvature_ggn") or {}
+    if hessian.get("d_eff") is not None:
+        return {"d_eff": hessian["d_eff"], "low": hessian.get("d_eff_low"), "high": hessian.get("d_eff_high"),
+                "source": "hessian", "undefined_reason": None}
+    reason = hessian.get("undefined_reason") or ("no mechanism measurement" if not mech else "not recorded")
+    if ggn.get("d_eff") is not None:
+        return {"d_eff": ggn["d_eff"], "low": ggn.get("d_eff_low"), "high": ggn.get("d_eff_high"), "source": "ggn",
+                "undefined_reason": reason}
+    return {"d_eff": None, "low": None, "high": None, "source": None, "undefined_reason": reason}
 
 
 def recovery_contrast(latent: dict[str, Any] | None, skill: dict[str, Any] | None, n: int, arm: str
@@ -386,9 +403,10 @@ def map_summary(params: ScaleStudyParams, bases: dict[tuple[str, float | None], 
                     f"map_grpo_strict_{tag}": float(grpo.mean()),
                     f"map_grpo_lenient_{tag}": float(np.mean([r["horizon_lenient"] for r in b["grpo"]])),
                     f"map_grpo_seed_sd_{tag}": float(grpo.mean(axis=1).std(ddof=1)) if len(grpo) > 1 else None})
-        curv = ((b.get("mechanism") or {}).get("curvature") or {})
-        out[f"map_d_eff_{tag}"] = curv.get("d_eff")
-        out[f"map_d_eff_low_{tag}"], out[f"map_d_eff_high_{tag}"] = curv.get("d_eff_low"), curv.get("d_eff_high")
+        d_eff = base_d_eff(b)
+        out[f"map_d_eff_{tag}"], out[f"map_d_eff_source_{tag}"] = d_eff["d_eff"], d_eff["source"]
+        out[f"map_d_eff_low_{tag}"], out[f"map_d_eff_high_{tag}"] = d_eff["low"], d_eff["high"]
+        out[f"map_d_eff_hessian_undefined_{tag}"] = d_eff["undefined_reason"]
         for n in b["cells"]:
             cell = {**map_cell_summary(b, n), "subspaces": params.map_subspaces(n)}
             out.update({f"map_{k}_{map_tag(regime, p, n)}": v for k, v in cell.items()})

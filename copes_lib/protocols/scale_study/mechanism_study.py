@@ -121,9 +121,9 @@ def mechanism(params: ScaleStudyParams, sub: Substrate, model=None) -> dict[str,
 
     model = sub.model if model is None else model
     # "version": what the measurement contains (cache keys do not cover code): bump it when that changes
-    key = {**sub.key, "base_checksum": checksum(model), "version": 2,
+    key = {**sub.key, "base_checksum": checksum(model), "version": 3,
            "mech": {k: getattr(params, k) for k in ("MECH_RANDOM", "MECH_HELDOUT", "MECH_GROUP", "MECH_PROBES",
-                                                    "MECH_POWER_ITERS", "MECH_FD_EPS", "POPULATION", "SUBSPACES",
+                                                    "MECH_POWER_ITERS", "MECH_NLL_BATCHES", "MECH_FD_EPS", "POPULATION", "SUBSPACES",
                                                     "SIGMA", "ALPHA", "CHUNK_SIZE", "BACKEND", "BATCH_SIZE",
                                                     "BATCH_SEED", "ES_SEED", "SEED")}}
 
@@ -164,19 +164,28 @@ def mechanism(params: ScaleStudyParams, sub: Substrate, model=None) -> dict[str,
         share = mech.linear_share(plus, minus, seed=params.SEED)
         times["linear_share_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        loss_fn, nll_info = rewarded_nll(model, sub.tokenizer, sub.env, tasks, sub.rollout_config,
-                                         group_size=params.MECH_GROUP, seed=params.SEED + 2000)
+        # the surrogate needs rewarded trajectories: a base that rarely earns the reward (a latent map base)
+        # may have none in step 1's batch, so later ES batches are sampled until one has (MECH_NLL_BATCHES)
+        for nll_step in range(step, step + params.MECH_NLL_BATCHES):
+            loss_fn, nll_info = rewarded_nll(model, sub.tokenizer, sub.env, sub.objective.batch(nll_step),
+                                             sub.rollout_config, group_size=params.MECH_GROUP,
+                                             seed=params.SEED + 2000 + nll_step - step)
+            if loss_fn is not None:
+                break
+        nll_info["nll_batches"] = nll_step - step + 1
         # d_eff is computed at the base; the surrogate's gradient there says how far from its own optimum
         # the base is (a Hessian far from a minimum can be indefinite, reported as d_eff None)
+        no_surrogate = {"d_eff": None, "d_eff_low": None, "d_eff_high": None,
+                        "undefined_reason": f"no rewarded trajectory in {params.MECH_NLL_BATCHES} ES batch(es)"}
         curvature = (mech.effective_rank(model, loss_fn, probes=params.MECH_PROBES, iters=params.MECH_POWER_ITERS,
                                          seed=params.SEED, eps=params.MECH_FD_EPS)
-                     if loss_fn is not None else {"d_eff": None, "d_eff_low": None, "d_eff_high": None})
+                     if loss_fn is not None else dict(no_surrogate))
         curvature.update(nll_info)
         times["curvature_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         ggn = (mech.effective_rank(model, hvp=mech.softmax_ggn_vp(model, loss_fn.logits_fn, params.MECH_FD_EPS),
                                    probes=params.MECH_PROBES, iters=params.MECH_POWER_ITERS, seed=params.SEED)
-               if loss_fn is not None else {"d_eff": None, "d_eff_low": None, "d_eff_high": None})
+               if loss_fn is not None else dict(no_surrogate))
         times["curvature_ggn_s"] = time.perf_counter() - t0
         return {"direction_test": test, "linear_share": share, "plus": plus.tolist(), "minus": minus.tolist(),
                 "curvature": curvature, "curvature_ggn": ggn, "grpo_ladder": ladder, "grpo_gradient": grad_info,
