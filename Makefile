@@ -61,12 +61,13 @@ export ATEN_CPU_CAPABILITY := avx2
 export MKL_CBWR := AVX2,STRICT
 export ONEDNN_MAX_CPU_ISA := AVX2
 
-.PHONY: help venv venv-gpu gpu-wheels test reproduce validate lab clean-reports
+.PHONY: preflight help venv venv-gpu gpu-wheels test reproduce validate lab clean-reports
 
 help:
 	@echo "make reproduce [PROFILE=smoke|cpu|gpu] [ONLY=02,03] [FORCE=1] [RERUN_FAILED=1] [JOBS=2]"
 	@echo "make test      ruff + pytest (unit tests and every notebook under the smoke profile)"
 	@echo "make lab       JupyterLab from .venv (LAB_ARGS=\"--no-browser --port 8888\" to pass options)"
+	@echo "make preflight [PROFILE=cpu]  the testbed's preconditions on the profile's base (docs/preflight.md)"
 	@echo "make venv      create/update .venv from requirements.txt (no-op when up to date)"
 	@echo "make venv-gpu  create/update .venv-gpu from requirements-gpu.txt (PROFILE=gpu does it itself);"
 	@echo "               SYSTEM_TORCH=1 reuses an installed CUDA torch >= 2.7; PYTHON_GPU=python3.12 etc. (3.11-3.13)"
@@ -133,6 +134,11 @@ reproduce: $(RUN_VENV)
 
 validate: venv
 	$(BIN)/python -m copes_lib.cli validate --profile $(PROFILE)
+
+# The testbed's preconditions on the profile's base, before any experiment (docs/preflight.md): exit 2
+# when one fails. Writes results/preflight/$(PROFILE).json and figures/preflight/$(PROFILE).png.
+preflight: venv
+	$(BIN)/python -m copes_lib.protocols.preflight --profile $(PROFILE)
 
 # Opens at the repository root (notebooks/, results/, reports/, figures/ all reachable); as root (common
 # in GPU containers) Jupyter refuses to start without --allow-root.

@@ -12,7 +12,7 @@ from copes_lib.substrate import WarmStartConfig, graded_rates, latent_trace_mix
 from copes_lib.tasks.protocol import Task
 from copes_lib.tasks.regime import CRITERIA, criterion_for
 
-GOOD = {"G1": 0.8, "G2": 0.5, "E1": 0.7, "E2": 0.0, "R": 0.3, "R_low": 0.2}
+GOOD = {"G1": 0.8, "G2": 0.5, "E1": 0.7, "E2": 0.0, "R": 0.3, "R_low": 0.2, "R_high": 0.4}
 
 
 def test_judge_holds_and_fails_by_the_registered_floors():
@@ -139,3 +139,34 @@ def test_runner_stops_after_01_only_when_an_enforced_preflight_failed(tmp_path):
     runs.atomic_write_json(folder / "summary.json", {"preflight_enforced": True, "preflight_met": True})
     assert cli.preflight_halt("cpu", "01_substrate_and_agent", tmp_path) is None
 
+
+
+def _fake_report(values):
+    verdict = pf.judge(values, pf.PreflightCriterion())
+    return {"values": values, **verdict, "sigma": 0.01, "alpha": 0.005, "shape": {"targets_met": True},
+            "calibration": [{"sigma": 0.005, "share": 0.3}, {"sigma": 0.01, "share": 0.6}], "notes": [],
+            "groups": {"protocol_rate": [0.1, 0.5, 0.9]}, "settings": {"group_size": 8, "temperature": 1.0},
+            "criterion": pf.PreflightCriterion().to_dict(), "seconds": 1.0, "cached": False}
+
+
+@pytest.mark.parametrize("values,exit_code", [(GOOD, 0), ({**GOOD, "G2": 0.0}, 2)])
+def test_make_preflight_writes_its_measurement_and_exits_2_when_not_actionable(tmp_path, monkeypatch, capsys,
+                                                                               values, exit_code):
+    """`make preflight` (python -m copes_lib.protocols.preflight): the table, the JSON and the figure, and an
+    exit status a script can act on."""
+    from copes_lib import runs
+
+    monkeypatch.setattr(runs, "RESULTS_ROOT", tmp_path / "results")
+    monkeypatch.setattr(runs, "FIGURES_ROOT", tmp_path / "figures")
+    seen = []
+    monkeypatch.setattr(pf, "run_preflight", lambda profile, kind, *a, **kw: seen.append((profile, kind, kw["prior"]))
+                        or _fake_report(values))
+    assert pf.main(["--profile", "cpu", "--kinds", "math,qa"]) == exit_code
+    assert seen == [("cpu", "math", "graded"), ("cpu", "qa", "graded")]  # the cpu base's registered prior
+    written = runs.read_json(tmp_path / "results" / "preflight" / "cpu.json")
+    assert set(written["kinds"]) == {"math", "qa"} and written["kinds"]["math"]["values"]["G1"] == values["G1"]
+    assert (tmp_path / "figures" / "preflight" / "cpu.png").stat().st_size > 0
+    out = capsys.readouterr().out
+    assert ("every precondition holds" in out) == (exit_code == 0) and ("math G2" in out or "'G2'" in out) == bool(exit_code)
+    with pytest.raises(SystemExit):
+        pf.main(["--profile", "gpu"])  # not a choice: argparse names the valid ones

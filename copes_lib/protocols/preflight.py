@@ -299,6 +299,9 @@ def run_preflight(profile: str, kind: str, settings: PreflightSettings, criterio
     if not force and (folder / "preflight.json").exists():
         cached = runs.read_json(folder / "preflight.json")
         return {**cached, "cached": True}
+    import time
+
+    started = time.perf_counter()
 
     model, objective = agent.model, agent.objective
     env, tokenizer, rcfg = objective.env, objective.tokenizer, objective.rollout_config
@@ -334,7 +337,7 @@ def run_preflight(profile: str, kind: str, settings: PreflightSettings, criterio
            "calibration": calibration["curve"], "groups": groups, "spread": spread, "pilot": pilot,
            "reference": reference, "margins": margins, "g": g, "shape": base_shape(margins, groups["protocol_rate"], g),
            "notes": notes, "settings": settings.to_dict(), "criterion": criterion.to_dict(),
-           "rollout": warm_rollout_config(recipe).to_dict()}
+           "rollout": warm_rollout_config(recipe).to_dict(), "seconds": time.perf_counter() - started}
     runs.atomic_write_json(folder / "preflight.json", out)
     return {**out, "cached": False}
 
@@ -397,6 +400,8 @@ def plot(reports: dict[str, dict[str, Any]]):
         if r["sigma"] is not None:
             right.axvline(r["sigma"], color="green", ls="--", label=f"calibrated sigma {r['sigma']:g}")
         right.set_xscale("log")
+        right.minorticks_off()  # the ladder's own values as ticks: log minor labels overlap
+        right.set_xticks(sigmas, [f"{v:g}" for v in sigmas], rotation=30, fontsize=8)
         right.set_ylim(-0.02, 1.02)
         right.set_xlabel("sigma")
         right.set_ylabel("share of members")
@@ -406,7 +411,57 @@ def plot(reports: dict[str, dict[str, Any]]):
     return fig
 
 
-__all__ = ["table", "plot", "PRECONDITIONS", "MEANING", "PreflightCriterion", "PreflightSettings", "in_protocol", "sampled_groups",
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m copes_lib.protocols.preflight --profile cpu [--kinds math,qa]`` (``make preflight``): the
+    preflight of notebook 01 on the profile's cached base (trained first if missing), with 01's PREFLIGHT_*
+    parameters, before any experiment: prints the table, writes ``results/preflight/<profile>.json`` and
+    ``figures/preflight/<profile>.png``. Exit 0 when every precondition holds, 2 otherwise."""
+    import argparse
+    import json
+
+    from copes_lib import threads
+    from copes_lib.protocols.substrate_setup import substrate_params
+
+    parser = argparse.ArgumentParser(prog="python -m copes_lib.protocols.preflight", description=main.__doc__)
+    parser.add_argument("--profile", default="cpu", choices=("smoke", "cpu"))
+    parser.add_argument("--kinds", default="", help="comma-separated task kinds; default: 01's PREFLIGHT_KINDS")
+    parser.add_argument("--force", action="store_true", help="measure again, ignoring the cached preflight")
+    args = parser.parse_args(argv)
+    params = substrate_params(args.profile)
+    if args.kinds:
+        params = dataclasses.replace(params, PREFLIGHT_KINDS=args.kinds)
+    warm = params.warm_start_config()
+    reports = {}
+    with threads.fixed_threads():
+        for kind in params.preflight_kinds():
+            reports[kind] = run_preflight(args.profile, kind, params.preflight_settings(), PreflightCriterion(),
+                                          prior=warm.latent_prior if warm.protocol == "latent" else None,
+                                          graded=(warm.graded_low, warm.graded_high), warm_seed=params.SEED,
+                                          force=args.force)
+    for row in table(reports):
+        print(f"{row['kind']:5} {row['precondition']:3} {row['verdict']:9} ours {row['ours']!s:28} floor {row['floor']}")
+    out = {"profile": args.profile, "recipe": dataclasses.asdict(warm), "git": runs.git_state(),
+           "threads": threads.thread_info(),
+           "kinds": {kind: {k: r[k] for k in ("values", "verdicts", "met", "failed", "sigma", "alpha", "shape",
+                                                "calibration", "notes", "settings", "criterion", "seconds") if k in r}
+                     for kind, r in reports.items()}}
+    path = runs.RESULTS_ROOT / "preflight" / f"{args.profile}.json"
+    runs.atomic_write_json(path, json.loads(json.dumps(out, default=str)))
+    figure = runs.FIGURES_ROOT / "preflight" / f"{args.profile}.png"
+    figure.parent.mkdir(parents=True, exist_ok=True)
+    plot(reports).savefig(figure, dpi=110)
+    failed = {kind: [p for p in PRECONDITIONS if r["verdicts"][p] != "holds"] for kind, r in reports.items()}
+    failed = {k: v for k, v in failed.items() if v}
+    print(f"wrote {path} and {figure}")
+    print("every precondition holds" if not failed else f"NOT ACTIONABLE: {failed}")
+    return 2 if failed else 0
+
+
+__all__ = ["main", "table", "plot", "PRECONDITIONS", "MEANING", "PreflightCriterion", "PreflightSettings", "in_protocol", "sampled_groups",
            "differing_share", "calibrate_sigma", "member_spread", "es_pilot", "strict_scores", "grpo_pilot",
            "decision_margins", "spearman", "base_shape", "judge", "not_actionable_reason", "run_preflight",
            "summary_keys"]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
