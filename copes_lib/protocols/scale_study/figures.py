@@ -253,7 +253,9 @@ def plot_map_preflight(params: ScaleStudyParams, map_keys: dict[str, Any]):
     for i, t in enumerate(tags):
         for j, n in enumerate(names):
             v = map_keys.get(f"map_{n}_{t}")
-            ax.text(j, i, "n/a" if v is None else f"{v:+.2f}" if j == len(cols) - 1 else f"{v:.2f}",
+            # E1 without a value but failing: no sigma of the ladder made half the members differ (P3 rule 1)
+            missing = "no sigma" if n == "preflight_e1" and verdicts[i, j] == 0.0 else "n/a"
+            ax.text(j, i, missing if v is None else f"{v:+.2f}" if j == len(cols) - 1 else f"{v:.2f}",
                     ha="center", va="center", fontsize=8)
     ax.set_xticks(range(len(cols)), cols)
     ax.set_yticks(range(len(tags)), tags)
