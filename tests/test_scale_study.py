@@ -233,7 +233,9 @@ def map_params(**kw):
     ({"MAP_HEADLINE_P": 0.2}, "MAP_HEADLINE_P = 0.2 must be one of MAP_PRIORS"),
     ({"MAP_HEADLINE_N": 50}, "MAP_HEADLINE_N = 50 must be one of MAP_POPULATIONS"),
     ({"MAP_POPULATIONS": "80,40"}, "small to large"),
-    ({"MAP_REGIMES": "latent,protocol"}, "MAP_REGIMES"),
+    ({"MAP_REGIMES": "latent,protocol"}, "MAP_REGIMES = 'latent,protocol': valid values are ['latent', 'graded', "
+                                          "'homogeneous', 'skill_gap']"),
+    ({"MAP_REGIMES": "graded,graded"}, "MAP_REGIMES = 'graded,graded': valid values"),
     ({"MAP_SIZE": "huge"}, "MAP_SIZE = 'huge'"),
     ({"BACKEND": "sequential"}, "BACKEND = 'sequential'"),
 ])
@@ -244,9 +246,18 @@ def test_map_grid_errors_name_the_parameter(bad, message):
 
 def test_map_grid_and_tags():
     p = map_params()
-    assert ss.map_bases(p) == [("latent", 0.0), ("latent", 0.1), ("latent", 0.3), ("skill_gap", None)]
+    assert ss.map_bases(p) == [("latent", 0.0), ("latent", 0.1), ("latent", 0.3), ("graded", None),
+                               ("homogeneous", 0.1), ("skill_gap", None)]
+    assert ss.map_bases(map_params(MAP_REGIMES="latent,skill_gap")) == [("latent", 0.0), ("latent", 0.1),
+                                                                       ("latent", 0.3), ("skill_gap", None)]
+    # the contrasts need no latent row; the homogeneous base sits at the headline p
+    assert ss.map_bases(map_params(MAP_REGIMES="homogeneous,graded", MAP_HEADLINE_P=0.3, MAP_LOWRANK_CELLS="")) == [
+        ("homogeneous", 0.3), ("graded", None)]
     assert ss.map_tag("latent", 0.1, 40) == "latent_p0_1_n40" and ss.map_tag("skill_gap", None, 160) == "skill_gap_n160"
     assert ss.map_tag("latent", 0.0) == "latent_p0"
+    assert ss.map_tag("graded", None) == "graded" and ss.map_tag("graded", None, 20) == "graded_n20"
+    assert ss.map_tag("homogeneous", 0.1, 40) == "homogeneous_p0_1_n40"
+    assert len({ss.map_tag(*b) for b in ss.map_bases(p)}) == 6  # every base its own keys
     assert [p.map_subspaces(n) for n in p.map_populations()] == [2, 4, 8]  # N_k = 10 throughout
     assert map_params(MAP_SUBSPACES=2).map_subspaces(80) == 2
     assert map_params(MAP_CONTROL_POPULATIONS="").map_control_populations() == [20, 40, 80]
@@ -393,16 +404,68 @@ def test_line_fit_recovers_a_slope_and_its_interval():
 
 def test_map_bases_use_the_latent_recipe_with_their_prior_and_the_skill_gap_base_the_paper_recipe(monkeypatch):
     """The scale axis stays in the skill-gap regime; the map's latent bases are 01's latent recipe at
-    MAP_SIZE with their own p and MAP_LATENT_STEPS, its skill-gap base 01's paper recipe."""
+    MAP_SIZE with their own p and MAP_LATENT_STEPS, its skill-gap base 01's paper recipe; the graded base is
+    01's graded recipe (its rates and decaying rate), the homogeneous base the homogeneous prior at the headline
+    p with the cued bases' constant rate."""
+    import dataclasses
+
+    from copes_lib.protocols.substrate_setup import substrate_config, substrate_params
+
     seen = recorded_warm_starts(monkeypatch)
     p = map_params(PROFILE="cpu", SIZES="tiny,cpu", WARM_AXIS_SIZE="")
-    for regime, prior in (("latent", 0.3), ("skill_gap", None)):
+    for regime, prior in ss.map_bases(p):
         with pytest.raises(Recorded):
             ss.load_map_base(p, regime, prior)
-    latent, skill = seen
-    assert (latent.protocol, latent.latent_p, latent.latent_math_steps, latent.model_size) == ("latent", 0.3, 1500,
+    latent, graded, homogeneous, skill = seen[1], seen[3], seen[4], seen[5]
+    assert (latent.protocol, latent.latent_p, latent.latent_math_steps, latent.model_size) == ("latent", 0.1, 1500,
                                                                                              "tiny")
     assert (skill.protocol, skill.model_size) == ("paper", "tiny") and skill.math_target > 0  # 01's stopping rule
+    # the cued bases' configs are those of before the new rows: 01's recipe with the cued prior, constant rate
+    recipe = substrate_config("cpu")
+    for config, q in zip(seen[:3], (0.0, 0.1, 0.3)):
+        assert config == dataclasses.replace(recipe, latent_prior="cued", lr_decay=0.0, model_size="tiny",
+                                             protocol="latent", latent_p=q, latent_math_steps=1500)
+    p01 = substrate_params("cpu")
+    assert (graded.protocol, graded.latent_prior, graded.graded_low, graded.graded_high, graded.lr_decay,
+            graded.latent_math_steps, graded.model_size) == ("latent", "graded", p01.WARM_GRADED_LOW,
+                                                             p01.WARM_GRADED_HIGH, p01.WARM_LR_DECAY, 1500, "tiny")
+    assert graded.lr_decay == 0.25 and (graded.graded_low, graded.graded_high) == (0.02, 0.70)  # docs/preflight.md P2
+    assert (homogeneous.protocol, homogeneous.latent_prior, homogeneous.latent_p, homogeneous.lr_decay,
+            homogeneous.latent_math_steps) == ("latent", "homogeneous", 0.1, 0.0, 1500)
+    # under smoke 01 trains the paper recipe (lr_decay 0 in its config): the graded base still takes 01's rate
+    with pytest.raises(Recorded):
+        ss.load_map_base(map_params(), "graded", None)
+    assert seen[-1].latent_prior == "graded" and seen[-1].lr_decay == substrate_params("smoke").WARM_LR_DECAY > 0
+    for bad, message in (({"prior": "graded", "latent_p": 0.1}, "takes no latent_p"),
+                         ({"prior": "homogeneous"}, "needs latent_p"), ({"prior": "flat", "latent_p": 0.1}, "valid")):
+        with pytest.raises(ConfigError, match=message):
+            ss.load_substrate(p, "tiny", **bad)
+
+
+def test_map_base_cache_keys_of_the_cued_bases_are_unchanged(monkeypatch):
+    """A base's ``Substrate.key`` is the prefix of every cache key of its arms: the cued bases keep the fields
+    they had before the graded and homogeneous rows (no ``latent_prior``), the new bases add theirs."""
+    import types
+
+    from copes_lib import rollout, substrate
+
+    def fake_warm_start(profile, kind, seed=0, *, config, **kw):
+        torch.manual_seed(0)
+        return torch.nn.Linear(2, 2), None, {"steps": config.latent_math_steps}
+
+    monkeypatch.setattr(substrate, "warm_start", fake_warm_start)
+    monkeypatch.setattr(rollout, "make_env", lambda kind, profile: types.SimpleNamespace(kind=kind))
+    p = map_params(PROFILE="cpu", SIZES="tiny,cpu", WARM_AXIS_SIZE="", VAL_PROBLEMS=4, MECH_HELDOUT=4)
+    keys = {b: ss.load_map_base(p, *b).key for b in ss.map_bases(p) if b[0] != "skill_gap"}
+    old = {"profile", "data_profile", "size", "warm_steps", "substrate_checksum", "val_ids", "rollout", "protocol",
+           "latent_p"}
+    for q in (0.0, 0.1, 0.3):
+        assert set(keys[("latent", q)]) == old and keys[("latent", q)]["latent_p"] == q
+        assert keys[("latent", q)] == ss.load_substrate(p, "tiny", latent_p=q).key  # the default prior is the cued one
+    assert keys[("graded", None)]["latent_prior"] == "graded" and keys[("graded", None)]["lr_decay"] == 0.25
+    assert set(keys[("graded", None)]) == old | {"latent_prior", "lr_decay", "graded_low", "graded_high"}
+    assert keys[("homogeneous", 0.1)]["latent_prior"] == "homogeneous"
+    assert runs.cache_key(keys[("homogeneous", 0.1)]) != runs.cache_key(keys[("latent", 0.1)])
 
 
 # ----------------------------------------------------------------------------- low rank on the map
@@ -450,6 +513,8 @@ def test_lowrank_arms_run_only_in_their_cells_and_full_rank_cache_keys_do_not_ch
             return {"scores": [0.0, 1.0], "strict": [0.0, 1.0], "lenient": [1.0, 1.0], "criterion": {}}
         if name == "map_grpo":
             return {"horizon_strict": [1.0, 1.0]}
+        if name == "map_preflight":
+            return {"values": {"G1": 0.0, "G2": 0.0, "E1": None}, "sigma": None}
         recorded.append((params.MAP_LOWRANK_RANK, key["map_arm"], key["es"]["population"], key))
         return {"strict": [0.0, 1.0], "lenient": [1.0, 1.0]}
 
@@ -590,3 +655,90 @@ def test_effective_rank_names_why_it_is_undefined():
     assert negative["d_eff"] is None and negative["undefined_reason"] == "tr(H) <= 0"
     identity = mech.effective_rank(model, hvp=lambda v: v, probes=4, iters=4, seed=0)
     assert identity["undefined_reason"] is None and identity["d_eff"] == pytest.approx(dim, rel=0.5)
+
+
+# ----------------------------------------------------------------------------- the preflight per map base
+def fake_preflight(g1=0.9, g2=0.1, e1=0.6, sigma=0.01):
+    """What map_preflight returns (docs/preflight.md P1's G1, G2, E1; sigma None: no rung of the ladder worked)."""
+    from copes_lib.protocols.preflight import PreflightCriterion
+
+    return {"values": {"G1": g1, "G2": g2, "E1": e1 if sigma is not None else None}, "sigma": sigma,
+            "e1_map_sigma": 0.2, "protocol_rate": [0.5], "protocol_rate_mean": 0.5,
+            "criterion": PreflightCriterion().to_dict(), "cost_s": 1.0}
+
+
+def test_map_summary_writes_the_preflight_keys_per_base_and_their_verdicts_follow_the_floors():
+    rng = np.random.default_rng(3)
+    p = map_params()
+    bases = {b: synthetic_map_base(rng, *b, es_strict=0.2) for b in ss.map_bases(p)}
+    bases[("latent", 0.1)]["preflight"] = fake_preflight(g1=0.9, g2=0.1, e1=0.6)
+    bases[("graded", None)]["preflight"] = fake_preflight(g1=0.5, g2=0.25, e1=0.5)  # the floors themselves: hold
+    bases[("homogeneous", 0.1)]["preflight"] = fake_preflight(g1=0.97, g2=0.9, sigma=None)
+    bases[("skill_gap", None)]["preflight"] = fake_preflight()
+    bases[("skill_gap", None)]["grpo"] = bases[("skill_gap", None)]["grpo"][:1]
+    bases[("skill_gap", None)]["grpo"][0]["horizon_strict"] = bases[("skill_gap", None)]["base"]["strict"]
+    s = ss.map_summary(p, bases)
+    assert s["map_bases"] == ["latent_p0", "latent_p0_1", "latent_p0_3", "graded", "homogeneous_p0_1", "skill_gap"]
+    t = "latent_p0_1"
+    assert (s[f"map_preflight_g1_{t}"], s[f"map_preflight_g2_{t}"], s[f"map_preflight_e1_{t}"]) == (0.9, 0.1, 0.6)
+    assert (s[f"map_preflight_g1_verdict_{t}"], s[f"map_preflight_g2_verdict_{t}"],
+            s[f"map_preflight_e1_verdict_{t}"]) == ("holds", "fails", "holds")
+    assert s[f"map_preflight_failed_{t}"] == ["G2"] and s[f"map_preflight_sigma_{t}"] == 0.01
+    assert s["map_preflight_failed_graded"] == [] and s["map_preflight_e1_verdict_graded"] == "holds"
+    # no sigma of the ladder made half the members differ: E1 fails (docs/preflight.md P3 rule 1), not "not measured"
+    assert s["map_preflight_e1_homogeneous_p0_1"] is None and s["map_preflight_e1_verdict_homogeneous_p0_1"] == "fails"
+    assert s["map_preflight_failed_homogeneous_p0_1"] == ["E1"]
+    # R's analogue: full GRPO's strict gain at its horizon (synthetic: 0.1 -> 0.5), judged by R's floor
+    assert s[f"map_preflight_r_analogue_{t}"] == pytest.approx(0.4, abs=0.1)
+    assert s[f"map_preflight_r_analogue_low_{t}"] > 0.15 and s[f"map_preflight_r_analogue_verdict_{t}"] == "holds"
+    assert s["map_preflight_r_analogue_skill_gap"] == 0 and s["map_preflight_r_analogue_verdict_skill_gap"] == "fails"
+    # a base without a preflight writes none of its keys
+    assert not any(k.startswith("map_preflight_") and k.endswith("_latent_p0") for k in s)
+    table = ss.map_preflight_table(p, s)
+    assert list(table["base"]) == s["map_bases"] and list(table["fails"])[1] == "G2"
+    assert len(ss.map_preflight_table(map_params(MAP_PREFLIGHT=False), {"map_preflight": False})) == 0
+
+
+def test_map_preflight_measures_g1_g2_e1_on_the_tuning_split_with_01s_settings(monkeypatch):
+    """map_preflight calls preflight's own functions with notebook 01's PREFLIGHT_* settings of the profile (the
+    calibration on training batches of 01's batch size, E1 on the tuning prompts at the calibrated sigma and at
+    the map's SIGMA), caches per base, and leaves the base's objective as it was."""
+    import types
+
+    from copes_lib.protocols import preflight
+    from copes_lib.protocols.substrate_setup import substrate_params
+    from copes_lib.tasks import TUNING_SPLIT, load_tasks
+
+    calls = {}
+    monkeypatch.setattr(preflight, "sampled_groups", lambda model, tok, tasks, env, rcfg, **kw: calls.setdefault(
+        "groups", (tasks, kw)) and {"varied_share": 0.75, "protocol_mixed_share": 0.5, "protocol_rate": [0.5],
+                                    "protocol_rate_mean": 0.5})
+    monkeypatch.setattr(preflight, "calibrate_sigma", lambda model, obj, settings, share: calls.setdefault(
+        "calibrate", (obj.batch_size, settings, share)) and {"sigma": 0.04, "curve": []})
+    spread = []
+    monkeypatch.setattr(preflight, "member_spread", lambda model, obj, tasks, settings, sigma: spread.append(
+        (tasks, sigma)) or {"share": 0.6 if sigma == 0.04 else 0.1})
+    keys = []
+    monkeypatch.setattr(ss.map_study, "_cached_json", lambda params, name, key, compute: keys.append((name, key))
+                        or compute())
+    p = map_params(SIGMA=0.02)
+    objective = types.SimpleNamespace(batch_size=p.BATCH_SIZE, train_tasks=[])
+    sub = types.SimpleNamespace(key={"base": "b"}, model=None, tokenizer=None, env=None, rollout_config=None,
+                                objective=objective, n_params=1, warm_steps=1, warm_info={})
+    out = ss.map_preflight(p, sub)
+    settings = substrate_params("smoke").preflight_settings()
+    prompts = load_tasks("smoke", "math", TUNING_SPLIT)[: settings.prompts]
+    assert [t.id for t in calls["groups"][0]] == [t.id for t in prompts]
+    assert calls["groups"][1] == {"group_size": settings.group_size, "temperature": settings.temperature,
+                                  "seed": settings.seed}
+    assert calls["calibrate"] == (settings.batch_size, settings, 0.5) and objective.batch_size == p.BATCH_SIZE
+    assert [sigma for _, sigma in spread] == [0.04, 0.02]
+    assert out["values"] == {"G1": 0.75, "G2": 0.5, "E1": 0.6} and out["e1_map_sigma"] == 0.1
+    (name, key), = keys
+    assert name == "map_preflight" and key["base"] == "b" and key["preflight"] == settings.to_dict()
+    # no map preflight: run_map_base records none, and map_summary writes no preflight keys
+    off = map_params(MAP_PREFLIGHT=False, MAP_MECHANISM=False, MAP_SEEDS=2, MAP_GRPO_SEEDS=1, MAP_LOWRANK_RANK=0)
+    monkeypatch.setattr(ss.map_study, "_cached_json", lambda params, name, key, compute: {
+        "map_base": {"scores": [0.0], "strict": [0.0], "lenient": [1.0], "criterion": {}},
+        "map_grpo": {"horizon_strict": [1.0]}}.get(name, {"strict": [0.0], "lenient": [1.0]}))
+    assert ss.run_map_base(off, sub, "graded", None, log=lambda *a: None)["preflight"] is None

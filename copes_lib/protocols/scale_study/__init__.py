@@ -47,6 +47,7 @@ public name is importable from ``copes_lib.protocols.scale_study``.
 """
 
 from copes_lib.protocols.scale_study.base import (
+    MAP_PRIORS_OF_REGIME,
     MAP_REGIMES,
     MIN_MEMBERS_PER_SUBSPACE,
     NOTEBOOK,
@@ -71,6 +72,7 @@ from copes_lib.protocols.scale_study.base import (
 )
 from copes_lib.protocols.scale_study.figures import (
     plot_lowrank_map,
+    plot_map_preflight,
     plot_phase_diagram,
     plot_scale_axis,
     size_fits,
@@ -79,6 +81,7 @@ from copes_lib.protocols.scale_study.map_study import (
     LOWRANK_MARGIN,
     MAP_ARMS,
     MAP_LOWRANK_ARMS,
+    MAP_PRECONDITIONS,
     ShuffledFitness,
     base_d_eff,
     line_fit,
@@ -96,6 +99,9 @@ from copes_lib.protocols.scale_study.map_study import (
     map_lowrank_summary,
     map_objective,
     map_predictions,
+    map_preflight,
+    map_preflight_settings,
+    map_preflight_summary,
     map_summary,
     map_tag,
     recovery_contrast,
@@ -119,6 +125,7 @@ from copes_lib.protocols.scale_study.size_axis import (
 )
 from copes_lib.protocols.scale_study.tables import (
     MECHANISM_COLUMNS,
+    map_preflight_table,
     map_table,
     mechanism_table,
     size_overview,
@@ -133,6 +140,8 @@ __all__ = [
     "LOWRANK_MARGIN",
     "MAP_ARMS",
     "MAP_LOWRANK_ARMS",
+    "MAP_PRECONDITIONS",
+    "MAP_PRIORS_OF_REGIME",
     "MAP_REGIMES",
     "MECHANISM_COLUMNS",
     "MIN_MEMBERS_PER_SUBSPACE",
@@ -170,6 +179,10 @@ __all__ = [
     "map_lowrank_summary",
     "map_objective",
     "map_predictions",
+    "map_preflight",
+    "map_preflight_settings",
+    "map_preflight_summary",
+    "map_preflight_table",
     "map_summary",
     "map_table",
     "map_tag",
@@ -178,6 +191,7 @@ __all__ = [
     "mechanism_table",
     "mechanism_verdicts",
     "plot_lowrank_map",
+    "plot_map_preflight",
     "plot_phase_diagram",
     "plot_scale_axis",
     "recovery_contrast",

@@ -15,7 +15,12 @@ from copes_lib.config import ConfigError, NotebookParams, param
 from copes_lib.es_objective import AgentObjective
 
 NOTEBOOK = "09_scale_study"
-MAP_REGIMES = ("latent", "skill_gap")
+# the map's regimes (docs/mechanism.md#m6-the-map-of-where-es-and-copes-work): latent (cued-prior bases, one per
+# MAP_PRIORS value; R2 / R5 / R6 read them), graded and homogeneous (one latent-protocol base each: the contrasts
+# of docs/preflight.md#p2-the-graded-base-the-new-headline-base-design), skill_gap (the paper-protocol control)
+MAP_REGIMES = ("latent", "graded", "homogeneous", "skill_gap")
+#: load_substrate's latent priors: cued (the map's latent bases, the default), graded, homogeneous
+MAP_PRIORS_OF_REGIME = {"latent": "cued", "graded": "graded", "homogeneous": "homogeneous"}
 MIN_MEMBERS_PER_SUBSPACE = 10  # the map's CoPES keeps the paper's N_k >= 10 (K = 4 at N = 40)
 QWEN35_4B_PARAMS = 4.0e9  # the paper's model, for the labelled extrapolation only
 
@@ -69,8 +74,10 @@ class ScaleStudyParams(NotebookParams):
                                         ge=1)
     # the map (issue 22 item 5; docs/mechanism.md#m6-the-map-of-where-es-and-copes-work)
     MAP_SIZE: str = param("tiny", "substrate shape of the map (substrate.MODEL_SIZES); empty: no map")
-    MAP_REGIMES: str = param("latent,skill_gap", "regimes of the map: latent (latent-protocol bases, one per "
-                             "MAP_PRIORS value) and skill_gap (01's paper-protocol recipe at MAP_SIZE)")
+    MAP_REGIMES: str = param("latent,graded,homogeneous,skill_gap", "regimes of the map: latent (cued-prior "
+                             "latent-protocol bases, one per MAP_PRIORS value), graded (one base: 01's graded latent "
+                             "recipe), homogeneous (one base: the homogeneous prior at MAP_HEADLINE_P) and skill_gap "
+                             "(01's paper-protocol recipe), all at MAP_SIZE")
     MAP_PRIORS: str = param("0,0.1,0.3", "latent priors p of the latent-protocol bases, each in [0, 1), 0 included "
                             "(docs/regime.md#r3-the-latent-protocol-warm-start)")
     MAP_POPULATIONS: str = param("20,40,80", "populations N of the map, small to large")
@@ -87,13 +94,15 @@ class ScaleStudyParams(NotebookParams):
     MAP_HEADLINE_P: float = param(0.1, "the headline latent prior (R3 / R5; the cpu profile's WARM_LATENT_P)",
                                   ge=0.0, lt=1.0)
     MAP_HEADLINE_N: int = param(40, "the headline population (R2, R5, R6; the paper's N)", ge=2)
-    MAP_LATENT_STEPS: int = param(1500, "warm-start steps of each latent base, trained exactly; 0: 01's "
-                                  "WARM_LATENT_MATH_STEPS (1,000: at tiny it missed the convergence rule of "
-                                  "docs/regime.md R3, 1,500 met it)", ge=0)
+    MAP_LATENT_STEPS: int = param(1500, "warm-start steps of each latent-protocol base (latent, graded, "
+                                  "homogeneous), trained exactly; 0: 01's WARM_LATENT_MATH_STEPS (1,000: at tiny it "
+                                  "missed the convergence rule of docs/regime.md R3, 1,500 met it)", ge=0)
     MAP_SKILL_STEPS: int = param(0, "warm-start steps of the skill-gap base, trained exactly; 0: 01's paper "
                                  "recipe (its stopping rule included)", ge=0)
     MAP_MECHANISM: bool = param(True, "the mechanism measurement (d_eff, direction test) once per map base, at "
                                 "MAP_HEADLINE_N (R7 reads its d_eff)")
+    MAP_PREFLIGHT: bool = param(True, "the preconditions G1, G2 and E1 (docs/preflight.md) once per map base, with "
+                                "notebook 01's PREFLIGHT_* settings of the profile, so the map shows where each fails")
     MAP_LOWRANK_RANK: int = param(4, "rank r of the map's low-rank arms: ES and paper-protocol CoPES with low-rank "
                                   "noise of rank r (ESConfig.noise_rank; docs/lowrank_es.md#l4-low-rank-on-the-map); "
                                   "0: no low-rank arms", ge=0)
@@ -172,7 +181,8 @@ class ScaleStudyParams(NotebookParams):
             raise ConfigError(f"MAP_SIZE = {self.MAP_SIZE!r}: valid values: {list(MODEL_SIZES)} or empty (no map)")
         regimes = self.map_regimes()
         if not regimes or set(regimes) - set(MAP_REGIMES) or len(set(regimes)) != len(regimes):
-            raise ConfigError(f"MAP_REGIMES = {self.MAP_REGIMES!r}: valid values are {list(MAP_REGIMES)}, each once")
+            raise ConfigError(f"MAP_REGIMES = {self.MAP_REGIMES!r}: valid values are {list(MAP_REGIMES)}, each once "
+                              "(comma-separated)")
         try:
             priors, pops = self.map_priors(), self.map_populations()
         except ValueError as e:
@@ -297,38 +307,61 @@ def data_profile(params: ScaleStudyParams) -> str:
 
 
 def load_substrate(params: ScaleStudyParams, size: str, warm_steps: int | None = None, *,
-                   latent_p: float | None = None) -> Substrate:
+                   latent_p: float | None = None, prior: str | None = None) -> Substrate:
     """The base model of ``size``, warm-started with notebook 01's recipe; cached by ``substrate.warm_start``.
 
     ``warm_steps`` (the warm-start axis) trains exactly that many steps: 01's stopping rule is off,
     else a longer cap stops where 01's recipe stops. ``Substrate.warm_steps`` is the number of steps
     actually trained, not the cap. Under the gpu profile: the cpu recipe (warm start on the CPU,
-    cached under cache/cpu), then moved to the GPU. ``latent_p`` (the map): a latent-protocol base with
-    that prior, 01's latent recipe at ``size`` (``MAP_LATENT_STEPS`` steps if set); ``warm_steps`` then
-    does not apply."""
+    cached under cache/cpu), then moved to the GPU. The map's latent-protocol bases (01's latent recipe
+    at ``size``, ``MAP_LATENT_STEPS`` steps if set; ``warm_steps`` then does not apply), by ``prior``:
+
+    - ``None`` or ``"cued"`` with ``latent_p``: the cued prior at p, constant rate (the map's latent bases,
+      registered as p-prior bases; their configs and cache keys are those of before ``prior`` existed);
+    - ``"graded"``: 01's graded prior (``WARM_GRADED_LOW`` / ``WARM_GRADED_HIGH``) and its ``WARM_LR_DECAY``
+      (docs/preflight.md#p2-the-graded-base-the-new-headline-base-design); p does not apply;
+    - ``"homogeneous"`` with ``latent_p``: the homogeneous prior at p, constant rate (as the cued bases)."""
     import torch
 
     from copes_lib import substrate
     from copes_lib.es import checksum
-    from copes_lib.protocols.substrate_setup import substrate_config
+    from copes_lib.protocols.substrate_setup import substrate_config, substrate_params
     from copes_lib.rollout import make_env
     from copes_lib.tasks import load_tasks
 
+    if prior not in (None, *MAP_PRIORS_OF_REGIME.values()):
+        raise ConfigError(f"prior = {prior!r}: valid values {[None, *MAP_PRIORS_OF_REGIME.values()]}")
+    if prior in ("cued", "homogeneous") and latent_p is None:
+        raise ConfigError(f"prior = {prior!r} needs latent_p (the fraction of paper-protocol traces)")
+    if prior == "graded" and latent_p is not None:
+        raise ConfigError("prior = 'graded' takes no latent_p: each cue value has its own rate "
+                          "(WARM_GRADED_LOW .. WARM_GRADED_HIGH)")
     data = data_profile(params)
     recipe = substrate_config(data)
     # The scale study stays in the skill-gap regime (the paper-protocol recipe, its cache entries and
     # cost unchanged) until its map adds the regime axis (docs/regime.md#r4-predictions-ours-registered-before-the-run).
     # dataclasses.replace goes through WarmStartConfig's constructor: fields added later keep their defaults
-    if latent_p is None:
+    latent = prior is not None or latent_p is not None
+    if not latent:
         recipe = dataclasses.replace(recipe, model_size=size, protocol="paper")
         if warm_steps is not None:
             recipe = dataclasses.replace(recipe, math_steps=warm_steps, math_target=0.0)
+    elif prior == "graded":
+        # 01's graded recipe as registered (docs/preflight.md P2), whatever 01's own WARM_PROTOCOL is (a
+        # paper-protocol profile's recipe carries lr_decay 0: the rate comes from 01's parameter itself)
+        p01 = substrate_params(data)
+        recipe = dataclasses.replace(recipe, model_size=size, protocol="latent", latent_prior="graded",
+                                     graded_low=p01.WARM_GRADED_LOW, graded_high=p01.WARM_GRADED_HIGH,
+                                     lr_decay=p01.WARM_LR_DECAY,
+                                     latent_math_steps=params.MAP_LATENT_STEPS or recipe.latent_math_steps)
     else:
         # the map's latent bases are registered as p-prior bases (docs/mechanism.md): a graded 01 recipe
-        # ignores p, so the map keeps the cued prior and the constant rate it was registered with; a
-        # graded row on the map is the next round's (docs/preflight.md#p2-the-graded-base-the-new-headline-base-design)
+        # ignores p, so the map keeps the cued prior and the constant rate it was registered with; the
+        # homogeneous contrast has the same constant rate (lr_decay 0, as registered for the p-prior bases)
         if recipe.latent_prior == "graded":
             recipe = dataclasses.replace(recipe, latent_prior="cued", lr_decay=0.0)
+        if prior == "homogeneous":
+            recipe = dataclasses.replace(recipe, latent_prior="homogeneous", lr_decay=0.0)
         recipe = dataclasses.replace(recipe, model_size=size, protocol="latent", latent_p=latent_p,
                                      latent_math_steps=params.MAP_LATENT_STEPS or recipe.latent_math_steps)
     model, tokenizer, info = substrate.warm_start(data, "math", seed=0, config=recipe)
@@ -343,8 +376,12 @@ def load_substrate(params: ScaleStudyParams, size: str, warm_steps: int | None =
     key = {"profile": params.PROFILE, "data_profile": data, "size": size, "warm_steps": recipe.math_steps,
            "substrate_checksum": checksum(model), "val_ids": [t.id for t in val],
            "rollout": rollout_config.to_dict()}
-    if latent_p is not None:  # the scale axis's keys (and cache entries) stay as they were
+    if latent:  # the scale axis's keys (and cache entries) stay as they were
         key.update(protocol="latent", latent_p=latent_p, warm_steps=recipe.latent_math_steps)
+        if prior in ("graded", "homogeneous"):  # the cued bases keep their keys
+            key.update(latent_prior=prior, lr_decay=recipe.lr_decay)
+            if prior == "graded":
+                key.update(graded_low=recipe.graded_low, graded_high=recipe.graded_high)
     return Substrate(size, trained_steps, model, tokenizer, env, objective, val, rollout_config, key,
                      substrate.count_model_params(model), {k: info.get(k) for k in ("steps", "params", "train_time_s",
                                                                               "cached", "converged")})

@@ -19,7 +19,7 @@ from copes_lib.protocols.scale_study.base import (
     gain_recovery,
     gap,
 )
-from copes_lib.protocols.scale_study.map_study import MAP_LOWRANK_ARMS, map_tag
+from copes_lib.protocols.scale_study.map_study import MAP_LOWRANK_ARMS, MAP_PRECONDITIONS, map_bases, map_tag
 from copes_lib.protocols.scale_study.size_axis import slope_test
 
 ARM_COLORS = {"es": "tab:blue", "copes_paper": "tab:orange", "copes_step_matched": "tab:green", "grpo": "tab:red"}
@@ -183,7 +183,7 @@ def plot_scale_axis(params: ScaleStudyParams, cells: dict[str, dict[str, Any]],
 def _phase_grid(params: ScaleStudyParams, map_keys: dict[str, Any], key: str, scale: float, regime: str):
     """One regime's grid of ``key`` (rows: populations, columns: priors) and its annotations: the value,
     '*' where its 95% interval excludes 0, "n/a" where it is undefined."""
-    ps = params.map_priors() if regime == "latent" else [None]
+    ps = [p for r, p in map_bases(params) if r == regime]
     pops = params.map_populations()
     values = np.full((len(pops), len(ps)), np.nan)
     marks = np.full((len(pops), len(ps)), "n/a", dtype=object)
@@ -206,7 +206,7 @@ def plot_phase_diagram(params: ScaleStudyParams, map_keys: dict[str, Any]):
 
     regimes = params.map_regimes()
     pops = params.map_populations()
-    widths = [len(params.map_priors()) if r == "latent" else 1 for r in regimes] or [1]
+    widths = [sum(r == regime for r, _ in map_bases(params)) for regime in regimes] or [1]
     fig, axes = plt.subplots(len(PHASE_QUANTITIES), len(widths),
                              figsize=(2.2 * sum(widths) + 2, 2.6 * len(PHASE_QUANTITIES)),
                              squeeze=False, gridspec_kw={"width_ratios": widths})
@@ -220,7 +220,7 @@ def plot_phase_diagram(params: ScaleStudyParams, map_keys: dict[str, Any]):
             ax.set_facecolor("0.85")  # undefined cells
             sns.heatmap(values, ax=ax, annot=marks, fmt="", cmap="RdBu_r", vmin=-lim, vmax=lim,
                         cbar=col == len(regimes) - 1, annot_kws={"fontsize": 8},
-                        xticklabels=[f"p {p:g}" if p is not None else "skill gap" for p in ps],
+                        xticklabels=[f"p {p:g}" if p is not None else regime.replace("_", " ") for p in ps],
                         yticklabels=[f"N {n} (K {params.map_subspaces(n)})" for n in pops])
             for i in range(len(pops)):
                 for j in range(len(ps)):
@@ -229,6 +229,38 @@ def plot_phase_diagram(params: ScaleStudyParams, map_keys: dict[str, Any]):
             ax.set_title(f"{title}: {regime}" if col == 0 else regime, fontsize=9)
     fig.suptitle(f"Where ES and CoPES work ({params.MAP_SIZE}, {params.MAP_STEPS} steps, {params.MAP_SEEDS} seeds "
                  "per cell; * : 95% interval excludes 0)", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+VERDICT_VALUES = {"holds": 1.0, "fails": 0.0}  # "not measured": grey
+
+
+def plot_map_preflight(params: ScaleStudyParams, map_keys: dict[str, Any]):
+    """Where each precondition fails on the map: one row per map base, one column per measured precondition
+    (G1, G2, E1 of docs/preflight.md#p1-the-preconditions) and R's analogue (the map's full-GRPO reference),
+    green where it holds, red where it fails, grey where not measured; each cell shows the measured value."""
+    import matplotlib.pyplot as plt
+
+    tags = [map_tag(*b) for b in map_bases(params)]
+    cols = [*MAP_PRECONDITIONS, "R analogue"]
+    names = [f"preflight_{c.lower()}" if c != "R analogue" else "preflight_r_analogue" for c in cols]
+    verdicts = np.array([[VERDICT_VALUES.get(map_keys.get(f"map_{n}_verdict_{t}"), np.nan) for n in names]
+                         for t in tags], dtype=float).reshape(len(tags), len(cols))
+    fig, ax = plt.subplots(figsize=(1.6 * len(cols) + 2.5, 0.45 * len(tags) + 1.4))
+    ax.set_facecolor("0.85")
+    ax.imshow(np.ma.masked_invalid(verdicts), cmap="RdYlGn", vmin=-0.3, vmax=1.3, aspect="auto")
+    for i, t in enumerate(tags):
+        for j, n in enumerate(names):
+            v = map_keys.get(f"map_{n}_{t}")
+            # E1 without a value but failing: no sigma of the ladder made half the members differ (P3 rule 1)
+            missing = "no sigma" if n == "preflight_e1" and verdicts[i, j] == 0.0 else "n/a"
+            ax.text(j, i, missing if v is None else f"{v:+.2f}" if j == len(cols) - 1 else f"{v:.2f}",
+                    ha="center", va="center", fontsize=8)
+    ax.set_xticks(range(len(cols)), cols)
+    ax.set_yticks(range(len(tags)), tags)
+    ax.set_title("Preconditions per map base (green holds, red fails, grey not measured; docs/preflight.md P1)",
+                 fontsize=9)
     fig.tight_layout()
     return fig
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +17,13 @@ import numpy as np
 from copes_lib.config import ConfigError
 from copes_lib.protocols.scale_study.base import (
     _Z95,
+    MAP_REGIMES,
     NOTEBOOK,
     ScaleStudyParams,
     Substrate,
     _cached_json,
     _finite,
+    data_profile,
     load_substrate,
     score_problems,
 )
@@ -170,25 +173,122 @@ def map_grpo_arm(params: ScaleStudyParams, sub: Substrate, seed_index: int) -> d
 
 
 def map_bases(params: ScaleStudyParams) -> list[tuple[str, float | None]]:
-    """(regime, p) of every map base: one latent base per prior, one skill-gap base (p does not apply)."""
+    """(regime, p) of every map base, in ``MAP_REGIMES`` order: one latent (cued-prior) base per prior, one
+    graded base (p does not apply: each cue value has its own rate), one homogeneous base at
+    ``MAP_HEADLINE_P``, one skill-gap base (p does not apply)."""
     out: list[tuple[str, float | None]] = []
     for regime in params.map_regimes():
-        out += [("latent", p) for p in params.map_priors()] if regime == "latent" else [("skill_gap", None)]
+        if regime == "latent":
+            out += [("latent", p) for p in params.map_priors()]
+        elif regime == "homogeneous":
+            out.append(("homogeneous", params.MAP_HEADLINE_P))
+        else:
+            out.append((regime, None))
     return out
 
 
 def map_tag(regime: str, p: float | None, population: int | None = None) -> str:
-    """A map cell's summary-key suffix: ``latent_p0_1_n40``, ``skill_gap_n40`` (a base: without ``_n``)."""
+    """A map cell's summary-key suffix: ``latent_p0_1_n40``, ``homogeneous_p0_1_n40``, ``graded_n40``,
+    ``skill_gap_n40`` (a base: without ``_n``)."""
     tag = regime if p is None else f"{regime}_p{p:g}".replace(".", "_")
     return tag if population is None else f"{tag}_n{population}"
 
 
 def load_map_base(params: ScaleStudyParams, regime: str, p: float | None) -> Substrate:
-    """A map base at ``MAP_SIZE``: a latent-protocol warm start with prior p, or the skill-gap control
-    (01's paper recipe, or exactly ``MAP_SKILL_STEPS`` steps)."""
+    """A map base at ``MAP_SIZE``: a latent-protocol warm start (cued prior at p; the graded prior; the
+    homogeneous prior at p), or the skill-gap control (01's paper recipe, or exactly ``MAP_SKILL_STEPS`` steps)."""
     if regime == "latent":
         return load_substrate(params, params.MAP_SIZE, latent_p=p)
-    return load_substrate(params, params.MAP_SIZE, warm_steps=params.MAP_SKILL_STEPS or None)
+    if regime == "graded":
+        return load_substrate(params, params.MAP_SIZE, prior="graded")
+    if regime == "homogeneous":
+        return load_substrate(params, params.MAP_SIZE, latent_p=p, prior="homogeneous")
+    if regime == "skill_gap":
+        return load_substrate(params, params.MAP_SIZE, warm_steps=params.MAP_SKILL_STEPS or None)
+    raise ConfigError(f"map regime {regime!r}: valid values {list(MAP_REGIMES)}")
+
+
+# the preconditions measured per map base (docs/mechanism.md#m6-the-map-of-where-es-and-copes-work): E2 and R need a
+# pilot run each (8 ES steps, 8 full-GRPO steps at 01's settings) per base, which the map's budget does not hold;
+# the map's own full-GRPO reference per base (MAP_GRPO_SEEDS x MAP_GRPO_STEPS) is R's analogue
+MAP_PRECONDITIONS = ("G1", "G2", "E1")
+
+
+def map_preflight_settings(params: ScaleStudyParams):
+    """(PreflightSettings, PreflightCriterion) of the map's preflight: notebook 01's ``PREFLIGHT_*`` parameters of the
+    profile whose data the map uses (:func:`data_profile`), and the registered floors."""
+    from copes_lib.protocols.preflight import PreflightCriterion
+    from copes_lib.protocols.substrate_setup import substrate_params
+
+    return substrate_params(data_profile(params)).preflight_settings(), PreflightCriterion()
+
+
+def map_preflight(params: ScaleStudyParams, sub: Substrate) -> dict[str, Any]:
+    """G1 / G2 (:func:`preflight.sampled_groups`), the calibrated sigma (:func:`preflight.calibrate_sigma`) and E1
+    (:func:`preflight.member_spread`) on one map base, on the tuning split, as notebook 01 measures them on its own
+    base; E1 also at the map's own ``SIGMA`` (descriptive: the sigma the map's arms run at). Cached per base and
+    settings."""
+    from copes_lib.protocols import preflight
+    from copes_lib.tasks import TUNING_SPLIT, load_tasks
+
+    settings, criterion = map_preflight_settings(params)
+    tuning = load_tasks(data_profile(params), "math", TUNING_SPLIT)
+    if settings.prompts > len(tuning):
+        raise ConfigError(f"PREFLIGHT_PROMPTS = {settings.prompts} (notebook 01's, read by 09's map preflight): the "
+                          f"{data_profile(params)} tuning split holds {len(tuning)} math problems; valid: a multiple "
+                          f"of PREFLIGHT_BATCH up to {len(tuning)}, or MAP_PREFLIGHT false")
+    prompts = tuning[: settings.prompts]
+    key = {**sub.key, "preflight": settings.to_dict(), "criterion": criterion.to_dict(), "map_sigma": params.SIGMA,
+           "tuning_ids": [t.id for t in prompts]}
+
+    def compute():
+        t0 = time.perf_counter()
+        # the calibration's batches are training batches of the preflight's size, as in notebook 01
+        objective = copy.copy(sub.objective)
+        objective.batch_size = settings.batch_size
+        groups = preflight.sampled_groups(sub.model, sub.tokenizer, prompts, sub.env, sub.rollout_config,
+                                          group_size=settings.group_size, temperature=settings.temperature,
+                                          seed=settings.seed)
+        calibration = preflight.calibrate_sigma(sub.model, objective, settings, criterion.min_members_differ)
+        sigma = calibration["sigma"]
+        spread = None if sigma is None else preflight.member_spread(sub.model, objective, prompts, settings, sigma)
+        at_map_sigma = preflight.member_spread(sub.model, objective, prompts, settings, params.SIGMA)
+        values = {"G1": groups["varied_share"], "G2": groups["protocol_mixed_share"],
+                  "E1": spread["share"] if spread else None}
+        return {"values": values, "sigma": sigma, "calibration": calibration["curve"],
+                "protocol_rate": groups["protocol_rate"], "protocol_rate_mean": groups["protocol_rate_mean"],
+                "e1_map_sigma": at_map_sigma["share"], "settings": settings.to_dict(),
+                "criterion": criterion.to_dict(), "cost_s": time.perf_counter() - t0}
+
+    return _cached_json(params, "map_preflight", key, compute)
+
+
+def map_preflight_summary(params: ScaleStudyParams, base_run: dict[str, Any]) -> dict[str, Any]:
+    """Flat preflight values of one map base (keys without the ``map_`` prefix and the base's tag): ``preflight_<g1|
+    g2|e1>`` with ``_verdict`` (docs/preflight.md P1's floors; ``not measured`` where E1 had no calibrated sigma),
+    ``preflight_sigma``, ``preflight_e1_map_sigma``, ``preflight_failed`` (the measured preconditions that fail),
+    and R's analogue ``preflight_r_analogue`` (+ ``_low``, ``_high``, ``_verdict``): full GRPO's strict gain at
+    ``MAP_GRPO_STEPS`` over the base on validation (seeds x problems), judged by R's floor. Empty without a preflight."""
+    from copes_lib.protocols.preflight import PreflightCriterion, judge
+
+    pre = base_run.get("preflight")
+    if not pre:
+        return {}
+    reference = map_delta(base_run["base"], [{"strict": r["horizon_strict"]} for r in base_run["grpo"]], "strict")
+    r_value, r_low, r_high = _finite(reference.estimate), _finite(reference.low), _finite(reference.high)
+    verdict = judge({**pre["values"], "R": r_value, "R_low": r_low}, PreflightCriterion(**pre["criterion"]))
+    if pre["sigma"] is None:  # no sigma of the ladder made enough members differ: E1 fails (docs/preflight.md P3, 1)
+        verdict["verdicts"]["E1"] = "fails"
+    out: dict[str, Any] = {}
+    for pid in MAP_PRECONDITIONS:
+        out[f"preflight_{pid.lower()}"] = pre["values"].get(pid)
+        out[f"preflight_{pid.lower()}_verdict"] = verdict["verdicts"][pid]
+    out.update(preflight_sigma=pre["sigma"], preflight_e1_map_sigma=pre["e1_map_sigma"],
+               preflight_protocol_rate_mean=pre["protocol_rate_mean"],
+               preflight_failed=[p for p in MAP_PRECONDITIONS if verdict["verdicts"][p] == "fails"],
+               preflight_r_analogue=r_value, preflight_r_analogue_low=r_low, preflight_r_analogue_high=r_high,
+               preflight_r_analogue_verdict=verdict["verdicts"]["R"], preflight_cost_s=pre.get("cost_s"))
+    return out
 
 
 def run_map_base(params: ScaleStudyParams, sub: Substrate, regime: str, p: float | None, log=print
@@ -212,6 +312,11 @@ def run_map_base(params: ScaleStudyParams, sub: Substrate, regime: str, p: float
     mech_params = dataclasses.replace(params, POPULATION=params.MAP_HEADLINE_N,
                                       SUBSPACES=params.map_subspaces(params.MAP_HEADLINE_N))
     out["mechanism"] = mechanism(mech_params, sub) if params.MAP_MECHANISM and params.MECH_RANDOM else None
+    out["preflight"] = map_preflight(params, sub) if params.MAP_PREFLIGHT else None
+    if out["preflight"]:
+        log(f"[{NOTEBOOK}] map {map_tag(regime, p)} preflight: " + ", ".join(
+            f"{k} {v:.2f}" if v is not None else f"{k} -" for k, v in out["preflight"]["values"].items())
+            + f", sigma {out['preflight']['sigma']}")
     return out
 
 
@@ -391,7 +496,10 @@ def map_summary(params: ScaleStudyParams, bases: dict[tuple[str, float | None], 
                            "map_control_populations": params.map_control_populations(), "map_seeds": params.MAP_SEEDS,
                            "map_grpo_seeds": params.MAP_GRPO_SEEDS, "map_steps": params.MAP_STEPS,
                            "map_grpo_steps": params.MAP_GRPO_STEPS, "map_headline_p": params.MAP_HEADLINE_P,
-                           "map_headline_n": params.MAP_HEADLINE_N, "map_mechanism_per": "base"}
+                           "map_headline_n": params.MAP_HEADLINE_N, "map_mechanism_per": "base",
+                           "map_bases": [map_tag(*b) for b in bases],
+                           "map_preflight": bool(params.MAP_PREFLIGHT),
+                           "map_preflight_measured": list(MAP_PRECONDITIONS) if params.MAP_PREFLIGHT else []}
     for (regime, p), b in bases.items():
         tag = map_tag(regime, p)
         grpo = np.asarray([r["horizon_strict"] for r in b["grpo"]])
@@ -407,6 +515,7 @@ def map_summary(params: ScaleStudyParams, bases: dict[tuple[str, float | None], 
         out[f"map_d_eff_{tag}"], out[f"map_d_eff_source_{tag}"] = d_eff["d_eff"], d_eff["source"]
         out[f"map_d_eff_low_{tag}"], out[f"map_d_eff_high_{tag}"] = d_eff["low"], d_eff["high"]
         out[f"map_d_eff_hessian_undefined_{tag}"] = d_eff["undefined_reason"]
+        out.update({f"map_{k}_{tag}": v for k, v in map_preflight_summary(params, b).items()})
         for n in b["cells"]:
             cell = {**map_cell_summary(b, n), "subspaces": params.map_subspaces(n)}
             out.update({f"map_{k}_{map_tag(regime, p, n)}": v for k, v in cell.items()})

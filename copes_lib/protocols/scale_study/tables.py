@@ -17,7 +17,13 @@ from copes_lib.protocols.scale_study.base import (
     scores,
     slug,
 )
-from copes_lib.protocols.scale_study.map_study import MAP_ARMS, MAP_LOWRANK_ARMS, map_tag
+from copes_lib.protocols.scale_study.map_study import (
+    MAP_ARMS,
+    MAP_LOWRANK_ARMS,
+    MAP_PRECONDITIONS,
+    map_bases,
+    map_tag,
+)
 from copes_lib.protocols.scale_study.size_axis import cell_summary
 
 # the mechanism's values worth reading side by side (the verdicts are shown in a table of their own)
@@ -100,6 +106,34 @@ def map_table(params: ScaleStudyParams, map_bases: dict[tuple[str, float | None]
                    for low, full in MAP_LOWRANK_ARMS.items()}}
 
     return pd.DataFrame([row(regime, p, n) for (regime, p), b in map_bases.items() for n in b["cells"]])
+
+
+def map_preflight_table(params: ScaleStudyParams, map_keys: dict[str, Any]):
+    """One row per map base: its strict and lenient accuracy, each measured precondition's value and verdict
+    (docs/preflight.md#p1-the-preconditions: G1, G2, E1 with its calibrated sigma; E1 also at the map's SIGMA),
+    R's analogue (full GRPO's strict gain at MAP_GRPO_STEPS, 95% interval) and the preconditions that fail.
+    Empty without a map preflight."""
+    import pandas as pd
+
+    if not map_keys.get("map_preflight"):
+        return pd.DataFrame({"base": []})
+    rows = []
+    for regime, p in map_bases(params):
+        t = map_tag(regime, p)
+        row: dict[str, Any] = {"base": t, "strict": map_keys.get(f"map_base_strict_{t}"),
+                               "lenient": map_keys.get(f"map_base_lenient_{t}")}
+        for pid in MAP_PRECONDITIONS:
+            row[pid] = map_keys.get(f"map_preflight_{pid.lower()}_{t}")
+            row[f"{pid} verdict"] = map_keys.get(f"map_preflight_{pid.lower()}_verdict_{t}")
+        row["sigma"] = map_keys.get(f"map_preflight_sigma_{t}")
+        row[f"E1 at SIGMA {params.SIGMA:g}"] = map_keys.get(f"map_preflight_e1_map_sigma_{t}")
+        row["R analogue"] = map_keys.get(f"map_preflight_r_analogue_{t}")
+        row["R analogue 95%"] = (map_keys.get(f"map_preflight_r_analogue_low_{t}"),
+                                 map_keys.get(f"map_preflight_r_analogue_high_{t}"))
+        row["R analogue verdict"] = map_keys.get(f"map_preflight_r_analogue_verdict_{t}")
+        row["fails"] = ", ".join(map_keys.get(f"map_preflight_failed_{t}") or []) or "-"
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def tagged_cells(cells: dict[str, dict[str, Any]], warm_cells: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
