@@ -224,6 +224,13 @@ def generate(engine, tasks, env, config, row_scripts, vocab, seed=0):
     return engine.generate(tasks, env, config, seed=seed, logits_hook=hook)
 
 
+def workload(tokenizer, batch: int, new_tokens: int):
+    """(env, tasks, row scripts, rollout config) of the engine sections: ``batch`` forced rows (see the
+    module docstring), ``new_tokens`` model tokens each. tests/test_engines.py measures the KV goals on it."""
+    config = RolloutConfig(max_new_tokens=new_tokens, max_context=4096, max_turns=0, batch_size=batch)
+    return ScriptedEnv(tokenizer), make_tasks(batch), scripts(tokenizer, batch), config
+
+
 class ScriptedObjective:
     """ES fitness = mean synthetic reward of the engine's forced trajectories of ``tasks``."""
 
@@ -284,6 +291,24 @@ class CacheProbe:
 
     def close(self):
         self.handle.remove()
+
+
+def kv_figures(rows: list[dict], per_token: int) -> dict:
+    """The KV goals' figures from a CacheProbe's rows (one per forward, read where the forward left the
+    cache: its chunk included) and the model's K/V bytes per token: at the forward where the allocated
+    K/V bytes peak, those bytes over notebook 08's ES line (bytes per token x live rows x longest live
+    row), and the widest cache over the longest live row at any forward."""
+    if not rows:
+        return {"forwards_seen": 0, "why": "the engine does not call the model module (compiled or external): "
+                "its cache is not observable from here"}
+    peak = max(rows, key=lambda r: r["kv_bytes"])
+    widest = max(rows, key=lambda r: r["width"] / max(1, r["longest_row"]))
+    model_bytes = per_token * peak["live_rows"] * peak["longest_row"]  # 08's ES line: sequences x L
+    return {"forwards_seen": len(rows), "at_peak": peak, "model_bytes_at_peak": model_bytes,
+            "kv_over_model": peak["kv_bytes"] / model_bytes if model_bytes else None,
+            "kv_over_packed_tokens": peak["kv_bytes"] / (per_token * peak["tokens_held"]),
+            "max_width_over_longest_row": widest["width"] / max(1, widest["longest_row"]),
+            "at_widest": widest, "max_width": max(r["width"] for r in rows)}
 
 
 # --------------------------------------------------------------------------- sections
@@ -429,10 +454,7 @@ def engine_check(device, tokenizer, name: str, size: str, batch: int, new_tokens
     desc = describe(model)
     out = {**base, "engine": name, "size": size, "dtype": str(dtype), "params": desc.params,
            "build_s": time.perf_counter() - t0, "batch": batch, "max_new_tokens": new_tokens}
-    env = ScriptedEnv(tokenizer)
-    tasks = make_tasks(batch)
-    row_scripts = scripts(tokenizer, batch)
-    config = RolloutConfig(max_new_tokens=new_tokens, max_context=4096, max_turns=0, batch_size=batch)
+    env, tasks, row_scripts, config = workload(tokenizer, batch, new_tokens)
     engine = engines.make_engine(name, model, tokenizer)
 
     t0 = time.perf_counter()  # warm-up (and, for a compiled engine, its compilation)
@@ -482,19 +504,7 @@ def engine_check(device, tokenizer, name: str, size: str, batch: int, new_tokens
         generate(engine, tasks, env, config, row_scripts, vocab, seed=1)
     finally:
         probe.close()
-    if probe.rows:
-        per_token = kv_bytes_per_token(desc, dtype_bytes=torch.tensor([], dtype=dtype).element_size())
-        peak = max(probe.rows, key=lambda r: r["kv_bytes"])
-        widest = max(probe.rows, key=lambda r: r["width"] / max(1, r["longest_row"]))
-        model_bytes = per_token * peak["live_rows"] * peak["longest_row"]  # 08's ES line: sequences x L
-        out["kv"] = {"forwards_seen": len(probe.rows), "at_peak": peak, "model_bytes_at_peak": model_bytes,
-                     "kv_over_model": peak["kv_bytes"] / model_bytes if model_bytes else None,
-                     "kv_over_packed_tokens": peak["kv_bytes"] / (per_token * peak["tokens_held"]),
-                     "max_width_over_longest_row": widest["width"] / max(1, widest["longest_row"]),
-                     "at_widest": widest, "max_width": max(r["width"] for r in probe.rows)}
-    else:
-        out["kv"] = {"forwards_seen": 0, "why": "the engine does not call the model module (compiled or "
-                     "external): its cache is not observable from here"}
+    out["kv"] = kv_figures(probe.rows, kv_bytes_per_token(desc, dtype_bytes=torch.tensor([], dtype=dtype).element_size()))
     save(run_dir, f"engine-{name}", out)
 
     env.close()

@@ -190,3 +190,39 @@ def test_an_installed_fla_that_transformers_does_not_use_is_refused(tokenizer, m
     monkeypatch.setattr(engines, "linear_attention_kernels",
                         lambda: {k: "fla.ops.gated_delta_rule." + k for k in engines.LINEAR_ATTENTION_KERNELS})
     check_gpu_engine(model)  # resolved to fla: accepted
+
+
+def test_every_engine_meets_the_kv_goals_at_the_gpu_checks_workload():
+    """benchmarks/gpu_check.py's engine workload at its GPU shape (batch 64, 128 new tokens, forced
+    scripts of up to 3 searches of ~450 tokens and 5 Python outputs of 4-200 tokens), a tiny Qwen3 (the
+    ratios depend on row lengths, not on the model's size), its CacheProbe read at every forward (the
+    chunk included, where memory peaks): every engine's allocated K/V bytes at the peak are within 15%
+    of rows x longest live row (docs/gpu_check.md#goals), the slot engine's width <= 1.25 x the longest
+    live row at every forward, and all emit the same tokens. Before re-packing at the forward (issue 34):
+    1.29 (loop), 1.58 (slots, width 1.85), 1.22 (static)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import gpu_check
+
+    from copes_lib.memory_model import kv_bytes_per_token
+
+    tokenizer = gpu_check.make_tokenizer()
+    vocab = len(tokenizer)
+    model = build_agent_model("smoke", vocab, seed=0, tokenizer=tokenizer, max_positions=4096).eval()
+    per_token = kv_bytes_per_token(gpu_check.describe(model), dtype_bytes=4)
+    env, tasks, row_scripts, config = gpu_check.workload(tokenizer, 64, 128)
+    tokens, figures = {}, {}
+    for name in ENGINES:
+        probe = gpu_check.CacheProbe(model)
+        try:
+            out = gpu_check.generate(make_engine(name, model, tokenizer), tasks, env, config, row_scripts, vocab)
+        finally:
+            probe.close()
+        tokens[name], figures[name] = out.completion_ids, gpu_check.kv_figures(probe.rows, per_token)
+    assert max(map(len, tokens["loop"])) >= 1500 and sum(mask.count(0) for mask in out.model_mask) > 20000
+    ratios = {name: f["kv_over_model"] for name, f in figures.items()}
+    assert all(abs(r - 1) <= gpu_check.GOALS["kv_over_model_tolerance"] for r in ratios.values()), ratios
+    assert figures["slots"]["max_width_over_longest_row"] <= gpu_check.GOALS["slot_width"], figures["slots"]
+    assert all(t == tokens["loop"] for t in tokens.values())
