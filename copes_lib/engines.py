@@ -304,3 +304,26 @@ def build_qwen35(size: str, vocab_size: int, seed: int, tokenizer=None, device: 
     with torch.device(device):
         model = Qwen3_5ForCausalLM(config)
     return model.to(dtype=dtype).eval()
+
+
+#: the row-exactness probe's output-weight scale: random tiny models give nearly flat logits, in which
+#: a wrong linear-attention state moves the logits by only ~6e-4 (6x the gpu check's 1e-4 bar); scaled
+#: by 30 (and with slowly decaying states) it moves them by ~4e-2 while float noise stays ~1e-5
+PROBE_OUTPUT_SCALE = 30.0
+
+
+def build_probe_qwen35(vocab_size: int, seed: int, tokenizer=None, device: str | torch.device = "cpu"):
+    """The tiny Qwen3.5 of ``build_qwen35`` made into a row-exactness probe: output weights x
+    ``PROBE_OUTPUT_SCALE`` (logits that are not flat) and Gated-DeltaNet decay ``A_log`` in [-3, 0]
+    (slow decay, so a wrongly advanced recurrent state still shows in later logits). Rows of a batch
+    equal their single-row runs within 1e-4 on it; with the row-exact path switched off they differ by
+    >= 100x that (tests/test_gpu_check.py, tests/test_qwen35_rollout.py)."""
+    model = build_qwen35("tiny", vocab_size, seed, tokenizer=tokenizer, device=device)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(PROBE_OUTPUT_SCALE)
+        generator = torch.Generator().manual_seed(seed + 1)
+        for layer in model.model.layers:
+            if hasattr(layer, "linear_attn"):
+                decay = layer.linear_attn.A_log
+                decay.copy_(torch.empty(decay.shape).uniform_(-3.0, 0.0, generator=generator))
+    return model

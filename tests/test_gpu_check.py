@@ -113,3 +113,24 @@ def test_wheel_list_pins_hub_below_2_and_every_line():
     for name in ("transformers", "tokenizers", "flash_linear_attention", "fla_core", "einops"):
         assert name in pins
     assert pytest.importorskip("transformers").__version__ == pins["transformers"]  # the suite's reference
+
+
+def test_the_row_exactness_probe_has_a_100x_margin(monkeypatch):
+    """The equality section's probe (gpu_check.rows_vs_single on engines.build_probe_qwen35, 8 rows as on
+    the GPU): batch rows within the bar of their single-row runs, and with the row-exact linear-attention
+    path switched off >= 100x the bar away (on build_qwen35's flat logits: ~6x, issue 34)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import gpu_check
+
+    from copes_lib import rollout as rollout_module
+    from copes_lib.engines import build_probe_qwen35
+
+    tokenizer = gpu_check.make_tokenizer()
+    model = build_probe_qwen35(len(tokenizer), seed=0, tokenizer=tokenizer)
+    bar = gpu_check.GOALS["row_exact_logit_diff"]
+    exact, same = gpu_check.rows_vs_single(model, tokenizer, 8)
+    assert exact < bar and same
+    monkeypatch.setattr(rollout_module, "linear_attention_layers", lambda cache: [])
+    monkeypatch.setattr(rollout_module, "check_hybrid_cache", lambda model, cache: None)
+    drift, _ = gpu_check.rows_vs_single(model, tokenizer, 8)
+    assert drift >= 100 * bar, (exact, drift)
