@@ -8,16 +8,19 @@ when ``OUT`` is set), so a timeout keeps what was measured before it:
   Not ``import fla``: the functions Qwen3.5's Gated-DeltaNet layer calls are resolved (transformers
   binds them when ``modeling_qwen3_5`` is imported), and on CUDA a profiled forward (prefill and one
   decode step) must launch fla's Triton kernels.
-- ``equality`` (tiny Qwen3.5, fp32): each engine of ``engines.ENGINES`` against the plain loop on
-  forced multi-turn trajectories (same tokens), rows of a batch against their single-row runs (max
-  logit difference), and one ES step per engine from the same seeds (member rewards and the updated
-  weights compared with the loop's).
+- ``equality`` (tiny Qwen3.5 probe with logits that are not flat, fp32): each engine of
+  ``engines.ENGINES`` against the plain loop on forced multi-turn trajectories (same tokens), rows of a
+  batch against their single-row runs (max logit difference), and one ES step per engine from the same
+  weights and seeds (member rewards and the updated weights compared with the loop's).
 - ``engine`` (one per engine of ``engines.ENGINES``, so a new engine is measured without an edit;
-  0.8B-shaped Qwen3.5 in bf16 on CUDA): pure inference of the batch (new tokens/s, peak memory), a
+  0.8B-shaped Qwen3.5 in bf16 on CUDA): an untimed warm-up that is the timed run itself (compilation
+  and graph capture of every shape it uses, reported as ``compile_s``), pure inference of the batch
+  (new tokens/s, peak memory), a
   probe run that reads the KV cache at every forward (width against the longest live row, bytes
   against notebook 08's memory model, ``copes_lib.memory_model``), and one ES step on the same rows
   (member evaluation time against the pure inference, perturb + restore share, rewards and update).
-- ``summary``: the issue's goals as pass / fail with the measured values (judged only on CUDA).
+- ``summary``: every section's goals (docs/gpu_check.md#goals: speed, ES, KV memory and width, kernels,
+  equality, GRPO memory) as pass / fail with the measured values (judged only on CUDA).
 
 The workload, the same for every engine: every row's trajectory is forced (a logits hook) through a
 script of tool calls whose count varies by row (r % 4 searches, (r + 1) % 6 Python calls) with free tokens in
@@ -420,10 +423,12 @@ def equality(device, tokenizer, rows: int, population: int) -> dict:
     model = engines.build_probe_qwen35(vocab, seed=0, tokenizer=tokenizer, device=device)
     out = {"engines": {}, "row_exact_bar": GOALS["row_exact_logit_diff"]}
     out["rows_vs_single_max_logit_diff"], out["rows_vs_single_same_tokens"] = rows_vs_single(model, tokenizer, rows)
+    initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
     reference = None
     for name in engines.ENGINES:
         row: dict = {}
         out["engines"][name] = row
+        model.load_state_dict(initial)  # in place: every engine starts from the same weights
         try:
             engine = engines.make_engine(name, model, tokenizer)
         except ConfigError as err:  # an engine that refuses this machine (e.g. CUDA only) is skipped, with why
@@ -432,14 +437,13 @@ def equality(device, tokenizer, rows: int, population: int) -> dict:
         try:
             result = generate(engine, tasks, env, config, row_scripts, vocab)
             row["tool_calls"] = {k: sum(c[k] for c in result.tool_calls) for k in ("python", "search")}
-            es_model = build_qwen35("tiny", vocab, seed=0, tokenizer=tokenizer, device=device)
-            objective = ScriptedObjective(engines.make_engine(name, es_model, tokenizer), tasks, env, config,
-                                          row_scripts, vocab)
-            es = ES(es_model, ESConfig(population=population, subspaces=1, sigma=0.05, alpha=0.02, chunk_size=4096, seed=33))
+            # the ES step on the same engine and model (a compiled engine compiles once per section)
+            objective = ScriptedObjective(engine, tasks, env, config, row_scripts, vocab)
+            es = ES(model, ESConfig(population=population, subspaces=1, sigma=0.05, alpha=0.02, chunk_size=4096, seed=33))
             step = es_step(es, 1, objective)
             row["member_rewards"] = step.rewards.tolist()
             row["update_norm"] = float(step.update_norm)
-            weights = torch.cat([p.detach().flatten().float().cpu() for p in es_model.parameters()])
+            weights = torch.cat([p.detach().flatten().float().cpu() for p in model.parameters()])
             row["rewards_differ_across_members"] = bool(np.ptp(step.rewards) > 0)
             if name == "loop":
                 reference = {"tokens": result.completion_ids, "rewards": step.rewards, "weights": weights}
@@ -472,8 +476,10 @@ def engine_check(device, tokenizer, name: str, size: str, batch: int, new_tokens
     env, tasks, row_scripts, config = workload(tokenizer, batch, new_tokens)
     engine = engines.make_engine(name, model, tokenizer)
 
-    t0 = time.perf_counter()  # warm-up (and, for a compiled engine, its compilation)
-    generate(engine, tasks[:2], env, RolloutConfig(max_new_tokens=8, max_context=4096), row_scripts, vocab)
+    # warm-up: the timed run itself, untimed (same rows, seed and scripts, so the same shapes: a compiled
+    # engine compiles / captures every graph the timed run uses here, not inside it)
+    t0 = time.perf_counter()
+    generate(engine, tasks, env, config, row_scripts, vocab, seed=1)
     sync(device)
     out["warmup_s"] = time.perf_counter() - t0
 
@@ -486,6 +492,8 @@ def engine_check(device, tokenizer, name: str, size: str, batch: int, new_tokens
     out["pure_s"] = time.perf_counter() - t0
     out["new_tokens"] = pure.new_tokens
     out["new_tokens_per_s"] = pure.new_tokens / out["pure_s"]
+    # what a user pays once (compilation, graph capture, first-call allocation), as its own figure
+    out["compile_s"] = max(0.0, out["warmup_s"] - out["pure_s"])
     out["forward_calls"] = pure.forward_calls
     out["tool_calls"] = {k: sum(c[k] for c in pure.tool_calls) for k in ("python", "search")}
     lengths = [len(p) + len(c) for p, c in zip(pure.prompt_ids, pure.completion_ids)]
@@ -580,9 +588,11 @@ def summary(run_dir: Path, base: dict) -> dict:
             if e != "loop" and loop and "new_tokens_per_s" in m}
     best = max(fast, key=fast.get) if fast else None
     size_ok = all(m.get("size") == "0.8b" and m.get("batch") == 64 for m in measured.values())
-    goal("fast path >= 4x the loop in new tokens/s (batch 64, 0.8B Qwen3.5)", fast.get(best) if best else None,
-         GOALS["fast_over_loop"], best and fast[best] >= GOALS["fast_over_loop"],
-         f"best engine: {best}; all: {fast}" + ("" if size_ok else "; not at batch 64 / 0.8b"))
+    compile_s = {e: m.get("compile_s") for e, m in measured.items()}  # paid once, not in the timed run
+    goal("fast path >= 4x the loop in new tokens/s (batch 64, 0.8B Qwen3.5; warm runs)",
+         fast.get(best) if best else None, GOALS["fast_over_loop"], best and fast[best] >= GOALS["fast_over_loop"],
+         f"best engine: {best}; all: {fast}; compile / first-run seconds, not timed: {compile_s}"
+         + ("" if size_ok else "; not at batch 64 / 0.8b"))
     for e, m in measured.items():
         es_part = m.get("es", {})
         ratio = es_part.get("member_over_pure_inference")
@@ -613,6 +623,7 @@ def summary(run_dir: Path, base: dict) -> dict:
     errors = {k: v["error"][-400:] for k, v in sections.items() if isinstance(v, dict) and "error" in v}
     exits = [json.loads(p.read_text()) for p in sorted(run_dir.glob("exit-*.txt"))]  # written by gpu_check.sh
     return {**base, "judged": judged, "goals": goals, "engines_not_measured": missing, "section_errors": errors,
+            "compile_s": compile_s,
             "section_exits": exits, "es_member_rewards_max_abs_diff_vs_loop": es_vs_loop,
             "all_pass": all(g["pass"] for g in goals) if judged else None,
             "note": "" if judged else "CPU dry run: the script ran end to end; these are not GPU figures"}

@@ -32,6 +32,20 @@ fi
 export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 if compgen -G "$WHEELS/*.whl" > /dev/null; then
     "$PY" benchmarks/install_wheels.py "$WHEELS" "$SITE" || echo "gpu_check: installing wheels failed" >&2
+elif ! lacking=$("$PY" benchmarks/install_wheels.py --check --list "${GPU_WHEEL_LIST:-benchmarks/gpu_wheels.txt}"); then
+    # no wheel folder and this Python lacks pinned packages: say so and how to fix it, instead of letting
+    # every section fail on import (or run with an older transformers)
+    tag=$("$PY" -c 'import sys; print(f"{sys.version_info[0]}{sys.version_info[1]}")' 2>/dev/null || echo 312)
+    cat >&2 <<EOF
+gpu_check: no wheels in $WHEELS/ and $PY lacks what benchmarks/gpu_wheels.txt pins:
+  $lacking
+Build the folder on a machine with network, from this checkout, for this Python's version:
+  make gpu-wheels PY_TAG=$tag
+then copy benchmarks/gpu_wheels/ beside this checkout (or set WHEELS=/path/to/folder) and rerun;
+GPU_CHECK_NO_WHEELS=1 runs with what this Python has.
+EOF
+    if [ "$dry" = 0 ] && [ "${GPU_CHECK_NO_WHEELS:-0}" = 0 ]; then exit 1; fi
+    echo "gpu_check: going on without the wheels$([ "$dry" = 1 ] && echo ' (CPU dry run)')" >&2
 fi
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
 DIR="$RESULTS/$stamp$([ "$dry" = 1 ] && echo -cpu-dry-run)"
