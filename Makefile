@@ -12,7 +12,8 @@ BIN := $(VENV)/bin
 # PROFILE=gpu runs in its own environment with the GPU extras (requirements-gpu.txt), on Python
 # 3.11-3.13 (PYTHON_GPU=/path/to/python to choose). SYSTEM_TORCH=1 reuses the CUDA torch (>= 2.7) that
 # PYTHON_GPU already has (--system-site-packages, requirements-system-torch.txt: every pin but torch)
-# instead of installing torch 2.13.0, the tested reference, beside it.
+# instead of installing torch 2.13.0, the tested reference, beside it; PYTHON_GPU may be a venv.
+# WHEELHOUSE=dir installs offline (docs/gpu_install.md).
 VENV_GPU := .venv-gpu
 SYSTEM_TORCH ?=
 # WHEELHOUSE=dir: install .venv-gpu offline from that folder (make gpu-wheelhouse makes it; docs/gpu_install.md)

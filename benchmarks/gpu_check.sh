@@ -5,6 +5,8 @@
 # lacks of benchmarks/gpu_wheels.txt (transformers 5.24, huggingface_hub < 2, flash-linear-attention,
 # ...) comes from benchmarks/gpu_wheels/ (made with `make gpu-wheels` on a networked machine, ~27 MB):
 # installed with pip --no-deps --target into $GPU_CHECK_SITE, put first on PYTHONPATH. No venv is made.
+# Without the folder, a Python that lacks a pinned package stops here with the make gpu-wheels command
+# (GPU_CHECK_NO_WHEELS=1: run anyway; docs/gpu_install.md).
 #   benchmarks/gpu_check.sh                      # 0.8B-shaped Qwen3.5, batch 64 (the goals)
 #   benchmarks/gpu_check.sh --size 2b
 #   benchmarks/gpu_check.sh --dry-run            # CPU dry run: tiny sizes, --allow-cpu (make test runs it)
