@@ -12,9 +12,13 @@ BIN := $(VENV)/bin
 # PROFILE=gpu runs in its own environment with the GPU extras (requirements-gpu.txt), on Python
 # 3.11-3.13 (PYTHON_GPU=/path/to/python to choose). SYSTEM_TORCH=1 reuses the CUDA torch (>= 2.7) that
 # PYTHON_GPU already has (--system-site-packages, requirements-system-torch.txt: every pin but torch)
-# instead of installing torch 2.13.0, the tested reference, beside it.
+# instead of installing torch 2.13.0, the tested reference, beside it; PYTHON_GPU may be a venv.
+# WHEELHOUSE=dir installs offline (docs/gpu_install.md).
 VENV_GPU := .venv-gpu
 SYSTEM_TORCH ?=
+# WHEELHOUSE=dir: install .venv-gpu offline from that folder (make gpu-wheelhouse makes it; docs/gpu_install.md)
+WHEELHOUSE ?=
+PIP_OFFLINE = $(if $(WHEELHOUSE),--no-index --find-links $(WHEELHOUSE))
 GPU_SYSTEM = $(filter-out 0 no false False,$(SYSTEM_TORCH))
 GPU_REQ = $(if $(GPU_SYSTEM),requirements-system-torch.txt,requirements-gpu.txt)
 GPU_HASH = $(shell (cat requirements.txt requirements-gpu.txt requirements-system-torch.txt; \
@@ -61,7 +65,7 @@ export ATEN_CPU_CAPABILITY := avx2
 export MKL_CBWR := AVX2,STRICT
 export ONEDNN_MAX_CPU_ISA := AVX2
 
-.PHONY: preflight help venv venv-gpu gpu-wheels test reproduce validate lab clean-reports
+.PHONY: preflight help venv venv-gpu gpu-wheels gpu-wheelhouse test reproduce validate lab clean-reports
 
 help:
 	@echo "make reproduce [PROFILE=smoke|cpu|gpu] [ONLY=02,03] [FORCE=1] [RERUN_FAILED=1] [JOBS=2]"
@@ -71,6 +75,7 @@ help:
 	@echo "make venv      create/update .venv from requirements.txt (no-op when up to date)"
 	@echo "make venv-gpu  create/update .venv-gpu from requirements-gpu.txt (PROFILE=gpu does it itself);"
 	@echo "               SYSTEM_TORCH=1 reuses an installed CUDA torch >= 2.7; PYTHON_GPU=python3.12 etc. (3.11-3.13)"
+	@echo "               WHEELHOUSE=dir installs offline from a folder made by make gpu-wheelhouse (docs/gpu_install.md)"
 	@echo "make gpu-wheels  wheels for benchmarks/gpu_check.sh on a GPU machine without network"
 	@echo "make validate  check profiles/\$$(PROFILE).yaml against the notebooks' parameters"
 	@echo "make clean-reports   delete reports/"
@@ -100,17 +105,30 @@ $(GPU_STAMP): requirements.txt requirements-gpu.txt requirements-system-torch.tx
 		exit 1; fi
 	@$(PYTHON_GPU) copes_lib/install_check.py python
 	$(if $(GPU_SYSTEM),@$(PYTHON_GPU) copes_lib/install_check.py torch)
+	@if [ -n "$(WHEELHOUSE)" ] && [ ! -d "$(WHEELHOUSE)" ]; then \
+		echo "error: WHEELHOUSE=$(WHEELHOUSE) is not a folder; make it on a networked machine with the same OS, CPU and Python: make gpu-wheelhouse WHEELHOUSE=$(WHEELHOUSE)$(if $(GPU_SYSTEM), SYSTEM_TORCH=1)" >&2; \
+		exit 1; fi
 	@if [ ! -x $(VENV_GPU)/bin/python ]; then \
 		echo "creating $(VENV_GPU) with $(PYTHON_GPU)$(if $(GPU_SYSTEM), (--system-site-packages: its torch))"; \
 		$(PYTHON_GPU) -m venv $(if $(GPU_SYSTEM),--system-site-packages) $(VENV_GPU); fi
+	$(if $(GPU_SYSTEM),@$(PYTHON_GPU) copes_lib/install_check.py parent-site $(VENV_GPU))
 	@$(VENV_GPU)/bin/python copes_lib/install_check.py venv $(if $(GPU_SYSTEM),--system-torch)
-	$(VENV_GPU)/bin/python -m pip install -r $(GPU_REQ)
-	$(VENV_GPU)/bin/python -m pip install --no-deps -e .
+	$(VENV_GPU)/bin/python -m pip install -r $(GPU_REQ) $(PIP_OFFLINE)
+	$(VENV_GPU)/bin/python -m pip install --no-deps -e . $(PIP_OFFLINE)
 	$(VENV_GPU)/bin/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (copes_lib, gpu)"
 	$(if $(GPU_SYSTEM),@$(VENV_GPU)/bin/python copes_lib/install_check.py torch-in-venv)
 	@$(VENV_GPU)/bin/python copes_lib/install_check.py cuda
 	@rm -f $(VENV_GPU)/.installed-*
 	@touch $@
+
+# Offline .venv-gpu: every wheel of $(GPU_REQ) plus the build backend, for this machine's OS, CPU and
+# Python (run it on a networked machine like the GPU box; PYTHON_GPU chooses the Python), into
+# WHEELHOUSE (default wheelhouse/); then on the GPU box `make venv-gpu WHEELHOUSE=wheelhouse`
+# (pip --no-index --find-links; PIP_NO_INDEX=1 PIP_FIND_LINKS=dir does the same through pip itself)
+gpu-wheelhouse:
+	@if [ -z "$(PYTHON_GPU)" ]; then echo "error: no Python 3.11-3.13 found; set PYTHON_GPU=/path/to/python" >&2; exit 1; fi
+	$(PYTHON_GPU) -m pip download -d $(or $(WHEELHOUSE),wheelhouse) -r $(GPU_REQ) "setuptools>=68" wheel
+	@du -sh $(or $(WHEELHOUSE),wheelhouse)
 
 # cp312 wheels for a GPU machine with Python 3.12 (PY_TAG=311 etc. for another), no network there
 PY_TAG ?= 312

@@ -55,22 +55,50 @@ def throughput(args, batch: int) -> dict:
     best: dict = {}
     # the arms interleaved, each repeat in turn, the minimum kept: the machine is shared, and load that
     # comes and goes then hits every arm alike
+    tokens: dict = {}  # tokens the rows held (prompt + completion) per arm: perturbed members write other
+    # texts (other lengths, invalid tool tags with their error observations), so the work differs too
+    # CPU seconds of this process inside the batched rollouts (one thread: the compute, less exposed to
+    # the other jobs of a shared machine than the wall clock)
+    cpu: dict = {}
+    rollouts = objective.population_fitness
+
+    def timed(*a, **k):
+        t0 = time.process_time()
+        values = rollouts(*a, **k)
+        timed.cpu_s += time.process_time() - t0
+        return values
+
+    objective.population_fitness = timed
     for _ in range(args.repeats):
         # pure batched inference of the same N x B rows on the unperturbed model (the ceiling)
-        t0 = time.perf_counter()
+        held, t0, timed.cpu_s = objective.tokens, time.perf_counter(), 0.0
         with torch.no_grad():
             objective.population_fitness(model, 2, n, lambda rows: None)
         best["inference"] = min(best.get("inference", float("inf")), time.perf_counter() - t0)
+        tokens["inference"] = objective.tokens - held
+        cpu["inference"] = min(cpu.get("inference", float("inf")), timed.cpu_s)
         for name, extra in arms.items():
             es = ES(copy.deepcopy(model), ESConfig(**{**base, **extra}))
+            held, timed.cpu_s = objective.tokens, 0.0
             res = es_step(es, 2, objective, make_backend(es))
             if name not in best or res.rollout_s < best[name].rollout_s:
                 best[name] = res
+                tokens[name] = objective.tokens - held
+            if name != "fullrank_sequential":  # its members run through fitness(), not the batched call
+                cpu[name] = min(cpu.get(name, float("inf")), timed.cpu_s)
+    objective.population_fitness = rollouts
     out["inference_s"] = best["inference"]
+    out["inference_tokens"] = tokens["inference"]
+    out["rollout_cpu_s"] = cpu
+    out["cpu_fraction_of_inference"] = {name: cpu["inference"] / v for name, v in cpu.items() if name != "inference"}
     for name in arms:
         out[f"{name}_eval_s"] = best[name].rollout_s
         out[f"{name}_step_s"] = best[name].step_s
         out[f"{name}_members_per_s"] = n / best[name].rollout_s
+        out[f"{name}_tokens"] = tokens[name]
+        # the same ratio per token held: the cost of the noise itself, the members' other texts removed
+        out[f"{name}_per_token_fraction_of_inference"] = ((out["inference_s"] / tokens["inference"])
+                                                         / (best[name].rollout_s / tokens[name]))
     out["inference_members_per_s"] = n / out["inference_s"]
     out["lowrank_fraction_of_inference"] = out["inference_s"] / out["lowrank_batched_eval_s"]
     out["lowrank_k4_fraction_of_inference"] = out["inference_s"] / out["lowrank_batched_k4_eval_s"]
@@ -121,6 +149,7 @@ def main() -> None:
     parser.add_argument("--learn-population", type=int, default=8)
     parser.add_argument("--learn-steps", type=int, default=6)
     parser.add_argument("--val", type=int, default=64, help="validation problems of the learning comparison")
+    parser.add_argument("--out", default=str(runs.RESULTS_ROOT / "bench" / "lowrank_es.json"))
     args = parser.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     result = {"threads": torch.get_num_threads(),
@@ -129,7 +158,7 @@ def main() -> None:
     if args.learning:
         result["learning"] = learning(args)
     result["argv"] = sys.argv[1:]
-    path = runs.atomic_write_json(runs.RESULTS_ROOT / "bench" / "lowrank_es.json", result)
+    path = runs.atomic_write_json(args.out, result)
     print(json.dumps(result, indent=1, default=lambda v: np.asarray(v).tolist()))
     print(f"saved {path}")
 

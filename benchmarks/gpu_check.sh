@@ -5,6 +5,8 @@
 # lacks of benchmarks/gpu_wheels.txt (transformers 5.24, huggingface_hub < 2, flash-linear-attention,
 # ...) comes from benchmarks/gpu_wheels/ (made with `make gpu-wheels` on a networked machine, ~27 MB):
 # installed with pip --no-deps --target into $GPU_CHECK_SITE, put first on PYTHONPATH. No venv is made.
+# Without the folder, a Python that lacks a pinned package stops here with the make gpu-wheels command
+# (GPU_CHECK_NO_WHEELS=1: run anyway; docs/gpu_install.md).
 #   benchmarks/gpu_check.sh                      # 0.8B-shaped Qwen3.5, batch 64 (the issue's goals)
 #   benchmarks/gpu_check.sh --size 2b
 #   benchmarks/gpu_check.sh --dry-run            # CPU dry run: tiny sizes, --allow-cpu (make test runs it)
@@ -32,6 +34,20 @@ fi
 export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 if compgen -G "$WHEELS/*.whl" > /dev/null; then
     "$PY" benchmarks/install_wheels.py "$WHEELS" "$SITE" || echo "gpu_check: installing wheels failed" >&2
+elif ! lacking=$("$PY" benchmarks/install_wheels.py --check --list "${GPU_WHEEL_LIST:-benchmarks/gpu_wheels.txt}"); then
+    # no wheel folder and this Python lacks pinned packages: say so and how to fix it, instead of letting
+    # every section fail on import (or run with an older transformers)
+    tag=$("$PY" -c 'import sys; print(f"{sys.version_info[0]}{sys.version_info[1]}")' 2>/dev/null || echo 312)
+    cat >&2 <<EOF
+gpu_check: no wheels in $WHEELS/ and $PY lacks what benchmarks/gpu_wheels.txt pins:
+  $lacking
+Build the folder on a machine with network, from this checkout, for this Python's version:
+  make gpu-wheels PY_TAG=$tag
+then copy benchmarks/gpu_wheels/ beside this checkout (or set WHEELS=/path/to/folder) and rerun;
+GPU_CHECK_NO_WHEELS=1 runs with what this Python has.
+EOF
+    if [ "$dry" = 0 ] && [ "${GPU_CHECK_NO_WHEELS:-0}" = 0 ]; then exit 1; fi
+    echo "gpu_check: going on without the wheels$([ "$dry" = 1 ] && echo ' (CPU dry run)')" >&2
 fi
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
 DIR="$RESULTS/$stamp$([ "$dry" = 1 ] && echo -cpu-dry-run)"

@@ -29,7 +29,7 @@ import torch
 
 from copes_lib import grpo, runs
 from copes_lib.budget import SubstrateSizes, build_substrate_model
-from copes_lib.grpo_memory import predict_grpo_memory
+from copes_lib.grpo_memory import measure_update_peak, predict_grpo_memory
 from copes_lib.memory_model import GIB
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,9 +62,14 @@ def single_process(sizes: SubstrateSizes, config: grpo.GRPOConfig, device: str) 
                      "loss": stats["loss"], "grad_norm": stats["grad_norm"]})
     plan = predict_grpo_memory(sizes.description(), config, PROMPT + COMPLETION)
     predicted = plan.total_bytes - plan.parts.get("rollout_kv_cache", 0.0)
-    return {"updates": rows, "predicted_gib": predicted / GIB,
-            "measured_over_predicted": rows[-1]["peak_gib"] / (predicted / GIB),
-            "parts_gib": {k: v / GIB for k, v in plan.parts.items()}}
+    out = {"updates": rows, "predicted_gib": predicted / GIB,
+           "measured_over_predicted": rows[-1]["peak_gib"] / (predicted / GIB),
+           "parts_gib": {k: v / GIB for k, v in plan.parts.items()}}
+    if device != "cuda":  # a CPU's peak RSS counts the interpreter and libraries: live tensor bytes instead
+        live = measure_update_peak(config, sizes, PROMPT, COMPLETION)
+        out.update(measured="live CPU tensor bytes (grpo_memory.measure_update_peak)",
+                   predicted_gib=live["predicted_bytes"] / GIB, measured_over_predicted=live["ratio"])
+    return out
 
 
 def liger_check(sizes: SubstrateSizes, device: str) -> dict:

@@ -9,6 +9,10 @@ marked ``# if missing`` only when it has no version at all. Without pip the whee
 absent from the folder (the check records the versions it then runs with).
 
   python benchmarks/install_wheels.py WHEELS_DIR TARGET_DIR [--list benchmarks/gpu_wheels.txt]
+  python benchmarks/install_wheels.py --check [--list ...]   # no folder: does this Python have them all?
+
+``--check`` installs nothing: it prints what this interpreter lacks of the list and exits 1 if it lacks
+anything (gpu_check.sh runs it when the wheel folder is missing, and says how to build the folder).
 """
 
 from __future__ import annotations
@@ -87,10 +91,17 @@ def install(wheels: list[Path], target: Path) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("wheels", type=Path)
-    parser.add_argument("target", type=Path)
+    parser.add_argument("wheels", type=Path, nargs="?")
+    parser.add_argument("target", type=Path, nargs="?")
     parser.add_argument("--list", type=Path, default=HERE / "gpu_wheels.txt")
+    parser.add_argument("--check", action="store_true", help="install nothing; exit 1 if this Python lacks a line")
     args = parser.parse_args()
+    if args.check:
+        todo = plan(read_list(args.list), [])
+        print("; ".join(todo["absent_from_folder"]) or "nothing")
+        return 1 if todo["absent_from_folder"] else 0
+    if args.wheels is None or args.target is None:
+        parser.error("WHEELS_DIR and TARGET_DIR are required (or --check)")
     todo = plan(read_list(args.list), sorted(args.wheels.glob("*.whl")))
     how = install(todo["install"], args.target)
     print(json.dumps({"installed": [w.name for w in todo["install"]], "with": how, "present": todo["present"],

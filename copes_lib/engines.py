@@ -42,6 +42,7 @@ from torch import nn
 
 from copes_lib.config import ConfigError
 from copes_lib.rollout import (
+    PACK_SLACK,
     AgentEnv,
     RolloutBatch,
     RolloutConfig,
@@ -166,12 +167,13 @@ class SlotEngine:
     The trajectory state is the loop's (:class:`copes_lib.rollout.Trajectories`); this class is only
     the scheduler.
 
-    Memory: a prompt or observation fed to some rows adds masked columns to every row. After every
-    step the cache is re-packed (each row keeps its real columns, :meth:`Trajectories.compact`) once
-    its width exceeds the longest live row by more than ``slack`` (a fraction of that row): the
-    width stays <= (1 + slack) x the longest live row between forwards (a forward adds at most one
-    chunk). ``widths`` holds (width, longest live row) after each step of the last ``generate``,
-    ``compactions`` how often it re-packed.
+    Memory: a prompt or observation fed to some rows adds masked columns to every row. Before every
+    model call the cache is re-packed (each row keeps its real columns, :meth:`Trajectories.compact`)
+    when the call would make it wider than (1 + ``slack``) x the longest live row, and a long chunk is
+    fed in pieces (:func:`copes_lib.rollout.split_chunk`): the width stays within that bound at every
+    forward, the chunk included (where memory peaks), as in every engine. ``widths`` holds (width,
+    longest live row) at each model call of the last ``generate``, ``compactions`` how often it
+    re-packed; ``slack=inf`` never re-packs.
 
     Greedy results equal the loop's (tested on the CPU); sampled results are seeded but use the
     random stream in another order than the loop does. ``row_hook`` gets original task indices.
@@ -182,7 +184,7 @@ class SlotEngine:
     name = "slots"
 
     def __init__(self, model: nn.Module, tokenizer, slots: int = 64, require_gpu: bool = False,
-                 join_at: int | None = None, slack: float = 0.25):
+                 join_at: int | None = None, slack: float = PACK_SLACK):
         if slots < 1:
             raise ConfigError(f"SlotEngine: slots = {slots} must be >= 1")
         self.join_at = max(1, slots // 8) if join_at is None else join_at
@@ -200,7 +202,8 @@ class SlotEngine:
     def generate(self, tasks, env, config, seed=0, row_hook=None, logits_hook=None) -> RolloutBatch:
         queue = deque(range(len(tasks)))
         self.widths, self.compactions = [], 0
-        with Trajectories(self.model, self.tokenizer, tasks, env, config, seed, row_hook, logits_hook) as state:
+        with Trajectories(self.model, self.tokenizer, tasks, env, config, seed, row_hook, logits_hook,
+                          slack=self.slack) as state:
             while queue or state.rows:
                 free = self.slots - len(state.rows)
                 if queue and free >= min(self.join_at, len(queue)):
@@ -211,11 +214,7 @@ class SlotEngine:
                     ended = set(stopped) - going_on
                     if ended:
                         state.keep([i for i in range(len(state.rows)) if i not in ended])
-                longest = max(state.real, default=0)
-                if state.width > longest * (1 + self.slack):
-                    state.compact()
-                    self.compactions += 1
-                self.widths.append((state.width, longest))
+            self.widths, self.compactions = state.widths, state.compactions
         return state.to_batch()
 
 
@@ -305,3 +304,26 @@ def build_qwen35(size: str, vocab_size: int, seed: int, tokenizer=None, device: 
     with torch.device(device):
         model = Qwen3_5ForCausalLM(config)
     return model.to(dtype=dtype).eval()
+
+
+#: the row-exactness probe's output-weight scale: random tiny models give nearly flat logits, in which
+#: a wrong linear-attention state moves the logits by only ~6e-4 (6x the gpu check's 1e-4 bar); scaled
+#: by 30 (and with slowly decaying states) it moves them by ~4e-2 while float noise stays ~1e-5
+PROBE_OUTPUT_SCALE = 30.0
+
+
+def build_probe_qwen35(vocab_size: int, seed: int, tokenizer=None, device: str | torch.device = "cpu"):
+    """The tiny Qwen3.5 of ``build_qwen35`` made into a row-exactness probe: output weights x
+    ``PROBE_OUTPUT_SCALE`` (logits that are not flat) and Gated-DeltaNet decay ``A_log`` in [-3, 0]
+    (slow decay, so a wrongly advanced recurrent state still shows in later logits). Rows of a batch
+    equal their single-row runs within 1e-4 on it; with the row-exact path switched off they differ by
+    >= 100x that (tests/test_gpu_check.py, tests/test_qwen35_rollout.py)."""
+    model = build_qwen35("tiny", vocab_size, seed, tokenizer=tokenizer, device=device)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(PROBE_OUTPUT_SCALE)
+        generator = torch.Generator().manual_seed(seed + 1)
+        for layer in model.model.layers:
+            if hasattr(layer, "linear_attn"):
+                decay = layer.linear_attn.A_log
+                decay.copy_(torch.empty(decay.shape).uniform_(-3.0, 0.0, generator=generator))
+    return model

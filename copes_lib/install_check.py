@@ -5,8 +5,13 @@ from, before anything is installed (``python copes_lib/install_check.py python|t
 - ``python``: the gpu environment takes Python 3.11-3.13 (the pins have wheels for each; the CPU
   environment, ``make venv``, stays on 3.11, the tested reference).
 - ``torch`` (``SYSTEM_TORCH=1``): the interpreter already has a CUDA build of torch >= 2.7, which the
-  venv then reuses (``--system-site-packages``) instead of installing torch 2.13 beside it. A Python
-  that is itself a venv is refused: a venv made from it sees the base interpreter's packages, not its.
+  venv then reuses (``--system-site-packages``) instead of installing torch 2.13 beside it. The
+  interpreter may itself be a venv (a GPU box's ``python3`` often is): see ``parent-site``.
+- ``parent-site VENV`` (``SYSTEM_TORCH=1``, run by that interpreter): a venv made from a venv sees the
+  base interpreter's packages, not the parent venv's, so when this interpreter is a venv its
+  site-packages folders are written into VENV's ``_copes_parent_venv.pth`` (after VENV's own on
+  ``sys.path``: what pip installs into VENV comes first, the parent's torch is found). Nothing to do
+  for a Python that is not a venv.
 - ``venv``: an existing .venv-gpu was made the same way (with or without the system's packages).
 - ``torch-in-venv`` (``SYSTEM_TORCH=1``): after the install, torch is still the system's.
 - ``cuda``: after the install, whether torch in the venv sees a CUDA GPU (a warning only: a login
@@ -41,13 +46,8 @@ def _release(version: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
-def torch_error(version: str | None, cuda: str | None, is_venv: bool) -> str | None:
-    """Why ``SYSTEM_TORCH=1`` cannot reuse this interpreter's torch (None: it can)."""
-    if is_venv:
-        return ("error: SYSTEM_TORCH=1 needs a Python that is not itself a venv (a venv made from a venv sees "
-                "the base interpreter's packages, not the venv's torch); use the base or conda Python that "
-                "has torch as PYTHON_GPU, or install the suite into your venv directly: "
-                "pip install -r requirements-system-torch.txt && pip install --no-deps -e .")
+def torch_error(version: str | None, cuda: str | None) -> str | None:
+    """Why ``SYSTEM_TORCH=1`` cannot reuse this interpreter's torch (None: it can; a venv's too)."""
     if version is None:
         return ("error: SYSTEM_TORCH=1 but this Python has no torch: install a CUDA build of torch >= "
                 f"{'.'.join(map(str, MIN_SYSTEM_TORCH))}, or run `make venv-gpu` without SYSTEM_TORCH "
@@ -74,6 +74,25 @@ def venv_error(pyvenv_cfg: str, system_torch: bool) -> str | None:
             f"{'1' if system_torch else '0'} asks otherwise; delete .venv-gpu and rerun")
 
 
+def parent_site(venv: Path) -> str | None:
+    """When this interpreter is a venv, make ``venv`` (made from it with --system-site-packages) see this
+    venv's packages too: a .pth file with this interpreter's site-packages folders, written atomically."""
+    import os
+    import site
+
+    if sys.prefix == sys.base_prefix:
+        return None  # --system-site-packages already shows this interpreter's packages
+    targets = sorted(venv.glob("lib/python*/site-packages")) + sorted(venv.glob("Lib/site-packages"))
+    if not targets:
+        return f"error: {venv} has no lib/python*/site-packages: is it a venv made by `make venv-gpu`?"
+    path = targets[0] / "_copes_parent_venv.pth"
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text("".join(f"{folder}\n" for folder in site.getsitepackages()))
+    os.replace(tmp, path)
+    print(f"{venv} sees the packages of {sys.prefix} (its torch) through {path.name}")
+    return None
+
+
 def _torch_info() -> tuple[str | None, str | None, bool]:
     try:
         import torch
@@ -88,14 +107,17 @@ def main(argv: list[str]) -> int:
         error = python_error(sys.version_info[:2])
     elif what == "torch":
         version, cuda, _ = _torch_info()
-        error = torch_error(version, cuda, sys.prefix != sys.base_prefix)
+        error = torch_error(version, cuda)
         if error is None:
-            print(f"using this Python's torch {version} (CUDA {cuda}); the tested reference is {REFERENCE_TORCH}")
+            where = f" (a venv: {sys.prefix})" if sys.prefix != sys.base_prefix else ""
+            print(f"using this Python's torch {version} (CUDA {cuda}){where}; the tested reference is {REFERENCE_TORCH}")
+    elif what == "parent-site":
+        error = parent_site(Path(argv[1])) if len(argv) > 1 else "error: install_check parent-site needs the venv folder"
     elif what == "torch-in-venv":  # after the install: still the system's torch, not one pip added
         import torch
 
         version, cuda, _ = _torch_info()
-        error = torch_error(version, cuda, False)
+        error = torch_error(version, cuda)
         if error is None and Path(torch.__file__).resolve().is_relative_to(Path(sys.prefix).resolve()):
             error = (f"error: pip installed torch {version} into {sys.prefix} although SYSTEM_TORCH=1 (a pinned "
                      "package asked for another torch); delete .venv-gpu, and check the system torch's version")
@@ -110,7 +132,7 @@ def main(argv: list[str]) -> int:
         return 0
     else:
         error = (f"error: install_check what = {what!r} is not valid; valid values: ['python', 'torch', 'venv', "
-                 "'torch-in-venv', 'cuda']")
+                 "'parent-site', 'torch-in-venv', 'cuda']")
     if error:
         print(error, file=sys.stderr)
         return 1

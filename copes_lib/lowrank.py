@@ -159,13 +159,11 @@ class LowRankPopulation:
             else:  # rows in any order: one factor copy per row
                 a, b = a_t[members], b_all[members]
                 xs = x.reshape(x.shape[0], -1, x.shape[-1])  # (rows, tokens, in)
-            if xs.shape[1] == 1:  # one token of one row per member (decode): products beat tiny bmm calls
-                xb = (xs.transpose(1, 2) * b.to(x.dtype)).sum(1, keepdim=True)  # x B_i: (., 1, r)
-                delta = (xb.transpose(1, 2) * a.to(x.dtype)).sum(1)  # (x B_i) A_i^T: (., out)
-            else:
-                xb = torch.bmm(xs, b.to(x.dtype))  # x B_i: (., ., r)
-                delta = torch.bmm(xb, a.to(x.dtype))  # (x B_i) A_i^T: (., ., out)
-            return base.add_(delta.view(base.shape), alpha=self.scale)
+            xb = torch.bmm(xs, b.to(x.dtype))  # x B_i: (., ., r)
+            # (x B_i) A_i^T added into the base output in one fused call: the delta's small ops cost more
+            # than the base matmul at a few rows per member (profiled: docs/lowrank_es.md#l3-measured)
+            base.view(xb.shape[0], xb.shape[1], -1).baddbmm_(xb, a.to(x.dtype), alpha=self.scale)
+            return base
 
         return forward
 
@@ -178,8 +176,9 @@ class LowRankPopulation:
             base = F.embedding(ids, module.weight, module.padding_idx)
             flat = ids.reshape(ids.shape[0], -1)
             a_rows = a_all[members.unsqueeze(1), flat].to(base.dtype)  # (rows, tokens, r): A_i[ids]
-            delta = torch.bmm(a_rows, b_t[members].to(base.dtype))  # (rows, tokens, dim): A_i[ids] B_i^T
-            return base.add_(delta.view(base.shape), alpha=self.scale)
+            # + A_i[ids] B_i^T, fused: (rows, tokens, dim)
+            base.view(flat.shape[0], flat.shape[1], -1).baddbmm_(a_rows, b_t[members].to(base.dtype), alpha=self.scale)
+            return base
 
         return forward
 

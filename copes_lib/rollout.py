@@ -288,7 +288,7 @@ _growing_cache = growing_cache  # the name tests of other modules used before it
 
 
 class GrowingLayer(DynamicLayer):
-    """A DynamicLayer that writes into a preallocated buffer (grown by 25% when full) instead
+    """A DynamicLayer that writes into a preallocated buffer (grown with ~3% spare when full) instead
     of concatenating the whole cache at every step: one decode step then copies one column, not
     the cache (profiled: the concatenation was a third of a QA rollout's time). Rows can be added
     (``add_rows``: rows joining a running batch) and columns re-packed (``gather_columns``)."""
@@ -307,7 +307,9 @@ class GrowingLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         new = key_states.shape[-2]
         if self._k is None or self._n + new > self._k.shape[-2]:
-            capacity = self._n + new + max(128, self._n // 4)  # <= 25% slack: caches of 1000s of rows are big
+            # a small spare (~3%): the cache's bytes stay near rows x width (a larger one was most of the KV goal's
+            # excess); a regrowth every ~n/32 decode steps copies the cache, a small cost next to n/32 forwards
+            capacity = self._n + new + max(16, self._n // 32)
             k = key_states.new_empty(*key_states.shape[:-2], capacity, key_states.shape[-1])
             v = value_states.new_empty(*value_states.shape[:-2], capacity, value_states.shape[-1])
             if self._n:
@@ -623,6 +625,42 @@ def turn_stop(stops: StopMatcher, segment: list[int], model_tokens: int, length:
     return stop
 
 
+#: every engine's re-packing bound: at every forward the cache is at most (1 + PACK_SLACK) x the longest
+#: live row wide (or MIN_PIECE columns more), so the KV memory stays near rows x longest row
+#: (docs/engines.md#memory-at-the-forward)
+PACK_SLACK = 0.08
+#: the smallest piece a long chunk is split into (a piece this wide may exceed the bound on short rows)
+MIN_PIECE = 16
+
+
+def split_chunk(real: list[int], lengths: list[int], slack: float) -> list[int]:
+    """Where to cut a left-padded chunk (row i: ``lengths[i]`` real tokens, right-aligned, after its
+    ``real[i]`` tokens already in the cache) into pieces fed one after another, the cache re-packed
+    between them: the end column of each piece. Each piece is as wide as it can be while the packed
+    width before it plus the piece stays <= (1 + ``slack``) x the longest row after it (at least
+    ``MIN_PIECE`` columns, or ``slack`` x the longest row: that always fits). One piece when the whole
+    chunk fits. Depends on the row lengths only, so every engine cuts the same pieces (the same forwards
+    and, up to float summation order, the same tokens). Why: a row that already holds the longest history
+    and gets a short observation next to another row's long one would otherwise widen the cache to the
+    sum of both, at the forward where memory peaks."""
+    width = max(lengths, default=0)
+    if width <= 1 or slack == float("inf"):
+        return [width]
+    n = torch.tensor(lengths)[:, None]
+    x = torch.arange(width + 1)
+    fed = torch.minimum((x[None, :] - (width - n)).clamp_min(0), n)
+    longest = (torch.tensor(real)[:, None] + fed).amax(0)  # longest row after the first x columns
+    bound = (1 + slack) * longest
+    ends, start = [], 0
+    while start < width:
+        fits = (longest[start] + x - start <= bound) & (x > start)
+        end = int(fits.nonzero()[-1]) if bool(fits.any()) else start
+        end = max(end, min(width, start + max(MIN_PIECE, int(slack * int(longest[start])))))
+        ends.append(end)
+        start = end
+    return ends
+
+
 class Trajectories:
     """The state of one rollout call, shared by every engine; an engine keeps only its scheduler
     (which tasks are in the batch, when a turn boundary runs, when the cache is re-packed).
@@ -644,7 +682,7 @@ class Trajectories:
     def __init__(self, model, tokenizer, tasks: list[Task], env: AgentEnv, config: RolloutConfig,
                  seed: int = 0, row_hook: Callable[[list[int]], None] | None = None,
                  logits_hook: Callable[[list[int], list[bool], torch.Tensor], None] | None = None, cache=None,
-                 exact: RowExactLinearAttention | None = None):
+                 exact: RowExactLinearAttention | None = None, slack: float | None = None):
         self.start_time = time.perf_counter()
         self.model, self.tokenizer, self.tasks, self.env, self.config = model, tokenizer, list(tasks), env, config
         self.row_hook, self.logits_hook = row_hook, logits_hook
@@ -690,6 +728,12 @@ class Trajectories:
             self.exact.rows_hook = row_hook
         check_hybrid_cache(model, self.cache)
         self.forwards, self.model_s = 0, 0.0
+        # the memory bound (split_chunk): at every forward the width <= (1 + slack) x the longest live row
+        self.slack = PACK_SLACK if slack is None else slack
+        if self.slack < 0:
+            raise ConfigError(f"Trajectories: slack = {self.slack} must be >= 0 (inf: never re-pack)")
+        self.widths: list[tuple[int, int]] = []  # (width, longest live row) at every forward, chunk included
+        self.compactions = 0
         self.step_model = model  # what runs a decode step (an engine may put a compiled model here)
 
     def __enter__(self):
@@ -742,6 +786,7 @@ class Trajectories:
         width = max(self.real, default=0)
         if width >= self.width:
             return
+        self.compactions += 1
         order = torch.argsort(self.attention, dim=1, stable=True)[:, self.width - width:]
         for layer in self.cache.layers:
             if hasattr(layer, "gather_columns"):
@@ -750,8 +795,10 @@ class Trajectories:
 
     # one step -------------------------------------------------------------
     def forward(self) -> torch.Tensor:
-        """One pass over every row's pending tokens; the next-token logits (float32, pad excluded,
-        ``logits_hook`` applied) of every batch row."""
+        """One step over every row's pending tokens; the next-token logits (float32, pad excluded,
+        ``logits_hook`` applied) of every batch row. A long chunk is fed in pieces (:func:`split_chunk`,
+        the cache re-packed between them), so no forward holds more than about (1 + ``slack``) x the
+        longest live row; only the last piece's logits are kept (every row's newest token is in it)."""
         lengths = [len(p) for p in self.pending]
         # one token per generating row, the others waiting (a hybrid model's waiting rows need the row-exact
         # groups): inputs from the device, the same values as the general case below
@@ -764,7 +811,7 @@ class Trajectories:
             else:
                 chunk_mask = torch.tensor(lengths, dtype=torch.long, device=self.device)[:, None]
                 chunk = torch.where(chunk_mask.bool(), self.last[:, None], self.pad_id)
-            positions = (self.seen[:, None] + chunk_mask - 1).clamp_min(0)
+            out = self._pass(chunk, chunk_mask, lengths, self.step_model)
         else:
             width = max(lengths)
             # left-pad, so the last column is every feeding row's newest token
@@ -772,36 +819,51 @@ class Trajectories:
                                  device=self.device)
             chunk_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in self.pending],
                                       dtype=torch.long, device=self.device)
-            positions = (self.seen[:, None] + chunk_mask.cumsum(1) - 1).clamp_min(0)
-        if self.columns is not None and self.width + chunk.shape[1] > self.columns:
-            self.compact()
-            if self.width + chunk.shape[1] > self.columns:  # rare: a long chunk next to a long row
-                self.columns = self.width + chunk.shape[1] + self.columns // 4
-                for layer in self.cache.layers:
-                    if isinstance(layer, StaticRowLayer):
-                        layer.grow(self.columns)
-        self.attention = torch.cat([self.attention, chunk_mask], dim=1)
-        self.seen = self.seen + chunk_mask.sum(1)
-        self.real = [r + n for r, n in zip(self.real, lengths)]
-        if self.row_hook is not None:
-            self.row_hook(list(self.rows))
-        if self.exact is not None:
-            self.exact.prepare(lengths, self.rows, self.device, self.fresh)
-        attention = self.attention if self.columns is None else \
-            torch.nn.functional.pad(self.attention, (0, self.columns - self.width))
-        model = self.step_model if decoding else self.model
-        began = time.perf_counter()
-        out = model(input_ids=chunk, attention_mask=attention, position_ids=positions, use_cache=True,
-                    logits_to_keep=1, **{self.cache_arg: self.cache})
-        self.model_s += time.perf_counter() - began
-        self.forwards += 1
-        self.fresh = [False] * len(self.rows)
+            start = 0
+            for end in split_chunk(self.real, lengths, self.slack):
+                fed = [min(n, max(0, end - width + n)) - min(n, max(0, start - width + n)) for n in lengths]
+                out = self._pass(chunk[:, start:end], chunk_mask[:, start:end], fed, self.model)
+                start = end
         logits = out.logits[:, -1, :].float()
         if self.pad_id not in self.stops.eos_ids:  # padding is never a real next token
             logits[:, self.pad_id] = float("-inf")
         if self.logits_hook is not None:
             self.logits_hook(list(self.rows), list(self.generating), logits)
         return logits
+
+    def _pass(self, chunk: torch.Tensor, chunk_mask: torch.Tensor, lengths: list[int], model):
+        """One model call on ``chunk`` (``lengths``: each row's real tokens in it, right-aligned). Re-packs
+        the cache first when the chunk would make it wider than (1 + slack) x the longest live row, or
+        would not fit a static cache (then widened, in buckets of 64 columns: few compiled shapes)."""
+        longest = max((r + n for r, n in zip(self.real, lengths)), default=0)
+        columns = chunk.shape[1]
+        if self.width + columns > (1 + self.slack) * longest:
+            self.compact()
+        if self.columns is not None and self.width + columns > self.columns:
+            self.compact()
+            if self.width + columns > self.columns:  # a small spare: the cache stays near the longest row
+                self.columns = -(-(self.width + columns + MIN_PIECE) // 64) * 64
+                for layer in self.cache.layers:
+                    if isinstance(layer, StaticRowLayer):
+                        layer.grow(self.columns)
+        positions = (self.seen[:, None] + chunk_mask.cumsum(1) - 1).clamp_min(0)
+        self.attention = torch.cat([self.attention, chunk_mask], dim=1)
+        self.seen = self.seen + chunk_mask.sum(1)
+        self.real = [r + n for r, n in zip(self.real, lengths)]
+        self.widths.append((self.width, longest))
+        if self.row_hook is not None:
+            self.row_hook(list(self.rows))
+        if self.exact is not None:
+            self.exact.prepare(lengths, self.rows, self.device, self.fresh)
+        attention = self.attention if self.columns is None else \
+            torch.nn.functional.pad(self.attention, (0, self.columns - self.width))
+        began = time.perf_counter()
+        out = model(input_ids=chunk, attention_mask=attention, position_ids=positions, use_cache=True,
+                    logits_to_keep=1, **{self.cache_arg: self.cache})
+        self.model_s += time.perf_counter() - began
+        self.forwards += 1
+        self.fresh = [f and n == 0 for f, n in zip(self.fresh, lengths)]  # a row with no token yet stays fresh
+        return out
 
     def pick(self, logits: torch.Tensor) -> list[int]:
         """The next token of every batch row (:func:`pick`); the one host sync of a decode step."""

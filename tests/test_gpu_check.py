@@ -39,6 +39,15 @@ def test_cpu_dry_run_writes_every_section_and_judges_nothing(tmp_path):
     summary = sections["summary"]
     assert summary["cpu_dry_run"] and not summary["judged"] and summary["all_pass"] is None
     assert all(g["pass"] is None for g in summary["goals"])  # never a GPU figure from a CPU
+    names = [g["goal"] for g in summary["goals"]]
+    # every section is judged on CUDA: equality (rows, each engine vs the loop) and GRPO too
+    assert any(n.startswith("equality: batch rows") for n in names) and any(n.startswith("GRPO") for n in names)
+    assert {n.split(":")[1].split()[0] for n in names if n.startswith("equality: ") and "gives" in n} \
+        == {e for e in ENGINES if e != "loop" and "skipped" not in sections["equality"]["engines"][e]}
+    for g in summary["goals"]:
+        if g["goal"].startswith("equality"):  # the CPU measures them too: they hold here
+            assert g["measured_pass_on_this_device"] is True, g
+    assert set(summary["compile_s"]) >= {"loop"}
     # every engine is measured, unless it refuses a CPU with a ConfigError (then it says why)
     assert "loop" not in summary["engines_not_measured"]
     assert all(sections[f"engine-{e}"].get("skipped") for e in summary["engines_not_measured"])
@@ -57,6 +66,7 @@ def test_cpu_dry_run_writes_every_section_and_judges_nothing(tmp_path):
             assert row["same_tokens_as_loop"] and row["weights_max_abs_diff_vs_loop"] == 0.0
         engine = sections[f"engine-{name}"]
         assert engine["kv"]["forwards_seen"] > 0 and engine["es"]["weights_changed"]
+        assert engine["warmup_s"] > 0 and engine["compile_s"] >= 0
         assert engine["row_tokens"]["max"] > 2 * engine["row_tokens"]["min"]  # varied row lengths
     assert sections["grpo"]["dry_run_on_cpu"]
 
@@ -113,3 +123,38 @@ def test_wheel_list_pins_hub_below_2_and_every_line():
     for name in ("transformers", "tokenizers", "flash_linear_attention", "fla_core", "einops"):
         assert name in pins
     assert pytest.importorskip("transformers").__version__ == pins["transformers"]  # the suite's reference
+
+
+def test_the_row_exactness_probe_has_a_100x_margin(monkeypatch):
+    """The equality section's probe (gpu_check.rows_vs_single on engines.build_probe_qwen35, 8 rows as on
+    the GPU): batch rows within the bar of their single-row runs, and with the row-exact linear-attention
+    path switched off >= 100x the bar away (on build_qwen35's flat logits: ~6x, issue 34)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import gpu_check
+
+    from copes_lib import rollout as rollout_module
+    from copes_lib.engines import build_probe_qwen35
+
+    tokenizer = gpu_check.make_tokenizer()
+    model = build_probe_qwen35(len(tokenizer), seed=0, tokenizer=tokenizer)
+    bar = gpu_check.GOALS["row_exact_logit_diff"]
+    exact, same = gpu_check.rows_vs_single(model, tokenizer, 8)
+    assert exact < bar and same
+    monkeypatch.setattr(rollout_module, "linear_attention_layers", lambda cache: [])
+    monkeypatch.setattr(rollout_module, "check_hybrid_cache", lambda model, cache: None)
+    drift, _ = gpu_check.rows_vs_single(model, tokenizer, 8)
+    assert drift >= 100 * bar, (exact, drift)
+
+
+def test_a_missing_wheel_folder_says_how_to_build_it(tmp_path):
+    """No wheel folder and a Python that lacks a pinned package: exit 1 at once with the command that
+    builds the folder (not a silent skip that lets every section fail on import)."""
+    listing = tmp_path / "list.txt"
+    listing.write_text("copes_not_installed_pkg==1.0\n")
+    env = {**os.environ, "PYTHON": sys.executable, "WHEELS": str(tmp_path / "none"), "GPU_WHEEL_LIST": str(listing),
+           "GPU_CHECK_RESULTS": str(tmp_path / "results")}
+    done = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_check.sh")], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert "copes_not_installed_pkg==1.0" in done.stderr and "make gpu-wheels PY_TAG=" in done.stderr
+    assert "GPU_CHECK_NO_WHEELS=1" in done.stderr and not (tmp_path / "results").exists()

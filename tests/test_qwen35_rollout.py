@@ -5,12 +5,13 @@ import pytest
 import torch
 
 from copes_lib import rollout as rollout_module
-from copes_lib.engines import build_qwen35
+from copes_lib.engines import build_probe_qwen35
 from copes_lib.protocols.substrate_setup import substrate_config
 from copes_lib.rollout import RolloutConfig, encode, make_env, rollout
 from copes_lib.substrate import get_tokenizer
 from copes_lib.tasks import load_tasks
 
+BAR = 1e-4  # the largest logit difference between a batch row and its single-row run (gpu check's too)
 # per row: the tokens forced at the start of its first turn (a Python call, an answer, a longer call, none)
 SCRIPTS = ["<python>print(1+2)</python>", "<answer>\\boxed{3}</answer>", "<python>x = 5\nprint(x * 7 + 1)</python>", ""]
 
@@ -18,12 +19,8 @@ SCRIPTS = ["<python>print(1+2)</python>", "<answer>\\boxed{3}</answer>", "<pytho
 @pytest.fixture(scope="module")
 def setup():
     tokenizer = get_tokenizer("smoke", substrate_config("smoke").vocab_size)
-    model = build_qwen35("tiny", len(tokenizer), seed=0, tokenizer=tokenizer)
-    # A_log in [-3, 0]: slow decay, so a wrongly advanced recurrent state shows in later logits
-    with torch.no_grad():
-        for layer in model.model.layers:
-            if hasattr(layer, "linear_attn"):
-                layer.linear_attn.A_log.uniform_(-3.0, 0.0, generator=torch.Generator().manual_seed(1))
+    # logits that are not flat, slowly decaying states: a wrongly advanced state shows by >= 100x the bar
+    model = build_probe_qwen35(len(tokenizer), seed=0, tokenizer=tokenizer)
     env = make_env("math", "smoke")
     yield model, tokenizer, env, load_tasks("smoke", "math", "val")[:4]
     env.close()
@@ -70,17 +67,18 @@ def test_hybrid_batch_rows_equal_single_rows_with_tool_calls(setup):
     for row in range(4):
         single, single_seen = _run(model, tokenizer, env, tasks, [row])
         assert single.completion_ids[0] == batch.completion_ids[row]
-        assert _max_diff(seen, single_seen) < 1e-5
+        assert _max_diff(seen, single_seen) < BAR
 
 
 def test_without_row_exact_linear_attention_rows_drift(setup, monkeypatch):
-    """The check above can fail: padding that advances the linear-attention state changes the logits."""
+    """The check above can fail, by a margin: padding that advances the linear-attention state changes the
+    logits by >= 100x the bar (on a model with flat logits, build_qwen35's, by only ~6x)."""
     model, tokenizer, env, tasks = setup
     monkeypatch.setattr(rollout_module, "linear_attention_layers", lambda cache: [])
     monkeypatch.setattr(rollout_module, "check_hybrid_cache", lambda model, cache: None)
     _, seen = _run(model, tokenizer, env, tasks, [0, 1, 2, 3])
     _, single_seen = _run(model, tokenizer, env, tasks, [0])
-    assert _max_diff(seen, single_seen) > 1e-3
+    assert _max_diff(seen, single_seen) >= 100 * BAR
 
 
 def test_select_rows_reorders_every_layer_type(setup):
