@@ -253,6 +253,18 @@ HOOK_STILL = ("The audit hook still denies sockets, processes, signals, ctypes, 
               "CPU, memory, file size and descriptors.")
 
 
+def warn_native_access(packages: list[str], active: dict[str, str]) -> str:
+    """Warn that the preloaded ``packages`` loaded ctypes into the worker: what the code can do then."""
+    kernel = [name for name in KERNEL_LAYERS if name in active]
+    message = (f"the preloaded package(s) {', '.join(packages)} give the sandboxed code native memory access "
+               "(ctypes' classes through object.__subclasses__, numpy's as_strided with any stride): it can "
+               "switch the audit hook off and forge a successful result. Only the kernel layers bind then: "
+               + (", ".join(kernel) if kernel else "none on this host, so the code is not confined at all")
+               + ". Preload only the standard library, or run the workers in a container.")
+    warnings.warn(message, IsolationWarning, stacklevel=3)
+    return message
+
+
 def describe(active: dict[str, str]) -> str:
     """One line for reports: the active layers, then the missing ones."""
     layers = [f"{name} ({active[name]})" for name in KERNEL_LAYERS if name in active]

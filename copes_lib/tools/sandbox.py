@@ -6,51 +6,66 @@ built for many short calls on any Linux host, as root or not, without a containe
 
 How a call runs::
 
-    PythonSandbox (host) --pipe--> W zygotes: interpreters started once, allowed modules imported;
-                                   each enters its own network namespace and a mount namespace in
-                                   which its temp folder is a private tmpfs (the calls' storage quota)
-                                   --fork()--> a child, prepared BEFORE the call arrives: drops
-                                   privileges (when root), sets rlimits, drops every capability, sets
-                                   no_new_privs, restricts itself with Landlock (read the Python
-                                   installation, write only its own folder) and a seccomp filter, then
-                                   waits for the call's secret and code; installs the audit hook,
-                                   exec()s the code; the zygote reads the child's stdout and status
-                                   pipes and its exit status itself
+    PythonSandbox (host) --pipe--> W set-up processes (``sandbox.py setup``): load ctypes, enter a
+                                   network, mount and pid namespace (the temp folder becomes a private
+                                   tmpfs, the calls' storage quota), fork the worker, which sets
+                                   no_new_privs, Landlock (read the Python installation, write only the
+                                   working folder) and seccomp on itself, then execve()s
+        --> the worker (``sandbox.py serve``, process 1 of its pid namespace): a fresh interpreter that
+            never loads ctypes; imports the allowed modules once
+            --fork()--> a child, prepared BEFORE the call arrives: drops privileges (when root), sets
+                        rlimits, waits for the call's secret and code; installs the audit hook,
+                        exec()s the code; the worker reads its stdout and status pipes and its exit
+                        status, then ends every process left in the namespace
 
-The zygote forks the next child right after replying, while the host is busy, so a call does not pay
-for starting an interpreter (tens of ms) nor, mostly, for the fork or the kernel set-up (under 1 ms).
-``benchmarks/bench_sandbox.py`` measures calls/s against ``subprocess.run([python, "-c", code])`` and
-against the sandbox before kernel isolation. Every call starts from the same zygote state: calls cannot
-see each other's variables, files or module changes, and one bad call cannot damage the next.
+Why two processes (issue 33): once ``_ctypes`` is imported, its classes stay reachable through
+``object.__subclasses__()`` whatever references are dropped, and indexing a ctypes pointer writes any
+memory without an audit event -- from there the code emptied the hook's rules and forged a success.
+The kernel layers are therefore applied once per worker, before an exec into a clean interpreter, and
+inherited by every child. ``layers='hook-only'`` starts the worker directly.
+
+The worker forks the next child right after replying, while the host is busy, so a call does not pay
+for starting an interpreter (tens of ms) nor, mostly, for the fork (under 1 ms); the kernel set-up is
+paid once per worker. ``benchmarks/bench_sandbox.py`` measures calls/s against
+``subprocess.run([python, "-c", code])`` and against main's sandbox. Every call starts from the same
+worker state in the same, emptied working folder: calls cannot see each other's variables, files or
+module changes, and one bad call cannot damage the next.
 
 Layers (``CodeSandboxConfig.layers``; :mod:`copes_lib.tools.isolation` probes which the kernel
-offers, the sandbox records them in ``PythonSandbox.layers`` and warns naming any that is missing):
+offers, the sandbox records them in ``PythonSandbox.layers`` and warns naming any that is missing;
+``CodeSandboxConfig.without`` simulates a host that lacks some, for tests; docs/sandbox.md has the
+table of which layer stops which attack, and which hosts lack which layer):
 
-1. kernel: Landlock (file reads and writes, whatever path, ``dir_fd`` or descriptor trick; TCP and
-   signals on ABI >= 4 / 6), seccomp (sockets, processes, exec, ptrace, memfd, signals to others,
-   namespaces, mounts: the child is killed), no_new_privs and no capabilities, a network namespace
-   without interfaces, a private tmpfs of ``temp_quota_mb`` per worker. Unprivileged hosts get them
-   through a user namespace that maps only their own uid.
-2. rlimits: wall-clock timeout (the zygote kills the child's process group), RLIMIT_CPU, RLIMIT_AS
+1. kernel, per worker: Landlock (file reads and writes, whatever path, ``dir_fd`` or descriptor
+   trick; executing anything but the interpreter; TCP and signals on ABI >= 4 / 6), seccomp (sockets,
+   fork/vfork/clone3, execveat, ptrace, memfd, io_uring, namespaces, mounts: the process is killed),
+   no_new_privs and no capabilities, a network namespace without interfaces, a private tmpfs of
+   ``temp_quota_mb``, a pid namespace (the children cannot name a host process; nothing outlives the
+   call). Unprivileged hosts get the namespaces through a user namespace that maps only their own uid.
+2. rlimits: wall-clock timeout (the worker kills the child's process group), RLIMIT_CPU, RLIMIT_AS
    (``memory_mb`` on top of the warm interpreter), RLIMIT_NPROC = 0, RLIMIT_FSIZE, RLIMIT_NOFILE, no
-   core files, and a hard stop after ``max_printed_chars`` printed characters (counted by the zygote).
+   core files, and a hard stop after ``max_printed_chars`` printed characters (counted by the worker).
 3. the audit hook (``sys.addaudithook``; it cannot be removed), which gives Python-level errors a small
    model can learn from and covers what the kernel layers leave open: it denies sockets, subprocesses,
-   exec/spawn/fork, signals, ctypes calls, rlimit changes, tracing, gc introspection and traceback /
-   generator frames (the ways to the hook's own state), reads outside the Python installation and the
-   call's folder, writes outside the folder (relative paths resolved against their ``dir_fd``), folder
+   exec/spawn/fork, signals, ctypes, rlimit changes, tracing, gc introspection, a second audit hook,
+   code objects built by hand and marshal (unchecked memory access in CPython), traceback / generator
+   frames (the ways to the hook's own state), reads outside the Python installation and the call's
+   folder, writes outside the folder (relative paths resolved against their ``dir_fd``), folder
    descriptors outside the call's folder, symlinks and hard links, and imports of modules outside the
-   standard library and the preloaded packages. os functions without audit events (pidfd_open,
-   memfd_create, mkfifo, ...) are deleted in the child, with ``_imp.create_builtin`` /
-   ``create_dynamic`` so that no fresh copy of a builtin module brings them back. A denied action
-   ends the call at once, from inside the hook (the code cannot catch it).
+   standard library and the preloaded packages; without a private tmpfs it counts the call's bytes and
+   entries. os functions without audit events (pidfd_open, memfd_create, mkfifo, ...) are deleted in
+   the child, with ``_imp.create_builtin`` / ``create_dynamic`` so that no fresh copy of a builtin or
+   extension module brings them back. A denied action ends the call at once, from inside the hook (the
+   code cannot catch it). The frames below the code (the worker's) are reachable with
+   ``sys._getframe``; they hold no ctypes, no secret and no descriptor to the host.
 
-Results the code cannot forge: the zygote reads the code's prints from the child's stdout pipe (text,
+Results the code cannot forge: the worker reads the code's prints from the child's stdout pipe (text,
 never parsed), and the verdict from the exit status plus a per-call secret that only the audit hook
 holds (the child reads it in a frame that ends before the code runs) and writes after exec() returned.
 A success needs both, so a forged record, an ``os._exit(0)`` or a caught denial is a failure, and
-failures are never memoised. Errors come back as Python's last traceback line
-(``NameError: name 'x' is not defined``).
+failures are never memoised. This holds while the code has no native memory access: see below for
+when it has, and what a forged success then can and cannot do. Errors come back as Python's last
+traceback line (``NameError: name 'x' is not defined``).
 
 Determinism: PYTHONHASHSEED=0, ``random`` (and numpy's global RNG when preloaded) are reseeded with 0
 before each call, and object addresses in the output (``<... at 0x7f...>``) are masked. The same code
@@ -63,16 +78,19 @@ Linux only (fork, /proc, rlimits; pidfd when the kernel has it, else polling; se
 The value of a final expression is NOT printed (unlike a REPL): the agent protocol asks the model to
 ``print`` what it wants to see, and an empty output is reported as ``(no output)``.
 
-What this does not protect against (the threat-model table is in docs/sandbox.md#layers-and-what-they-stop).
-The kernel layers confine what the process can reach, not what it computes: code that gets native
-execution (the preloaded numpy or sympy load ctypes; an interpreter bug) can forge its own result --
-the secret is in its memory -- and can catch a Landlock PermissionError, but it still cannot read or
-write outside the allowed folders, open a socket, start a process or signal the host. ``os.stat``
-and friends have no audit event, and Landlock does not restrict them: the code can learn whether a
-path exists. With ``layers='hook-only'`` or on a kernel without these features, only the audit hook
-and the rlimits remain, and CPython documents audit hooks as no security boundary: there, run the
-workers in a container (``--network none``, read-only root, unprivileged user, seccomp, cgroup limits)
-or under gVisor, nsjail or bubblewrap.
+What this does not protect against (the table is in docs/sandbox.md#layers-and-what-they-stop). The kernel
+layers confine what the process can reach, not what it computes. Code with native memory access -- a preloaded package
+that gives it (sympy loads ctypes, numpy's ``as_strided`` takes any stride; the sandbox warns naming
+them, :func:`copes_lib.tools.isolation.warn_native_access`), or an interpreter bug -- can switch the
+hook off and forge a success: ``ok=True`` with any output for that call, which the memo then reuses
+for the same code. Nothing else depends on ``ok``: it is the reward signal of that one call, never a
+permission. Even then it cannot read or write outside the allowed folders, open a socket, start a
+process or signal the host where the kernel layers are present. ``os.stat`` and friends have no audit
+event, and Landlock does not restrict them: the code can learn whether a path exists. With
+``layers='hook-only'`` or on a kernel without these features, only the audit hook and the rlimits
+remain (still unbreakable from pure Python, but CPython documents audit hooks as no security
+boundary): there, run the workers in a container (``--network none``, read-only root, unprivileged
+user, seccomp, cgroup limits) or under gVisor, nsjail or bubblewrap.
 """
 
 from __future__ import annotations
@@ -162,6 +180,8 @@ UNAUDITED_OS_FUNCTIONS = ("pidfd_open", "mkfifo", "mknod", "openpty", "login_tty
 # Forking a worker with these loaded costs several times more (the bigger the process, the slower
 # the fork), and ctypes comes with numpy (see "What this does not protect against").
 SCIENTIFIC_PRELOAD = DEFAULT_PRELOAD + ",numpy,numpy.random,numpy.linalg,numpy.fft,sympy"
+# Preloads that hand the code unchecked memory access without ctypes (numpy: as_strided, any stride)
+NATIVE_MEMORY_PACKAGES = ("numpy",)
 _HEADER = struct.Struct(">I")
 # Exit statuses of a child: the code finished (0) or raised (1); the audit hook ended it on a denied
 # action (DENIED_EXIT); the kernel layers could not be set up (SETUP_EXIT). A success also needs the
@@ -331,6 +351,7 @@ class _Worker:
             self.kill()
             raise ConfigError(f"CodeSandboxConfig.preload: cannot import {reply['failed']} in the sandbox worker")
         self.layers = reply.get("layers", {})
+        self.native_access = reply.get("native_access", [])
 
     def _send(self, code: str) -> None:
         data = code.encode("utf-8", "replace")
@@ -428,6 +449,7 @@ class PythonSandbox:
         self._memo_lock = threading.Lock()
         self._closed = False
         self.layers: dict[str, str] = {}  # the kernel layers the workers run under, set by start()
+        self.native_access: list[str] = []  # preloaded packages that loaded ctypes (see start())
         # close the workers even if the caller forgets to (garbage collection or interpreter exit)
         self._finalizer = weakref.finalize(self, _close_workers, self._workers, self._executor, os.getpid())
 
@@ -456,6 +478,9 @@ class PythonSandbox:
                         worker.kill()
                     raise
                 self.layers = dict(fresh[0].layers)
+                self.native_access = list(fresh[0].native_access)
+                if self.native_access:
+                    isolation.warn_native_access(self.native_access, self.layers)
                 if self.config.layers == "kernel-only":
                     missing = [name for name in isolation.KERNEL_LAYERS if name not in self.layers]
                     if missing:
@@ -1267,9 +1292,10 @@ def _zygote_state(settings: dict) -> dict:
     """Import the preloaded modules and compute what every child needs (paths, uid, memory base)."""
     import importlib
 
-    failed = {}
-    # ctypes must never be loaded here: its classes would stay reachable through __subclasses__ (see
-    # isolation.py). A preload that needs it fails with ImportError; numpy runs without it.
+    failed, native = {}, []
+    # ctypes should never be loaded here: its classes would stay reachable through __subclasses__ (see
+    # isolation.py). Preloads are imported with it blocked (numpy runs without it); one that cannot
+    # (sympy imports it unconditionally) is imported with it, and the host warns naming it.
     blocked = [name for name in ("ctypes", "_ctypes") if name not in sys.modules]
     for name in blocked:
         sys.modules[name] = None
@@ -1277,6 +1303,19 @@ def _zygote_state(settings: dict) -> dict:
         for name in settings["preload"]:
             try:
                 importlib.import_module(name)
+            except ImportError as exc:
+                if "halted; None in sys.modules" not in str(exc) or not blocked:
+                    failed[name] = python_error(exc)
+                    continue
+                for blocker in blocked:
+                    if sys.modules.get(blocker, 0) is None:
+                        del sys.modules[blocker]
+                blocked = []
+                native.append(name)
+                try:
+                    importlib.import_module(name)
+                except Exception as exc:  # noqa: BLE001
+                    failed[name] = python_error(exc)
             except Exception as exc:  # noqa: BLE001 - reported to the host, which raises ConfigError
                 failed[name] = python_error(exc)
     finally:
@@ -1302,7 +1341,9 @@ def _zygote_state(settings: dict) -> dict:
         base_vsz = int(handle.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
     return {"uid": uid, "gid": gid, "base_dir": settings["base_dir"], "call_dir": call_dir, "read_roots": read_roots,
             "failed": failed, "importable": importable - DENIED_IMPORTS, "base_vsz": base_vsz, "layers": layers,
-            "native_access": "_ctypes" in sys.modules}
+            # numpy needs no ctypes but is a memory write of its own (as_strided with any stride)
+            "native_access": sorted(set(native if "_ctypes" in sys.modules else [])
+                                    | {n for n in settings["preload"] if n.split(".")[0] in NATIVE_MEMORY_PACKAGES})}
 
 
 def _zygote_main(settings: dict) -> None:
@@ -1319,7 +1360,8 @@ def _zygote_main(settings: dict) -> None:
     gc.freeze()  # the children's collections then leave the zygote's pages shared (fewer copies)
     try:
         state["spare"] = _fork_spare(settings, state)
-        _write_message(proto_out, {"ready": True, "failed": state["failed"], "layers": state["layers"]})
+        _write_message(proto_out, {"ready": True, "failed": state["failed"], "layers": state["layers"],
+                                   "native_access": state["native_access"]})
         while True:
             header = _read_exact(proto_in, _HEADER.size)
             if header is None:  # the host closed the pipe (close() or the host died)
