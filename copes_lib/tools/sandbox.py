@@ -1184,13 +1184,17 @@ def _library_paths() -> tuple[list[str], list[str]]:
     with open("/proc/self/maps") as handle:
         for line in handle:
             parts = line.split(None, 5)
-            if len(parts) == 6 and parts[5].startswith("/"):
-                mapped.add(parts[5].strip())
+            path = parts[5].strip() if len(parts) == 6 else ""
+            # shared objects only (not "/dev/zero (deleted)", memfds or data files): their folders are granted
+            if path.startswith("/") and (".so" in os.path.basename(path)) and os.path.isfile(path):
+                mapped.add(path)
     executable = os.path.realpath(sys.executable)
+    mapped.add(executable)  # (not a .so; its folder holds the interpreter's shared library on some builds)
     loaders = [path for path in mapped if os.path.basename(path).startswith(("ld-linux", "ld-musl", "ld64.so"))]
     folders = {os.path.dirname(path) for path in mapped} | {"/lib", "/lib64", "/usr/lib", "/usr/lib64",
                                                             "/usr/local/lib", "/etc/ld.so.cache"}
-    broad = {"/", "/usr", "/etc", "/home", "/root", "/tmp", "/var", "/dev/shm", "/opt", "/srv", "/mnt"}
+    broad = {"/", "/usr", "/etc", "/home", "/root", "/tmp", "/var", "/dev", "/dev/shm", "/proc", "/sys", "/run",
+             "/opt", "/srv", "/mnt"}
     reads = sorted(path for path in folders if path not in broad and os.path.exists(path))
     return reads, [executable] + sorted(loaders)
 
