@@ -53,8 +53,8 @@ SIMULATED_MISSING = {"landlock": ("landlock",), "seccomp": ("seccomp",),
 MISSING_MEANS = {
     "landlock": "file reads and writes (including through dir_fd and descriptors) are checked only by "
                 "the audit hook",
-    "seccomp": "sockets, exec, ptrace, memfd and signals to other processes are stopped only by the audit "
-               "hook and, where present, Landlock and the network namespace",
+    "seccomp": "sockets, ptrace, memfd, io_uring, fork and new namespaces are stopped only by the audit hook "
+               "and, where present, Landlock, the namespaces and RLIMIT_NPROC",
     "no_new_privs": "seccomp and unprivileged Landlock cannot be used",
     "network_namespace": "the network is closed only by the audit hook and, where present, seccomp",
     "private_tmpfs": "a call's storage is bounded by the audit hook's count of the bytes and entries it "

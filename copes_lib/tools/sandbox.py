@@ -345,8 +345,14 @@ class _Worker:
             self.server_pid = reply["server_pid"]
             reply = self._receive(deadline)
         if reply is None or not reply.get("ready"):
+            status = self.proc.poll()
             self.kill()
-            raise RuntimeError(f"sandbox worker failed to start: {reply}")
+            hint = ""
+            if status == SETUP_EXIT:  # the set-up process could not apply a layer it had detected
+                hint = ("; the kernel layers could not be set up: CodeSandboxConfig.without leaves one out, "
+                        "layers='hook-only' all of them (a weaker sandbox: docs/sandbox.md)")
+            raise RuntimeError(f"sandbox worker failed to start (exit status {status}; its error, if any, is on "
+                               f"stderr above): {reply}{hint}")
         if reply.get("failed"):
             self.kill()
             raise ConfigError(f"CodeSandboxConfig.preload: cannot import {reply['failed']} in the sandbox worker")
