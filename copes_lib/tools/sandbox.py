@@ -78,19 +78,19 @@ Linux only (fork, /proc, rlimits; pidfd when the kernel has it, else polling; se
 The value of a final expression is NOT printed (unlike a REPL): the agent protocol asks the model to
 ``print`` what it wants to see, and an empty output is reported as ``(no output)``.
 
-What this does not protect against (the table is in docs/sandbox.md#layers-and-what-they-stop). The kernel
-layers confine what the process can reach, not what it computes. Code with native memory access -- a preloaded package
-that gives it (sympy loads ctypes, numpy's ``as_strided`` takes any stride; the sandbox warns naming
-them, :func:`copes_lib.tools.isolation.warn_native_access`), or an interpreter bug -- can switch the
-hook off and forge a success: ``ok=True`` with any output for that call, which the memo then reuses
-for the same code. Nothing else depends on ``ok``: it is the reward signal of that one call, never a
-permission. Even then it cannot read or write outside the allowed folders, open a socket, start a
-process or signal the host where the kernel layers are present. ``os.stat`` and friends have no audit
-event, and Landlock does not restrict them: the code can learn whether a path exists. With
-``layers='hook-only'`` or on a kernel without these features, only the audit hook and the rlimits
-remain (still unbreakable from pure Python, but CPython documents audit hooks as no security
-boundary): there, run the workers in a container (``--network none``, read-only root, unprivileged
-user, seccomp, cgroup limits) or under gVisor, nsjail or bubblewrap.
+What this does not protect against (the table is in docs/sandbox.md#layers-and-what-they-stop). The
+kernel layers confine what the process can reach, not what it computes. Code with native memory access
+-- a preloaded package that gives it (sympy loads ctypes, numpy's ``as_strided`` takes any stride; the
+sandbox warns naming them, :func:`copes_lib.tools.isolation.warn_native_access`), or an interpreter bug
+-- can switch the hook off and forge a success: ``ok=True`` with any output for that call, which the
+memo then reuses for the same code. Nothing else depends on ``ok``: it is the reward signal of that one
+call, never a permission. Even then it cannot read or write outside the allowed folders, open a socket,
+start a process or signal the host where the kernel layers are present. ``os.stat`` and friends have no
+audit event, and Landlock does not restrict them: the code can learn whether a path exists. With
+``layers='hook-only'`` or on a kernel without these features, only the audit hook and the rlimits remain
+(still unbreakable from pure Python, but CPython documents audit hooks as no security boundary): there,
+run the workers in a container (``--network none``, read-only root, unprivileged user, seccomp, cgroup
+limits) or under gVisor, nsjail or bubblewrap.
 """
 
 from __future__ import annotations
@@ -1269,7 +1269,8 @@ def _setup_main(settings: dict) -> None:
             statm = os.open("/proc/self/statm", os.O_RDONLY)  # the worker's own (same pid after exec)
             os.set_inheritable(statm, True)
             served["statm_fd"] = statm
-            iso.harden(keep_capabilities=drop)  # a root worker needs setuid() and cleanup rights until its children drop them
+            # a root worker needs setuid() and cleanup rights; its children lose them at their setuid()
+            iso.harden(keep_capabilities=drop)
             if "landlock" in active:
                 libraries, executables = _library_paths()
                 fds = lambda paths: [fd for _, fd in iso.open_rule_paths(paths)]  # noqa: E731
@@ -1349,8 +1350,8 @@ def _zygote_state(settings: dict) -> dict:
     statm = settings.get("statm_fd")
     with (os.fdopen(statm) if statm is not None else open("/proc/self/statm")) as handle:
         base_vsz = int(handle.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-    return {"uid": uid, "gid": gid, "base_dir": settings["base_dir"], "call_dir": call_dir, "read_roots": read_roots,
-            "failed": failed, "importable": importable - DENIED_IMPORTS, "base_vsz": base_vsz, "layers": layers,
+    return {"uid": uid, "gid": gid, "base_dir": settings["base_dir"], "call_dir": call_dir,
+            "read_roots": read_roots, "failed": failed, "importable": importable - DENIED_IMPORTS, "base_vsz": base_vsz, "layers": layers,
             # numpy needs no ctypes but is a memory write of its own (as_strided with any stride)
             "native_access": sorted(set(native if "_ctypes" in sys.modules else [])
                                     | {n for n in settings["preload"] if n.split(".")[0] in NATIVE_MEMORY_PACKAGES})}
