@@ -78,6 +78,12 @@ def load_before(ref: str):
     path = os.path.join(folder, "sandbox_before.py")
     with open(path, "w") as handle:
         handle.write(source)
+    # its zygote loads isolation.py from its own folder (refs before issue 24 have none)
+    isolation = subprocess.run(["git", "show", f"{ref}:copes_lib/tools/isolation.py"], cwd=runs.REPO_ROOT,
+                               capture_output=True, text=True)
+    if isolation.returncode == 0:
+        with open(os.path.join(folder, "isolation.py"), "w") as handle:
+            handle.write(isolation.stdout)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(runs.REPO_ROOT), os.environ.get("PYTHONPATH")]))
     spec = importlib.util.spec_from_file_location("copes_sandbox_before", path)
     module = importlib.util.module_from_spec(spec)

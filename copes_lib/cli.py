@@ -83,6 +83,9 @@ def select(notebooks: list[Path], only: str | None) -> list[Path]:
     if not only:
         return notebooks
     wanted = [w.strip() for w in only.split(",") if w.strip()]
+    if not wanted:
+        raise config.ConfigError(f"--only {only!r} names no notebook; give comma-separated numbers or names, "
+                                 f"e.g. --only 02,03 (ONLY=02,03); notebooks: {[p.stem for p in notebooks]}")
     chosen = [p for p in notebooks if any(p.stem == w or p.stem.split("_", 1)[0] == w.zfill(2) for w in wanted)]
     matched = {w for w in wanted for p in chosen if p.stem == w or p.stem.split("_", 1)[0] == w.zfill(2)}
     missing = [w for w in wanted if w not in matched]

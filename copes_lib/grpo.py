@@ -75,7 +75,7 @@ import torch.utils.checkpoint
 from copes_lib import runs
 from copes_lib.config import Config, ConfigError, param
 from copes_lib.sampling import mix_seed, prompt_batch, rollout_seed
-from copes_lib.training_run import LAST, SCORE, RunBook, TrainingRun
+from copes_lib.training_run import LAST, SCORE, RunBook, TrainingRun, read_checkpoint
 
 KL_ESTIMATORS = ("low_var_kl", "k3", "k1", "k2")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
@@ -847,7 +847,7 @@ def load_best(policy: torch.nn.Module, result: GRPOResult) -> torch.nn.Module:
     """Load the best validated weights into ``policy`` (the module ``train_grpo`` returned)."""
     if result.best_path is None:
         raise ConfigError("no validated training step, so there is no best checkpoint")
-    load_trainable_state(policy, runs.load_checkpoint(result.best_path)["trainable"])
+    load_trainable_state(policy, read_checkpoint(result.best_path, "trainable"))
     return policy
 
 

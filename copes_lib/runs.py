@@ -37,7 +37,7 @@ import tempfile
 import time
 import warnings
 import zipfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -366,25 +366,44 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
 
 
 def load_checkpoint(path: str | Path, map_location: str = "cpu", *, required: bool = False,
-                    rebuild: str | None = None) -> dict[str, Any] | None:
+                    rebuild: str | None = None, key: str | None = None, reset: Sequence[str | Path] = ()) -> Any:
     """The state saved at ``path``, or None if there is none (a fresh start).
 
     A damaged file is reported and deleted (:func:`load_cache_entry`): a resumed run then starts
-    afresh. With ``required=True`` (the weights of a finished run) a missing or damaged file raises
-    :class:`CorruptCacheError` naming the path and ``rebuild`` instead of returning None.
+    afresh. With ``required=True`` (the weights of a finished run) a missing, damaged or incomplete
+    file (``key`` absent) is deleted together with the files ``reset`` (what marks its cache entry
+    finished, so that the entry is rebuilt on its next use), and :class:`CorruptCacheError` names the
+    file, what was reset and ``rebuild``. With ``key``, returns ``state[key]``.
     """
     import torch
 
     path = Path(path)
+    if not required:
+        state = None
+        if path.exists():
+            state = load_cache_entry(path, lambda: torch.load(path, map_location=map_location, weights_only=False),
+                                     rebuild=rebuild)
+        return state if key is None or state is None else state[key]
+    problem = "is missing"
     if path.exists():
-        state = load_cache_entry(path, lambda: torch.load(path, map_location=map_location, weights_only=False),
-                                 rebuild=rebuild)
-        if state is not None:
-            return state
-    if required:
-        raise CorruptCacheError(f"{path} is missing or was corrupted (and has been deleted); rebuild it with "
-                                f"{rebuild or _default_rebuild(path)}")
-    return None
+        try:
+            state = torch.load(path, map_location=map_location, weights_only=False)
+        except Exception as exc:  # noqa: BLE001 - re-raised below unless it is a damaged file
+            if not is_corruption(exc):
+                raise
+            problem = f"is damaged ({type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]})"
+        else:
+            if key is None:
+                return state
+            if isinstance(state, dict) and key in state:
+                return state[key]
+            problem = f"holds no {key!r} (an incomplete or foreign file)"
+    removed = [p for p in [path, *map(Path, reset)] if p.exists()]
+    for p in removed:
+        _discard(p)
+    what = f"; deleted {', '.join(str(p) for p in removed)}" if removed else ""
+    hint = f"so the entry is no longer finished: {rebuild}" if reset else f"rebuild it with {rebuild or _default_rebuild(path)}"
+    raise CorruptCacheError(f"{path} {problem}{what}; {hint}")
 
 
 # --------------------------------------------------------------------------- summaries

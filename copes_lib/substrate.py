@@ -185,6 +185,9 @@ def _save_atomically(folder: Path, name: str, save) -> Path:
     tmp = folder / f".{name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     save(tmp)
+    # one mode for the whole cache: some writers (safetensors) create their files 0600
+    for path in [tmp, *tmp.rglob("*")]:
+        os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~runs._UMASK)
     final = folder / name
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)

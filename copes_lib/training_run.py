@@ -116,4 +116,28 @@ class RunBook:
                            self.best_path if self.best_step is not None else None, self.last_path, self.stopped)
 
 
-__all__ = ["BEST", "LAST", "SCORE", "RunBook", "TrainingRun"]
+def read_checkpoint(path: str | Path, key: str, *, rebuild: str | None = None, map_location: str = "cpu") -> Any:
+    """``state[key]`` of a finished run's checkpoint (``best.pt`` or ``last.pt``): every read of a cached
+    run's weights goes through here. A missing, damaged or incomplete file resets the run (``last.pt``,
+    ``best.pt`` and ``history.json`` of its folder are deleted: the run is no longer finished, and its
+    next use retrains it) and raises :class:`copes_lib.runs.CorruptCacheError` naming the file and the
+    command that rebuilds it, never a bare TypeError."""
+    path = Path(path)
+    folder = path.parent
+    command = rebuild or rerun_hint(folder)
+    return runs.load_checkpoint(path, map_location, required=True, key=key, rebuild=command,
+                                reset=[folder / name for name in (LAST, BEST, "history.json")])
+
+
+def rerun_hint(folder: Path) -> str:
+    """What retrains a reset run: its notebook again (no FORCE needed: the run is no longer finished)."""
+    notebook = next(reversed(runs._OPEN_RUNS), None)
+    try:
+        profile = folder.resolve().relative_to(Path(runs.CACHE_ROOT).resolve()).parts[0]
+    except (ValueError, IndexError):
+        profile = "<profile>"
+    number = notebook[1].split("_", 1)[0] if notebook else "<the notebook that trained it>"
+    return f"rerun its notebook, e.g. make reproduce PROFILE={profile} ONLY={number}"
+
+
+__all__ = ["BEST", "LAST", "SCORE", "RunBook", "TrainingRun", "read_checkpoint"]

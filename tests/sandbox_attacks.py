@@ -119,6 +119,114 @@ FORGED = {
 }
 
 
+# Issue 33: the code reaches ctypes (or the classes of _ctypes) through what the sandbox left in its
+# process, builds an unchecked pointer (pointer indexing raises no audit event), empties the hook's
+# denied-events tuple and working-folder string, finds the hook's closure with gc and writes its
+# secret: a forged success. Reproduced against the sandbox of main 97f754e (ok=True with every layer
+# on). Each code raises LookupError when it finds no way in -- the expected outcome now.
+_POINTER_ATTACK = """
+cell = N(0)
+p = P(cell)
+base = None
+for k in range(1, 16):
+    if p[-k] - 8 * k == id(cell) + 16:  # the object's own buffer pointer
+        base = p[-k]
+        break
+def poke(address, value):
+    p[(address - base) // 8] = value
+main = sys.modules["__main__"]
+poke(id(main.DENIED_EVENTS) + 16, 0)  # tuple length 0: no event is denied any more
+import gc
+cells = {}
+for o in gc.get_objects():
+    if type(o).__name__ == "function" and o.__closure__ and o.__code__.co_name in ("hook", "check_path"):
+        cells.update(zip(o.__code__.co_freevars, o.__closure__))
+if "tmp_dir" in cells:
+    poke(id(cells["tmp_dir"].cell_contents) + 16, 0)  # str length 0: every path is 'inside'
+for path in ("/etc/passwd", "/etc/shadow"):
+    try:
+        print(path, len(open(path).read()))
+    except OSError as exc:
+        print(path, type(exc).__name__)
+sys.stdout.flush()
+os.write(2, b"\\0" + cells["token"].cell_contents)
+os._exit(0)
+"""
+_FIND_CTYPES = """import sys, os
+def look(v, depth, seen):
+    if id(v) in seen or depth > 4:
+        return None
+    seen.add(id(v))
+    if type(v).__name__ == "module":
+        if getattr(v, "__name__", "") == "ctypes":
+            return v
+        children = [getattr(v, name, None) for name in ("ctypes", "_LIBC", "isolation")]
+    elif isinstance(v, (tuple, list)):
+        children = list(v)
+    elif isinstance(v, dict):
+        children = list(v.values())
+    else:
+        return None
+    for child in children:
+        found = look(child, depth + 1, seen)
+        if found is not None:
+            return found
+    return None
+def find_ctypes():
+    seen = set()
+    frame = sys._getframe()
+    while frame is not None:  # the sandbox's own frames below the code, and their globals
+        for value in list(frame.f_locals.values()) + list(frame.f_globals.values()):
+            found = look(value, 0, seen)
+            if found is not None:
+                return found
+        frame = frame.f_back
+    for module in list(sys.modules.values()):
+        found = look(module, 0, seen)
+        if found is not None:
+            return found
+    raise LookupError("no way to ctypes from the code's frames or modules")
+ctypes = find_ctypes()
+N, P = ctypes.c_ssize_t, ctypes.POINTER(ctypes.c_ssize_t)
+"""
+_FIND_CTYPES_CLASSES = """import sys, os
+found, todo, seen = {}, [object], set()
+while todo:  # every class in the process, through __subclasses__ (no audit event)
+    cls = todo.pop()
+    try:
+        subs = type.__subclasses__(cls)
+    except TypeError:
+        continue
+    for c in subs:
+        if id(c) not in seen:
+            seen.add(id(c))
+            todo.append(c)
+            if c.__module__ in ("_ctypes", "ctypes"):
+                found[c.__name__] = c
+if not {"_SimpleCData", "_Pointer"} <= set(found):
+    raise LookupError("no ctypes class among object.__subclasses__()")
+class N(found["_SimpleCData"]):
+    _type_ = "q"
+class P(found["_Pointer"]):
+    _type_ = N
+"""
+NATIVE = {
+    "frame walk to ctypes, memory write, forged ok": (_FIND_CTYPES + _POINTER_ATTACK,
+                                                       ("LookupError: no way to ctypes", "PermissionError: sandbox")),
+    "ctypes classes via object.__subclasses__": (_FIND_CTYPES_CLASSES + _POINTER_ATTACK,
+                                                 ("LookupError: no ctypes class", "PermissionError: sandbox")),
+    "gc.get_referrers to the hook": ("import gc, sys\nprint(gc.get_referrers(sys.audit))",
+                                     "PermissionError: sandbox: gc.get_referrers"),
+    "gc.get_referents of a frame": ("import gc, sys\nprint(gc.get_referents(sys._getframe().f_back))",
+                                    "PermissionError: sandbox: gc.get_referents"),
+    "a second audit hook": ("import sys\nsys.addaudithook(lambda event, args: print(sys._getframe(1).f_locals))\n"
+                            "open('/etc/passwd')", "PermissionError: sandbox: sys.addaudithook"),
+    "crafted bytecode": ("f = lambda: 0\nf.__code__ = f.__code__.replace(co_consts=())\nf()",
+                         "PermissionError: sandbox: code.__new__"),
+    "crafted marshal": ("import marshal\nmarshal.loads(b'\\xe3' + bytes(60))", "PermissionError: sandbox: marshal.load"),
+    "open /proc/self/mem": ("f = open('/proc/self/mem', 'r+b')", "PermissionError: sandbox"),
+}
+
 def new_attacks(site: str) -> dict[str, tuple[str, str | tuple[str, ...]]]:
     """Attacks of issue 24 and the further hostile cases run against it; ``site``: see the module doc."""
     victim = f"{site}/victim.py"
@@ -142,7 +250,8 @@ def new_attacks(site: str) -> dict[str, tuple[str, str | tuple[str, ...]]]:
         "chdir out": ("import os\nos.chdir('/tmp')\nopen('copes_sandbox_escape.txt', 'w')", "PermissionError: sandbox"),
         "fchdir out": ("import os\nos.fchdir(os.open('/tmp', os.O_RDONLY))", "PermissionError: sandbox"),
         "/dev/shm fill": ("for i in range(63):\n    open(f'f{i}', 'wb').write(b'x' * 8 * 2**20)",
-                          ("OSError: [Errno 28]", "PermissionError: sandbox: more than")),
+                          ("OSError: [Errno 28]", "PermissionError: sandbox: more than",
+                           "PermissionError: sandbox: storage quota")),
         "/dev/shm outside": ("open('/dev/shm/copes-fill', 'wb').write(b'x' * 2**20)", "PermissionError: sandbox: writing"),
         "memfd fill": ("import os\nfds = [os.memfd_create('x') for _ in range(60)]\n"
                        "for fd in fds:\n    os.write(fd, b'x' * 8 * 2**20)", "AttributeError"),
@@ -167,7 +276,7 @@ KERNEL_ATTACKS = ("fork bomb", "os.system", "read /etc/passwd", "read a repo fil
 
 
 def catalogue(site: str) -> dict[str, tuple[str, str | tuple[str, ...]]]:
-    return {**HOSTILE, **FORGED, **new_attacks(site)}
+    return {**HOSTILE, **FORGED, **NATIVE, **new_attacks(site)}
 
 
 def make_site(root: str | None = None) -> str:
@@ -196,9 +305,17 @@ def harm(site: str) -> list[str]:
     return found
 
 
+# Signals at the worker: in its pid namespace the worker is process 1, which the kernel shields from its
+# namespace's signals, so the call "succeeds" and nothing happens; the worker's survival is the check
+# (the callers compare the worker pids before and after).
+SURVIVAL_CHECKED = ("kill the parent", "kill the group")
+
+
 def expectation_failure(name: str, layers: str, result: dict, expected) -> str | None:
     """Why ``result`` (ok, output, error) of attack ``name`` is not contained; None when it is."""
     if layers == "kernel-only":
+        if name in SURVIVAL_CHECKED:
+            return None
         return f"{name}: kernel layers let it succeed: {result}" if result["ok"] and name in KERNEL_ATTACKS else None
     if result["ok"]:
         return f"{name}: succeeded: {result}"
@@ -210,35 +327,38 @@ def expectation_failure(name: str, layers: str, result: dict, expected) -> str |
     return None
 
 
-def run_attacks(site: str, layers: str, drop_privileges: bool = True, names=None) -> dict[str, dict]:
+def run_attacks(site: str, layers: str, drop_privileges: bool = True, names=None, without: str = "") -> dict[str, dict]:
     """Every attack through ``PythonSandbox.run`` (memo on: a failure must never be memoised); each
     result carries the host damage found right after it and whether the pool still served."""
     from copes_lib.tools import CodeSandboxConfig, PythonSandbox
 
-    config = CodeSandboxConfig(timeout_s=1.0, workers=2, layers=layers, drop_privileges=drop_privileges,
+    config = CodeSandboxConfig(timeout_s=1.0, workers=2, layers=layers, drop_privileges=drop_privileges, without=without,
                                preload=CodeSandboxConfig().preload + "," + FAKE_PACKAGE)
     attacks = catalogue(site)
     results = {}
     with PythonSandbox(config) as box:
         for name in names or attacks:
             code, _expected = attacks[name]
+            workers = box.worker_pids()
             result = box.run(code)
             probe = box.run("print(6 * 7)")
             results[name] = {"ok": result.ok, "output": result.output, "error": result.error,
                              "memoised": code in box._memo, "harm": harm(site),
-                             "serves": probe.ok and probe.output == "42\n", "layers": box.layers}
+                             "serves": probe.ok and probe.output == "42\n", "layers": box.layers,
+                             "same_workers": box.worker_pids() == workers}
     return results
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="run the sandbox attacks as this user; print JSON")
     parser.add_argument("--layers", default="auto", choices=("auto", "hook-only", "kernel-only"))
+    parser.add_argument("--without", default="", help="CodeSandboxConfig.without: simulate a host lacking layers")
     args = parser.parse_args()
     site = make_site()
     sys.path.insert(0, os.path.dirname(site))
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.dirname(site), os.environ.get("PYTHONPATH")]))
     try:
-        results = run_attacks(site, args.layers)
+        results = run_attacks(site, args.layers, without=args.without)
     finally:
         shutil.rmtree(os.path.dirname(site), ignore_errors=True)
     print(json.dumps({"uid": os.getuid(), "results": results}))

@@ -444,3 +444,25 @@ def test_population_handles_interleaved_and_uneven_rows():
             single = model(input_ids=ids[pos:pos + 1], use_cache=False).logits
             es.restore(plan, k, i, backup)
             assert torch.allclose(batched[pos:pos + 1], single, atol=1e-5)
+
+
+def test_a_truncated_best_checkpoint_stops_clearly_and_the_run_heals(tmp_path):
+    """Issue 33: a damaged best.pt of a finished ES run raised a bare TypeError on every later run. Now the
+    read names the file and the command, resets the run (it is no longer finished) and a rerun retrains."""
+    from copes_lib import runs
+    from copes_lib.protocols.es_arm import ESRun
+
+    model, objective = toy_quadratic(4)
+    config = cfg(population=4, subspaces=2, sigma=0.1, alpha=0.05, chunk_size=64)
+    first = train_es(model, objective, config, steps=3, val_every=2, run_dir=tmp_path)
+    run = ESRun("es", config, first.history, tmp_path)
+    good = run.weights("best")
+    best = tmp_path / BEST
+    best.write_bytes(best.read_bytes()[:200])
+    with pytest.raises(runs.CorruptCacheError, match=f"{best} is damaged.*rerun its notebook"):
+        run.weights("best")
+    assert not best.exists() and not (tmp_path / LAST).exists()  # the run is no longer finished
+    again = train_es(toy_quadratic(4)[0], objective, config, steps=3, val_every=2, run_dir=tmp_path)
+    assert [r["step"] for r in again.history] == [0, 1, 2, 3]
+    healed = ESRun("es", config, again.history, tmp_path).weights("best")
+    assert all(torch.equal(healed[k], good[k]) for k in good)  # the same run again (deterministic)

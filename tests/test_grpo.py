@@ -439,3 +439,19 @@ def test_seed_report_spreads_the_reference_over_seeds(tmp_path):
     assert report["full_gain_over_base_seeds"] == pytest.approx([0.4, 0.5, 0.4])
     assert report["full_best_step_sd"] == pytest.approx(1.0)
     assert report["full_cap_censored_seeds"] == [False, False, True] and report["full_any_cap_censored"]
+
+
+def test_a_truncated_best_checkpoint_stops_clearly_and_the_run_heals(tmp_path):
+    """Issue 33: GRPO's best weights were read without a check (a bare TypeError on a damaged file)."""
+    from copes_lib import runs
+    from copes_lib.grpo import load_best
+
+    result = run_toy(tmp_path, steps=4)
+    best = result.best_path
+    best.write_bytes(best.read_bytes()[:200])
+    with pytest.raises(runs.CorruptCacheError, match=f"{best} is damaged.*rerun its notebook"):
+        load_best(tiny_model(), result)
+    assert not best.exists() and not (tmp_path / "last.pt").exists()  # reset: a rerun retrains
+    again = run_toy(tmp_path, steps=4)
+    assert [r["step"] for r in again.history] == [0, 1, 2, 3, 4]
+    load_best(again.policy, again)

@@ -190,3 +190,37 @@ def test_model_folder_without_a_model_fails_clearly(tmp_path):
     with pytest.raises(ConfigError, match=r"is not a Hugging Face checkpoint folder: expected config\.json, "
                                           r"weights .*found \['tokenizer\.json'\]"):
         load_pretrained(str(tmp_path))
+
+
+# ---------------------------------------------------------------------------- issue 33: small error paths
+def test_corpus_errors_name_the_file_and_the_line(tmp_path):
+    from copes_lib.tasks.retrieval import CorpusFile
+
+    array = tmp_path / "array.jsonl"
+    array.write_text(json.dumps({"id": "a", "title": "T", "text": "x"}) + "\n\n" + json.dumps(["not", "a row"]) + "\n")
+    with pytest.raises(DataFormatError, match=r"array\.jsonl:3: expected a JSON object, got list"):
+        load_corpus_jsonl(array)
+    corpus = CorpusFile(array, CorpusFile.line_offsets(array))  # the gpu profile's file-backed corpus
+    assert corpus[0].id == "a"
+    with pytest.raises(DataFormatError, match=r"array\.jsonl:3: expected a JSON object .*got list"):
+        corpus[1]
+    wrong = write_jsonl(tmp_path / "wrong.jsonl", [{"id": "a", "text": "x"}] * 0 + [{"id": "b", "body": "x"}])
+    with pytest.raises(DataFormatError, match=r"wrong\.jsonl:1: expected a search-corpus row"):  # the line, not 'passage 0'
+        CorpusFile(wrong, CorpusFile.line_offsets(wrong))[0]
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    with pytest.raises(DataFormatError, match=r"empty\.jsonl: the search corpus has no passages"):
+        load_corpus_jsonl(empty)
+
+
+def test_gpu_file_errors_name_the_parameter_and_the_file(tmp_path):
+    with pytest.raises(ConfigError, match=r"MATH_TRAIN_JSONL: .*missing\.jsonl does not exist"):
+        tasks._require(str(tmp_path / "missing.jsonl"), "MATH_TRAIN_JSONL")
+    with pytest.raises(ConfigError, match=r"MATH_TEST_FILES: .*gone\.jsonl does not exist"):
+        tasks._require(f"aime24={tmp_path / 'gone.jsonl'}", "MATH_TEST_FILES")
+    with pytest.raises(ConfigError, match=r"EMBEDDING_MODEL_PATH: .* is not a folder"):
+        tasks._require(str(write_jsonl(tmp_path / "f.jsonl", [])), "EMBEDDING_MODEL_PATH", "folder")
+    assert tasks._require(str(tmp_path), "EMBEDDING_MODEL_PATH", "folder") == str(tmp_path)
+    path = write_jsonl(tmp_path / "train.jsonl", hendrycks_rows(10))
+    with pytest.raises(ConfigError, match=rf"VAL_HOLDOUT = 10: MATH_TRAIN_JSONL \({path}\) has 10 usable problems"):
+        tasks._gpu_train_val("math", str(path), 10)

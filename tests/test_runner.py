@@ -286,3 +286,16 @@ def test_ci_installs_chromium_when_it_can_and_warns_when_it_cannot(tmp_path):
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0 and proc.stdout.strip() == "after"
     assert "no apt-get" in proc.stderr and "browser test will skip" in proc.stderr
+
+
+def test_only_with_no_notebook_named_is_an_error():
+    """`make reproduce ONLY=,` ran nothing and exited 0 (issue 33)."""
+    from pathlib import Path
+
+    from copes_lib import cli, config
+
+    notebooks = [Path("notebooks/00_environment.ipynb"), Path("notebooks/02_x.ipynb")]
+    for only in (",", " , ,"):
+        with pytest.raises(config.ConfigError, match="names no notebook"):
+            cli.select(notebooks, only)
+    assert cli.select(notebooks, "02") == [notebooks[1]]

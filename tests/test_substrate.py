@@ -234,3 +234,19 @@ def test_converged_reads_the_lenient_curve():
     flat = [{"val_lenient": v} for v in (0.0, 0.4, 0.7, 0.8, 0.82, 0.81, 0.83, 0.82)]
     untrained = [{"val_lenient": 0.0}] * 8
     assert not converged(rising) and converged(flat) and not converged(flat[:1]) and not converged(untrained)
+
+
+def test_cached_model_files_share_the_cache_mode(tmp_path, tokenizer):
+    """safetensors writes model.safetensors 0600; the rest of the cache is 0644 (issue 33)."""
+    import os
+
+    from copes_lib import runs
+    from copes_lib.substrate import _save_atomically, build_agent_model
+
+    model = build_agent_model("tiny", len(tokenizer), 0, 64, tokenizer)
+    folder = _save_atomically(tmp_path, "model", model.save_pretrained)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in folder.iterdir()}
+    assert "model.safetensors" in modes
+    assert set(modes.values()) == {0o666 & ~runs._UMASK}, modes
+    assert folder.stat().st_mode & 0o777 == 0o777 & ~runs._UMASK
+    assert os.access(folder / "model.safetensors", os.R_OK)

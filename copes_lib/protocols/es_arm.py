@@ -36,7 +36,7 @@ from copes_lib.protocols.params import ESSettings, StandardESNotebookParams
 from copes_lib.protocols.substrate_setup import substrate_config
 from copes_lib.protocols.sweeps import GridSweep, break_tie, widen_to_bracket
 from copes_lib.substrate import WarmStartConfig
-from copes_lib.training_run import BEST, LAST, SCORE
+from copes_lib.training_run import BEST, LAST, SCORE, read_checkpoint
 
 
 @dataclass
@@ -279,7 +279,7 @@ class ESRun:
         """The model's state dict at the last step (``final``) or the best validated step (``best``)."""
         if which not in ("final", "best"):
             raise ValueError(f"which = {which!r}; valid values: ['final', 'best']")
-        return runs.load_checkpoint(self.folder / (LAST if which == "final" else BEST))["model"]
+        return read_checkpoint(self.folder / (LAST if which == "final" else BEST), "model")
 
     def curve(self, metric: str = SCORE) -> tuple[list[int], list[float]]:
         """(validated steps, values of ``metric``), as ``GRPORun.curve``."""
@@ -323,8 +323,9 @@ def es_run(agent: AgentSetup, config: ESConfig, *, steps: int, val_every: int, l
             shutil.rmtree(folder)
             folder.mkdir(parents=True)
         if not (folder / LAST).exists():
-            for name in (LAST, BEST):
-                if (continue_from.folder / name).exists():
+            for name, key in ((LAST, "history"), (BEST, "model")):
+                if name == LAST or (continue_from.folder / name).exists():  # read first: never copy a damaged file
+                    read_checkpoint(continue_from.folder / name, key)
                     shutil.copyfile(continue_from.folder / name, folder / name)
         force = False
     val_ids = tuple(identity["val_ids"])

@@ -30,7 +30,7 @@ from copes_lib.grpo import GRPOConfig
 from copes_lib.grpo_sharded import ShardingConfig
 from copes_lib.protocols.params import GRPONotebookParams
 from copes_lib.protocols.sweeps import GridSweep, widen_to_bracket
-from copes_lib.training_run import BEST, LAST, SCORE
+from copes_lib.training_run import BEST, LAST, SCORE, read_checkpoint
 
 
 @dataclass
@@ -219,7 +219,7 @@ def grpo_policy(run: GRPORun, which: str = "final"):
     """A plain model with the run's final or best weights (LoRA adapters merged)."""
     policy = copy.deepcopy(run.result.policy)
     if which == "best":
-        grpo.load_trainable_state(policy, runs.load_checkpoint(run.result.best_path)["trainable"])
+        grpo.load_trainable_state(policy, read_checkpoint(run.result.best_path, "trainable"))
     elif which != "final":
         raise ValueError(f"which = {which!r}; valid values: ['final', 'best']")
     if hasattr(policy, "merge_and_unload"):

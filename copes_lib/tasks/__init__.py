@@ -257,12 +257,27 @@ def _gpu_paths() -> GPUDataPaths:
     return _gpu_data[0]
 
 
-def _require(value: str, name: str) -> str:
+def _require(value: str, name: str, what: str = "file") -> str:
+    """``value`` of the gpu parameter ``name``; an error naming the parameter when it is empty or its
+    path (``what``: a JSONL file, or a folder) does not exist."""
     if not value:
         raise ConfigError(f"{name} is empty: the gpu profile reads real data from local files; set {name} in "
                           "profiles/gpu.yaml (01_substrate_and_agent) or pass it to notebook 01 with "
                           f"papermill -p {name} ...")
+    for path in _paths_of(value) if what == "file" else [value]:
+        found = Path(path).is_file() if what == "file" else Path(path).is_dir()
+        if not found:
+            problem = "does not exist" if not Path(path).exists() else f"is not a {what}"
+            raise ConfigError(f"{name}: {path} {problem}; set {name} in profiles/gpu.yaml (01_substrate_and_agent) "
+                              f"to a local {'JSONL file' if what == 'file' else 'folder'}")
     return value
+
+
+def _paths_of(value: str) -> list[str]:
+    """The file paths in a parameter: one path, or ``benchmark=path`` pairs (MATH_TEST_FILES ...)."""
+    if "=" not in value:
+        return [value]
+    return [part.partition("=")[2].strip() for part in value.split(",") if part.partition("=")[2].strip()]
 
 
 _TRAIN_FILE = {"math": "MATH_TRAIN_JSONL", "qa": "QA_TRAIN_JSONL"}
@@ -276,6 +291,9 @@ def _gpu_train_val(kind: str, path: str, holdout: int) -> dict[str, list[Task]]:
 
     tasks, subjects = read_tasks(path, "math" if kind == "math" else "qa")
     strata = subjects if kind == "math" else [""] * len(tasks)
+    if not 0 < holdout < len(tasks):
+        raise ConfigError(f"VAL_HOLDOUT = {holdout}: {_TRAIN_FILE[kind]} ({path}) has {len(tasks)} usable problems; "
+                          f"VAL_HOLDOUT must be between 1 and {len(tasks) - 1}")
     train, val = stratified_holdout(tasks, holdout, strata, DATA_SEED)
     return {"train": train, "val": val}
 
@@ -332,7 +350,7 @@ def load_passages(profile: str, kind: str) -> list[tuple[str, str, str]]:
     if profile == "gpu":
         from copes_lib.tasks.loaders import load_corpus_jsonl
 
-        return load_corpus_jsonl(_require(_gpu_paths().search_corpus_jsonl, "search_corpus_jsonl"))
+        return load_corpus_jsonl(_require(_gpu_paths().search_corpus_jsonl, "SEARCH_CORPUS_JSONL"))
     return list(_generated_world(profile, kind)[0])
 
 

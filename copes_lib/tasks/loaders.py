@@ -222,8 +222,9 @@ def parse_test_files(spec: str, kind: str, name: str = "TEST_FILES") -> dict[str
     return out
 
 
-def corpus_passage(row: dict, index: int, path: str | Path) -> tuple[str, str, str]:
-    """(id, title, text) of one corpus row (its id defaults to its position ``index``)."""
+def corpus_passage(row: dict, index: int, path: str | Path, line=None) -> tuple[str, str, str]:
+    """(id, title, text) of one corpus row (its id defaults to its position ``index``). ``line``: its line
+    number, or a function that counts it (called only for an error message); default: ``row['__line__']``."""
     if "contents" in row:
         title, _, text = str(row["contents"]).partition("\n")
         title = title.strip().strip('"')
@@ -232,7 +233,7 @@ def corpus_passage(row: dict, index: int, path: str | Path) -> tuple[str, str, s
     else:
         looks = guess_format(row)
         raise DataFormatError(
-            f"{path}:{row.get('__line__', f'passage {index}')}: expected a search-corpus row "
+            f"{path}:{line() if callable(line) else line or row.get('__line__', f'passage {index}')}: expected a search-corpus row "
             "{id, contents: '\"Title\"\\ntext'} (Search-R1) or {id, title, text}; the row has fields "
             f"{sorted(k for k in row if k != '__line__')}" + (f"; it looks like {looks}" if looks else ""))
     return str(row.get("id", index)), title, text
@@ -242,6 +243,9 @@ def load_corpus_jsonl(path: str | Path) -> list[tuple[str, str, str]]:
     """(id, title, text) rows of a local search corpus; a duplicated id is an error naming the first
     duplicate and its line (:func:`check_unique_ids`)."""
     rows = read_jsonl(path)
+    if not rows:
+        raise DataFormatError(f"{path}: the search corpus has no passages; expected one JSON object a line, "
+                              "{id, contents} (Search-R1) or {id, title, text}")
     passages = [corpus_passage(row, i, path) for i, row in enumerate(rows)]
     check_unique_ids(((p[0], row["__line__"]) for p, row in zip(passages, rows, strict=True)), path)
     return passages

@@ -44,7 +44,7 @@ class CorpusFile(Sequence):
         return len(self.offsets)
 
     def __getitem__(self, i):
-        from copes_lib.tasks.loaders import corpus_passage
+        from copes_lib.tasks.loaders import DataFormatError, corpus_passage
 
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
@@ -52,7 +52,20 @@ class CorpusFile(Sequence):
             self._handle = open(self.path, "rb")  # noqa: SIM115 (kept open for the retriever's lifetime)
         self._handle.seek(int(self.offsets[i]))
         line = self._handle.readline()
-        return Passage(*corpus_passage(json.loads(line), i, self.path))
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise DataFormatError(f"{self.path}:{self._line_number(i)}: not valid JSON ({error}); expected one "
+                                  "JSON object per line") from error
+        if not isinstance(row, dict):
+            raise DataFormatError(f"{self.path}:{self._line_number(i)}: expected a JSON object (a search-corpus "
+                                  f"row), got {type(row).__name__}")
+        return Passage(*corpus_passage(row, i, self.path, line=lambda: self._line_number(i)))
+
+    def _line_number(self, i: int) -> int:
+        """The 1-based line of passage ``i`` (counted only for an error message)."""
+        with open(self.path, "rb") as handle:
+            return handle.read(int(self.offsets[i])).count(b"\n") + 1
 
     def __getstate__(self):  # a Ray worker reopens the file
         return {"path": self.path, "offsets": self.offsets}
@@ -113,11 +126,14 @@ def file_retriever(corpus_path: str | Path, cache_root: str | Path, kind: str = 
     folder = Path(cache_root) / f"retriever-{runs.cache_key(settings)}"
 
     def build(tmp: Path) -> None:
-        from copes_lib.tasks.loaders import check_unique_ids, corpus_file_ids
+        from copes_lib.tasks.loaders import DataFormatError, check_unique_ids, corpus_file_ids
 
         log(f"[search] building the {kind} index of {corpus_path} (once) in {folder}")
         check_unique_ids(corpus_file_ids(corpus_path), corpus_path)
         offsets = CorpusFile.line_offsets(corpus_path)
+        if not len(offsets):
+            raise DataFormatError(f"{corpus_path}: the search corpus (SEARCH_CORPUS_JSONL) has no passages; "
+                                  "expected one JSON object a line, {id, contents} or {id, title, text}")
         np.save(tmp / "offsets.npy", offsets)
         corpus = CorpusFile(corpus_path, offsets)
         if kind == "bm25":
@@ -163,7 +179,7 @@ def shared_retriever(profile: str, kind: str) -> Retriever:
         if not Path(corpus).is_file():
             raise FileNotFoundError(f"SEARCH_CORPUS_JSONL = {corpus!r} is not a file; set it to the local "
                                     "corpus JSONL (Search-R1's wiki-18 {id, contents})")
-        model = _require(p.embedding_model_path, "EMBEDDING_MODEL_PATH") if p.retriever == "dense" else ""
+        model = _require(p.embedding_model_path, "EMBEDDING_MODEL_PATH", "folder") if p.retriever == "dense" else ""
         _SHARED[key] = file_retriever(corpus, runs.CACHE_ROOT / profile, p.retriever, model,
                                       p.embedding_query_prefix, p.embedding_passage_prefix)
     return _SHARED[key]

@@ -2,19 +2,33 @@
 
 The audit hook of :mod:`copes_lib.tools.sandbox` runs inside the interpreter it guards, and CPython
 documents audit hooks as no security boundary. This module asks the kernel instead, through system
-calls made with ctypes (Python 3.11 has no wrappers for them), and works unprivileged as well as root:
+calls made with ctypes (Python 3.11 has no wrappers for them), and works unprivileged as well as root.
+
+ctypes is loaded only in a worker's set-up process, never in the interpreter that runs the model's
+code: once ``_ctypes`` is imported, its classes stay reachable through ``object.__subclasses__()``
+whatever references are dropped, and pointer indexing writes any memory without an audit event (issue
+33: the hook's rules emptied and a success forged). The set-up process therefore applies every layer
+to itself once per worker and then ``execve``s a fresh interpreter, the worker that forks the calls'
+children (see :mod:`copes_lib.tools.sandbox`). The layers are per worker, inherited by every child:
+
 
 - **Landlock** (Linux >= 5.13; the ABI version decides what it covers): the child may read only the
   Python installation, the preloaded packages and a few devices, and write only in its call's folder,
   whatever path, ``dir_fd`` or file descriptor trick the code uses. ABI >= 4 also denies TCP bind and
   connect; ABI >= 6 denies signals to processes outside the sandbox and abstract unix sockets.
-- **seccomp** (x86_64 only: the filter names system calls by number): kills the child on socket(),
-  new processes or threads, exec, ptrace, signals to other processes, memfd_create, io_uring,
-  namespaces, mounts, keyrings, bpf and perf events.
-- **no_new_privs** and an empty capability set in every child.
+  Executing files is allowed only for the Python binary and its ELF interpreter (the one ``execve``
+  of the set-up process); the shared-library folders become readable for the same reason.
+- **seccomp** (x86_64 only: the filter names system calls by number): kills the process on socket(),
+  fork/vfork/clone3, execveat, ptrace, memfd_create, io_uring, namespaces, mounts, keyrings, bpf and
+  perf events. ``clone`` (the worker forks its children), ``execve`` (the set-up process's one exec;
+  Landlock then decides what may run) and signals (confined by the pid namespace) stay open.
+- **no_new_privs**, and no capabilities (root workers that drop their children to 'nobody' keep theirs
+  until the children's ``setuid``, which clears them).
 - **namespaces**, once per worker: a network namespace without interfaces (with a user namespace when
-  the host is not root), and a mount namespace in which the worker's temp folder is a private tmpfs of
-  ``temp_quota_mb``: the total quota of a call's files, which vanish with the worker.
+  the host is not root), a mount namespace in which the worker's temp folder is a private tmpfs of
+  ``temp_quota_mb`` (the total quota of a call's files, which vanish with the worker), and a pid
+  namespace in which the worker is process 1: its children cannot name, let alone signal, a process of
+  the host, and nothing they start outlives the worker.
 
 :func:`probe` says which of these the running kernel offers; the sandbox records the active ones, and
 warns (:class:`IsolationWarning`) naming what is missing and what the remaining layers still stop.
@@ -25,22 +39,28 @@ from __future__ import annotations
 import json
 import os
 import platform
+import stat
 import struct
 import sys
 import tempfile
 import warnings
 
-KERNEL_LAYERS = ("landlock", "seccomp", "no_new_privs", "network_namespace", "private_tmpfs")
+KERNEL_LAYERS = ("landlock", "seccomp", "no_new_privs", "network_namespace", "private_tmpfs", "pid_namespace")
+# CodeSandboxConfig.without: layer groups a test may switch off to simulate a host that lacks them
+SIMULATED_MISSING = {"landlock": ("landlock",), "seccomp": ("seccomp",),
+                     "namespaces": ("network_namespace", "private_tmpfs", "pid_namespace")}
 # What a missing layer leaves to the layers above it (quoted in the warning).
 MISSING_MEANS = {
     "landlock": "file reads and writes (including through dir_fd and descriptors) are checked only by "
                 "the audit hook",
-    "seccomp": "sockets, exec, ptrace, memfd and signals to other processes are stopped only by the audit "
-               "hook and, where present, Landlock and the network namespace",
+    "seccomp": "sockets, ptrace, memfd, io_uring, fork and new namespaces are stopped only by the audit hook "
+               "and, where present, Landlock, the namespaces and RLIMIT_NPROC",
     "no_new_privs": "seccomp and unprivileged Landlock cannot be used",
     "network_namespace": "the network is closed only by the audit hook and, where present, seccomp",
-    "private_tmpfs": "a call's files have no total quota beyond RLIMIT_FSIZE per file and the audit "
-                     "hook's count of the files a call creates",
+    "private_tmpfs": "a call's storage is bounded by the audit hook's count of the bytes and entries it "
+                     "creates (and RLIMIT_FSIZE per file), in the shared temp folder",
+    "pid_namespace": "signals to the host's processes are stopped only by Landlock (ABI >= 6) and the audit "
+                     "hook, and a process a call starts could outlive it where RLIMIT_NPROC does not bind",
 }
 
 # ---------------------------------------------------------------------------- kernel constants
@@ -58,24 +78,24 @@ _NET_BIND_TCP, _NET_CONNECT_TCP = 1, 2  # ABI >= 4
 _SCOPE_ABSTRACT_UNIX, _SCOPE_SIGNAL = 1, 2  # ABI >= 6
 _PR_SET_NO_NEW_PRIVS, _PR_GET_SECCOMP, _PR_SET_SECCOMP, _PR_CAP_AMBIENT = 38, 21, 22, 47
 _SECCOMP_MODE_FILTER = 2
-_CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000
+_CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWNET, _CLONE_NEWPID = 0x00020000, 0x10000000, 0x40000000, 0x20000000
+_PR_SET_PDEATHSIG = 1
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 2, 4, 8, 0x4000, 1 << 18
 _SYS_CAPSET, _CAPABILITY_VERSION_3 = 126, 0x20080522
 _AUDIT_ARCH_X86_64, _X32_BIT = 0xC000003E, 0x40000000
 _RET_KILL_PROCESS, _RET_ALLOW = 0x80000000, 0x7FFF0000
-# x86_64 system calls the children never need (Python's own work uses none of them once the call runs)
+# x86_64 system calls neither the worker nor its children need. (clone: the worker forks with it;
+# execve: the set-up process's exec into the worker, Landlock decides what may be executed; pidfd_open:
+# the worker waits on its children with it; the kill family: confined by the pid namespace.)
 _DENIED_SYSCALLS_X86_64 = {
-    "socket": 41, "socketpair": 53, "clone": 56, "fork": 57, "vfork": 58, "execve": 59, "ptrace": 101,
+    "socket": 41, "socketpair": 53, "fork": 57, "vfork": 58, "ptrace": 101,
     "chroot": 161, "pivot_root": 155, "mount": 165, "umount2": 166, "add_key": 248, "request_key": 249,
     "keyctl": 250, "unshare": 272, "perf_event_open": 298, "setns": 308, "process_vm_readv": 310,
     "process_vm_writev": 311, "memfd_create": 319, "bpf": 321, "execveat": 322, "userfaultfd": 323,
     "pidfd_send_signal": 424, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
     "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
-    "pidfd_open": 434, "clone3": 435, "pidfd_getfd": 438, "mount_setattr": 442, "memfd_secret": 447,
+    "clone3": 435, "pidfd_getfd": 438, "mount_setattr": 442, "memfd_secret": 447,
 }
-# signal-sending calls allowed only when their first argument is the child itself (abort() uses tgkill)
-_SELF_SIGNAL_SYSCALLS_X86_64 = {"kill": 62, "rt_sigqueueinfo": 129, "tkill": 200, "tgkill": 234,
-                                "rt_tgsigqueueinfo": 297}
 
 
 class IsolationWarning(UserWarning):
@@ -136,8 +156,9 @@ def set_no_new_privs() -> bool:
 
 def enter_namespaces(temp_dir: str, quota_mb: int, max_files: int) -> dict[str, str]:
     """Move this process into a new network namespace and a mount namespace in which ``temp_dir`` is a
-    private tmpfs of ``quota_mb`` MiB and ``max_files`` inodes. Unprivileged hosts get a user namespace
-    that maps only their own uid and gid. Returns {layer: detail} of what succeeded (maybe nothing).
+    private tmpfs of ``quota_mb`` MiB and ``max_files`` inodes, and make its next child process 1 of a
+    new pid namespace. Unprivileged hosts get a user namespace that maps only their own uid and gid.
+    Returns {layer: detail} of what succeeded (maybe nothing).
 
     Called once per worker, before its children are forked; never in the host process."""
     ctypes, libc = _libc()
@@ -145,11 +166,14 @@ def enter_namespaces(temp_dir: str, quota_mb: int, max_files: int) -> dict[str, 
     uid, gid = os.getuid(), os.getgid()
     active: dict[str, str] = {}
     user = 0 if root else _CLONE_NEWUSER
-    for flags in (user | _CLONE_NEWNET | _CLONE_NEWNS, user | _CLONE_NEWNET):
+    for flags in (user | _CLONE_NEWNET | _CLONE_NEWNS | _CLONE_NEWPID, user | _CLONE_NEWNET | _CLONE_NEWNS,
+                  user | _CLONE_NEWNET):
         if libc.unshare(flags) == 0:
             break
     else:
         return active
+    if flags & _CLONE_NEWPID:  # the caller stays outside; its next child is process 1 of the namespace
+        active["pid_namespace"] = "the worker is process 1"
     if user:
         for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
             with open(f"/proc/self/{name}", "w") as handle:
@@ -168,8 +192,10 @@ def enter_namespaces(temp_dir: str, quota_mb: int, max_files: int) -> dict[str, 
     return active
 
 
-def probe() -> dict[str, str]:
-    """{layer: detail} of the kernel layers this host offers, tried in a throwaway process."""
+def _probe_here() -> dict[str, str]:
+    """{layer: detail} of the kernel layers, tried in THIS process (it changes its namespaces: run it
+    only in a throwaway process, as :func:`probe` does). A process with threads (numpy's) cannot
+    unshare a user namespace, so it would under-report."""
     found: dict[str, str] = {}
     abi = landlock_abi()
     if abi:
@@ -193,22 +219,50 @@ def probe() -> dict[str, str]:
     return found
 
 
+def probe() -> dict[str, str]:
+    """{layer: detail} of the kernel layers this host offers, measured in a fresh child interpreter
+    (single-threaded, so its user namespace is not refused; the probe changes the child's namespaces,
+    never this process's). {} when the child cannot run."""
+    import subprocess
+
+    try:
+        done = subprocess.run([sys.executable, "-s", os.path.abspath(__file__)], capture_output=True,
+                              text=True, timeout=30, env={"PATH": os.defpath})
+        return json.loads(done.stdout) if done.returncode == 0 else {}
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return {}
+
+
 _HOST_LAYERS: dict[str, str] | None = None
 
 
 def host_layers() -> dict[str, str]:
-    """:func:`probe` run once per host process in a child interpreter (it changes its namespaces)."""
+    """:func:`probe`, run once per host process."""
     global _HOST_LAYERS
     if _HOST_LAYERS is None:
-        import subprocess
-
-        try:
-            done = subprocess.run([sys.executable, "-s", os.path.abspath(__file__)], capture_output=True,
-                                  text=True, timeout=30, env={"PATH": os.defpath})
-            _HOST_LAYERS = json.loads(done.stdout) if done.returncode == 0 else {}
-        except (OSError, ValueError, subprocess.SubprocessError):
-            _HOST_LAYERS = {}
+        _HOST_LAYERS = probe()
     return dict(_HOST_LAYERS)
+
+
+# What the warning promises of the hook; tests/test_sandbox.py runs the attack catalogue in the modes
+# that simulate these hosts (CodeSandboxConfig.without) and checks that it holds.
+HOOK_STILL = ("The audit hook still denies sockets, processes, signals, ctypes, files outside the allowed "
+              "folders and unlisted imports; it runs in an interpreter that never loaded ctypes, so the "
+              "code cannot switch it off or forge a result from Python, unless a preloaded package gives "
+              "native memory access (numpy does: then only the kernel layers bind). rlimits still bound "
+              "CPU, memory, file size and descriptors.")
+
+
+def warn_native_access(packages: list[str], active: dict[str, str]) -> str:
+    """Warn that the preloaded ``packages`` loaded ctypes into the worker: what the code can do then."""
+    kernel = [name for name in KERNEL_LAYERS if name in active]
+    message = (f"the preloaded package(s) {', '.join(packages)} give the sandboxed code native memory access "
+               "(ctypes' classes through object.__subclasses__, numpy's as_strided with any stride): it can "
+               "switch the audit hook off and forge a successful result. Only the kernel layers bind then: "
+               + (", ".join(kernel) if kernel else "none on this host, so the code is not confined at all")
+               + ". Preload only the standard library, or run the workers in a container.")
+    warnings.warn(message, IsolationWarning, stacklevel=3)
+    return message
 
 
 def describe(active: dict[str, str]) -> str:
@@ -229,9 +283,7 @@ def warn_missing(active: dict[str, str], wanted: tuple[str, ...] = KERNEL_LAYERS
     else:
         head = f"the Python sandbox runs without {', '.join(missing)}"
     message = (head + ". " + "; ".join(f"without {name}, {MISSING_MEANS[name]}" for name in missing)
-               + ". The audit hook (not a security boundary) still denies sockets, processes, signals, "
-               "ctypes, files outside the allowed folders and unlisted imports; rlimits still bound CPU, "
-               "memory, file size and descriptors.")
+               + ". " + HOOK_STILL)
     warnings.warn(message, IsolationWarning, stacklevel=3)
     return message
 
@@ -249,9 +301,10 @@ def open_rule_paths(paths) -> list[tuple[str, int]]:
 
 
 def landlock_restrict(abi: int, read_fds: list[int], read_write_fds: list[int], device_fds: list[int],
-                      writable_device_fds: list[int]) -> None:
+                      writable_device_fds: list[int], exec_fds: list[int] = (), list_fds: list[int] = ()) -> None:
     """Restrict this process (irreversibly) to reading beneath ``read_fds``, reading and writing beneath
-    ``read_write_fds``, and the device files given. Needs no_new_privs (or root)."""
+    ``read_write_fds``, the device files given, executing the files ``exec_fds`` and listing (not
+    reading) the folders ``list_fds``. Needs no_new_privs (or root)."""
     ctypes, libc = _libc()
     rights = {name: bit for name, (bit, since) in _FS.items() if since <= abi}
     handled_fs = sum(rights.values())
@@ -272,9 +325,14 @@ def landlock_restrict(abi: int, read_fds: list[int], read_write_fds: list[int], 
     file_write = rights["write_file"] | rights.get("truncate", 0)
     rules = ([(fd, read) for fd in read_fds] + [(fd, read | write) for fd in read_write_fds]
              + [(fd, rights["read_file"]) for fd in device_fds]
-             + [(fd, rights["read_file"] | file_write) for fd in writable_device_fds])
+             + [(fd, rights["read_file"] | file_write) for fd in writable_device_fds]
+             + [(fd, rights["read_file"] | rights["execute"]) for fd in exec_fds]
+             + [(fd, rights["read_dir"]) for fd in list_fds])
+    file_rights = sum(rights.get(n, 0) for n in ("execute", "write_file", "read_file", "truncate", "ioctl_dev"))
     try:
         for fd, access in rules:
+            if not stat.S_ISDIR(os.fstat(fd).st_mode):  # a rule on a file may grant only file rights
+                access &= file_rights
             rule = ctypes.create_string_buffer(struct.pack("<Qi", access, fd), 12)
             if libc.syscall(_SYS_LANDLOCK_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(_LANDLOCK_RULE_PATH_BENEATH),
                             rule, ctypes.c_uint32(0)) != 0:
@@ -297,32 +355,41 @@ _SECCOMP_HEAD = b"".join(
     + [_op(_JEQ, n, 0, 1) + _op(_RET, _RET_KILL_PROCESS) for n in sorted(_DENIED_SYSCALLS_X86_64.values())])
 
 
-def _seccomp_program(pid: int) -> bytes:
-    """BPF: kill on a foreign architecture, x32 calls, the denied calls, and signals to anyone else."""
-    program = [_SECCOMP_HEAD]
-    for number in sorted(_SELF_SIGNAL_SYSCALLS_X86_64.values()):  # allowed only when arg 0 is this pid
-        program += [_op(_JEQ, number, 0, 6), _op(_LD, 16), _op(_JEQ, pid, 0, 3), _op(_LD, 20),
-                    _op(_JEQ, 0, 0, 1), _op(_RET, _RET_ALLOW), _op(_RET, _RET_KILL_PROCESS)]
-    program.append(_op(_RET, _RET_ALLOW))
-    return b"".join(program)
+def _seccomp_program() -> bytes:
+    """BPF: kill on a foreign architecture, x32 calls and the denied calls."""
+    return _SECCOMP_HEAD + _op(_RET, _RET_ALLOW)
 
 
-def harden_child() -> None:
-    """Drop every capability and set no_new_privs (irreversible; needed before Landlock and seccomp)."""
+def drop_capabilities() -> None:
+    """Empty every capability set of this process (with no_new_privs, an exec does not give them back)."""
     ctypes, libc = _libc()
     header = ctypes.create_string_buffer(struct.pack("<Ii", _CAPABILITY_VERSION_3, 0), 8)
     data = ctypes.create_string_buffer(bytes(24), 24)  # effective, permitted, inheritable: all empty
     if libc.syscall(_SYS_CAPSET, header, data) != 0:
         raise _fail(ctypes, "capset")
     libc.prctl(_PR_CAP_AMBIENT, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL (EINVAL on old kernels: nothing to clear)
+
+
+def harden(keep_capabilities: bool) -> None:
+    """no_new_privs (irreversible; needed before Landlock and seccomp), and no capabilities unless
+    ``keep_capabilities`` (a root worker that drops its children to 'nobody' needs them until then)."""
+    ctypes, libc = _libc()
+    if not keep_capabilities:
+        drop_capabilities()
     if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise _fail(ctypes, "prctl(PR_SET_NO_NEW_PRIVS)")
 
 
-def install_seccomp(pid: int) -> None:
-    """Install the seccomp filter of :func:`_seccomp_program` (after :func:`harden_child`)."""
+def die_with_parent() -> None:
+    """SIGKILL this process when its parent (the set-up process) dies; survives execve."""
     ctypes, libc = _libc()
-    program = _seccomp_program(pid)
+    libc.prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0)
+
+
+def install_seccomp() -> None:
+    """Install the seccomp filter of :func:`_seccomp_program` (after :func:`harden`)."""
+    ctypes, libc = _libc()
+    program = _seccomp_program()
     filters = ctypes.create_string_buffer(program, len(program))
     # struct sock_fprog {unsigned short len; struct sock_filter *filter;}: 2 bytes, padding, a pointer
     fprog = ctypes.create_string_buffer(struct.pack("<H6xQ", len(program) // 8, ctypes.addressof(filters)), 16)
@@ -330,5 +397,5 @@ def install_seccomp(pid: int) -> None:
         raise _fail(ctypes, "prctl(PR_SET_SECCOMP)")
 
 
-if __name__ == "__main__":  # the throwaway process of host_layers()
-    print(json.dumps(probe()))
+if __name__ == "__main__":  # the throwaway process of probe()
+    print(json.dumps(_probe_here()))

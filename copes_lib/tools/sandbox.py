@@ -6,51 +6,66 @@ built for many short calls on any Linux host, as root or not, without a containe
 
 How a call runs::
 
-    PythonSandbox (host) --pipe--> W zygotes: interpreters started once, allowed modules imported;
-                                   each enters its own network namespace and a mount namespace in
-                                   which its temp folder is a private tmpfs (the calls' storage quota)
-                                   --fork()--> a child, prepared BEFORE the call arrives: drops
-                                   privileges (when root), sets rlimits, drops every capability, sets
-                                   no_new_privs, restricts itself with Landlock (read the Python
-                                   installation, write only its own folder) and a seccomp filter, then
-                                   waits for the call's secret and code; installs the audit hook,
-                                   exec()s the code; the zygote reads the child's stdout and status
-                                   pipes and its exit status itself
+    PythonSandbox (host) --pipe--> W set-up processes (``sandbox.py setup``): load ctypes, enter a
+                                   network, mount and pid namespace (the temp folder becomes a private
+                                   tmpfs, the calls' storage quota), fork the worker, which sets
+                                   no_new_privs, Landlock (read the Python installation, write only the
+                                   working folder) and seccomp on itself, then execve()s
+        --> the worker (``sandbox.py serve``, process 1 of its pid namespace): a fresh interpreter that
+            never loads ctypes; imports the allowed modules once
+            --fork()--> a child, prepared BEFORE the call arrives: drops privileges (when root), sets
+                        rlimits, waits for the call's secret and code; installs the audit hook,
+                        exec()s the code; the worker reads its stdout and status pipes and its exit
+                        status, then ends every process left in the namespace
 
-The zygote forks the next child right after replying, while the host is busy, so a call does not pay
-for starting an interpreter (tens of ms) nor, mostly, for the fork or the kernel set-up (under 1 ms).
-``benchmarks/bench_sandbox.py`` measures calls/s against ``subprocess.run([python, "-c", code])`` and
-against the sandbox before kernel isolation. Every call starts from the same zygote state: calls cannot
-see each other's variables, files or module changes, and one bad call cannot damage the next.
+Why two processes (issue 33): once ``_ctypes`` is imported, its classes stay reachable through
+``object.__subclasses__()`` whatever references are dropped, and indexing a ctypes pointer writes any
+memory without an audit event -- from there the code emptied the hook's rules and forged a success.
+The kernel layers are therefore applied once per worker, before an exec into a clean interpreter, and
+inherited by every child. ``layers='hook-only'`` starts the worker directly.
+
+The worker forks the next child right after replying, while the host is busy, so a call does not pay
+for starting an interpreter (tens of ms) nor, mostly, for the fork (under 1 ms); the kernel set-up is
+paid once per worker. ``benchmarks/bench_sandbox.py`` measures calls/s against
+``subprocess.run([python, "-c", code])`` and against main's sandbox. Every call starts from the same
+worker state in the same, emptied working folder: calls cannot see each other's variables, files or
+module changes, and one bad call cannot damage the next.
 
 Layers (``CodeSandboxConfig.layers``; :mod:`copes_lib.tools.isolation` probes which the kernel
-offers, the sandbox records them in ``PythonSandbox.layers`` and warns naming any that is missing):
+offers, the sandbox records them in ``PythonSandbox.layers`` and warns naming any that is missing;
+``CodeSandboxConfig.without`` simulates a host that lacks some, for tests; docs/sandbox.md has the
+table of which layer stops which attack, and which hosts lack which layer):
 
-1. kernel: Landlock (file reads and writes, whatever path, ``dir_fd`` or descriptor trick; TCP and
-   signals on ABI >= 4 / 6), seccomp (sockets, processes, exec, ptrace, memfd, signals to others,
-   namespaces, mounts: the child is killed), no_new_privs and no capabilities, a network namespace
-   without interfaces, a private tmpfs of ``temp_quota_mb`` per worker. Unprivileged hosts get them
-   through a user namespace that maps only their own uid.
-2. rlimits: wall-clock timeout (the zygote kills the child's process group), RLIMIT_CPU, RLIMIT_AS
+1. kernel, per worker: Landlock (file reads and writes, whatever path, ``dir_fd`` or descriptor
+   trick; executing anything but the interpreter; TCP and signals on ABI >= 4 / 6), seccomp (sockets,
+   fork/vfork/clone3, execveat, ptrace, memfd, io_uring, namespaces, mounts: the process is killed),
+   no_new_privs and no capabilities, a network namespace without interfaces, a private tmpfs of
+   ``temp_quota_mb``, a pid namespace (the children cannot name a host process; nothing outlives the
+   call). Unprivileged hosts get the namespaces through a user namespace that maps only their own uid.
+2. rlimits: wall-clock timeout (the worker kills the child's process group), RLIMIT_CPU, RLIMIT_AS
    (``memory_mb`` on top of the warm interpreter), RLIMIT_NPROC = 0, RLIMIT_FSIZE, RLIMIT_NOFILE, no
-   core files, and a hard stop after ``max_printed_chars`` printed characters (counted by the zygote).
+   core files, and a hard stop after ``max_printed_chars`` printed characters (counted by the worker).
 3. the audit hook (``sys.addaudithook``; it cannot be removed), which gives Python-level errors a small
    model can learn from and covers what the kernel layers leave open: it denies sockets, subprocesses,
-   exec/spawn/fork, signals, ctypes calls, rlimit changes, tracing, gc introspection and traceback /
-   generator frames (the ways to the hook's own state), reads outside the Python installation and the
-   call's folder, writes outside the folder (relative paths resolved against their ``dir_fd``), folder
+   exec/spawn/fork, signals, ctypes, rlimit changes, tracing, gc introspection, a second audit hook,
+   code objects built by hand and marshal (unchecked memory access in CPython), traceback / generator
+   frames (the ways to the hook's own state), reads outside the Python installation and the call's
+   folder, writes outside the folder (relative paths resolved against their ``dir_fd``), folder
    descriptors outside the call's folder, symlinks and hard links, and imports of modules outside the
-   standard library and the preloaded packages. os functions without audit events (pidfd_open,
-   memfd_create, mkfifo, ...) are deleted in the child, with ``_imp.create_builtin`` /
-   ``create_dynamic`` so that no fresh copy of a builtin module brings them back. A denied action
-   ends the call at once, from inside the hook (the code cannot catch it).
+   standard library and the preloaded packages; without a private tmpfs it counts the call's bytes and
+   entries. os functions without audit events (pidfd_open, memfd_create, mkfifo, ...) are deleted in
+   the child, with ``_imp.create_builtin`` / ``create_dynamic`` so that no fresh copy of a builtin or
+   extension module brings them back. A denied action ends the call at once, from inside the hook (the
+   code cannot catch it). The frames below the code (the worker's) are reachable with
+   ``sys._getframe``; they hold no ctypes, no secret and no descriptor to the host.
 
-Results the code cannot forge: the zygote reads the code's prints from the child's stdout pipe (text,
+Results the code cannot forge: the worker reads the code's prints from the child's stdout pipe (text,
 never parsed), and the verdict from the exit status plus a per-call secret that only the audit hook
 holds (the child reads it in a frame that ends before the code runs) and writes after exec() returned.
 A success needs both, so a forged record, an ``os._exit(0)`` or a caught denial is a failure, and
-failures are never memoised. Errors come back as Python's last traceback line
-(``NameError: name 'x' is not defined``).
+failures are never memoised. This holds while the code has no native memory access: see below for
+when it has, and what a forged success then can and cannot do. Errors come back as Python's last
+traceback line (``NameError: name 'x' is not defined``).
 
 Determinism: PYTHONHASHSEED=0, ``random`` (and numpy's global RNG when preloaded) are reseeded with 0
 before each call, and object addresses in the output (``<... at 0x7f...>``) are masked. The same code
@@ -63,16 +78,19 @@ Linux only (fork, /proc, rlimits; pidfd when the kernel has it, else polling; se
 The value of a final expression is NOT printed (unlike a REPL): the agent protocol asks the model to
 ``print`` what it wants to see, and an empty output is reported as ``(no output)``.
 
-What this does not protect against (the threat-model table is in docs/sandbox.md#layers-and-what-they-stop).
-The kernel layers confine what the process can reach, not what it computes: code that gets native
-execution (the preloaded numpy or sympy load ctypes; an interpreter bug) can forge its own result --
-the secret is in its memory -- and can catch a Landlock PermissionError, but it still cannot read or
-write outside the allowed folders, open a socket, start a process or signal the host. ``os.stat``
-and friends have no audit event, and Landlock does not restrict them: the code can learn whether a
-path exists. With ``layers='hook-only'`` or on a kernel without these features, only the audit hook
-and the rlimits remain, and CPython documents audit hooks as no security boundary: there, run the
-workers in a container (``--network none``, read-only root, unprivileged user, seccomp, cgroup limits)
-or under gVisor, nsjail or bubblewrap.
+What this does not protect against (the table is in docs/sandbox.md#layers-and-what-they-stop). The
+kernel layers confine what the process can reach, not what it computes. Code with native memory access
+-- a preloaded package that gives it (sympy loads ctypes, numpy's ``as_strided`` takes any stride; the
+sandbox warns naming them, :func:`copes_lib.tools.isolation.warn_native_access`), or an interpreter bug
+-- can switch the hook off and forge a success: ``ok=True`` with any output for that call, which the
+memo then reuses for the same code. Nothing else depends on ``ok``: it is the reward signal of that one
+call, never a permission. Even then it cannot read or write outside the allowed folders, open a socket,
+start a process or signal the host where the kernel layers are present. ``os.stat`` and friends have no
+audit event, and Landlock does not restrict them: the code can learn whether a path exists. With
+``layers='hook-only'`` or on a kernel without these features, only the audit hook and the rlimits remain
+(still unbreakable from pure Python, but CPython documents audit hooks as no security boundary): there,
+run the workers in a container (``--network none``, read-only root, unprivileged user, seccomp, cgroup
+limits) or under gVisor, nsjail or bubblewrap.
 """
 
 from __future__ import annotations
@@ -94,10 +112,19 @@ import weakref
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
-from copes_lib.config import Config, ConfigError, param
-
-if __name__ != "__main__":  # the zygote loads isolation.py by path (the package would import numpy)
+if __name__ != "__main__":  # the host
+    from copes_lib.config import Config, ConfigError, param
     from copes_lib.tools import isolation
+else:  # the set-up process and the worker need no config class; under Landlock copes_lib is not readable
+
+    class ConfigError(ValueError):
+        pass
+
+    class Config:
+        pass
+
+    def param(default, help, **checks):
+        return default
 
 # Modules imported once in every zygote; the model's code may import these and the rest of the
 # standard library that is not denied below. Third-party packages are importable only if preloaded.
@@ -129,6 +156,10 @@ DENIED_EVENTS = (
     "os.symlink", "os.link", "os.startfile", "pty.", "sqlite3.", "webbrowser.", "urllib.", "http.",
     "ftplib.", "smtplib.", "poplib.", "imaplib.", "nntplib.", "telnetlib.", "syslog.", "winreg.",
     "_winapi.", "msvcrt.", "os.add_dll_directory", "cpython.remote_debugger",
+    # a second hook would be called with the sandbox's frames in reach; a crafted code object or
+    # marshal stream is an unchecked memory read/write in CPython (imports in the child compile from
+    # source instead of reading .pyc files, see _child)
+    "sys.addaudithook", "code.__new__", "marshal.load",
 )
 # Attributes that hand out the frames of a traceback or a generator. An exception raised by the hook
 # carries the hook's own frames; from them, its closure (and the rules) would be reachable.
@@ -149,6 +180,8 @@ UNAUDITED_OS_FUNCTIONS = ("pidfd_open", "mkfifo", "mknod", "openpty", "login_tty
 # Forking a worker with these loaded costs several times more (the bigger the process, the slower
 # the fork), and ctypes comes with numpy (see "What this does not protect against").
 SCIENTIFIC_PRELOAD = DEFAULT_PRELOAD + ",numpy,numpy.random,numpy.linalg,numpy.fft,sympy"
+# Preloads that hand the code unchecked memory access without ctypes (numpy: as_strided, any stride)
+NATIVE_MEMORY_PACKAGES = ("numpy",)
 _HEADER = struct.Struct(">I")
 # Exit statuses of a child: the code finished (0) or raised (1); the audit hook ended it on a denied
 # action (DENIED_EXIT); the kernel layers could not be set up (SETUP_EXIT). A success also needs the
@@ -158,7 +191,8 @@ DONE_EVENT = "copes.sandbox.done"  # raised by _run_code after exec() returned; 
 FAILED_EVENT = "copes.sandbox.failed"  # raised by _run_code when the code raised: no success afterwards
 TOKEN_BYTES = 16  # the per-call secret
 _STATUS_KEEP = 65536  # bytes of the status pipe kept (its tail: the last record)
-TEMP_MAX_FILES = 4096  # inodes of the private tmpfs of a worker
+TEMP_MAX_FILES = 4096  # inodes of the private tmpfs of a worker; files + folders a call may create without it
+CALL_DIR = "call"  # the children's working folder, inside the worker's temp folder (the same for every call)
 AT_FDCWD = -100
 # position of the dir_fd argument in the audit events that carry one (os.rename: 2 and 3)
 DIR_FD_INDEX = {"os.remove": 1, "os.rmdir": 1, "os.mkdir": 2, "os.chmod": 2, "os.chown": 3, "os.utime": 3,
@@ -199,8 +233,16 @@ class CodeSandboxConfig(Config):
                         "before kernel isolation, for comparison); 'kernel-only' = the kernel layers without "
                         "the hook's rules (to test them alone; fails where any is missing)",
                         choices=("auto", "hook-only", "kernel-only"))
+    without: str = param("", "comma-separated kernel layers NOT to use even where the host offers them, to "
+                         "test what a host without them gets (layers='auto' only): landlock, seccomp, namespaces")
 
     def check(self) -> None:
+        for name in self.without_layers():
+            if name not in ("landlock", "seccomp", "namespaces"):
+                raise ConfigError(f"CodeSandboxConfig.without: {name!r} is not a layer that can be left out; "
+                                  "give comma-separated names from landlock, seccomp, namespaces")
+        if self.without_layers() and self.layers != "auto":
+            raise ConfigError(f"CodeSandboxConfig.without needs layers='auto', got layers={self.layers!r}")
         for name in self.preload_modules():
             if not all(part.isidentifier() for part in name.split(".")):
                 raise ConfigError(f"CodeSandboxConfig.preload: {name!r} is not a module name; "
@@ -211,6 +253,9 @@ class CodeSandboxConfig(Config):
 
     def preload_modules(self) -> list[str]:
         return [name.strip() for name in self.preload.split(",") if name.strip()]
+
+    def without_layers(self) -> list[str]:
+        return [name.strip() for name in self.without.split(",") if name.strip()]
 
 
 @dataclasses.dataclass
@@ -271,7 +316,9 @@ class _Worker:
         import subprocess  # only the host needs it; the zygote must not have it loaded
 
         env = {
-            "PATH": os.defpath, "LC_ALL": "C.UTF-8", "PYTHONIOENCODING": "utf-8",
+            # HOME: without it, site's expanduser("~") asks the passwd database (nscd: a socket, which
+            # seccomp kills); 'nobody''s home, which does not exist
+            "PATH": os.defpath, "HOME": "/nonexistent", "LC_ALL": "C.UTF-8", "PYTHONIOENCODING": "utf-8",
             "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1",
             "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
             # so the zygote finds copes_lib.config even without an installed package
@@ -282,21 +329,35 @@ class _Worker:
         temp_root = self.settings["temp_root"] or ("/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
         self.base_dir = tempfile.mkdtemp(prefix="copes-sandbox-", dir=temp_root)
         settings = {**self.settings, "base_dir": self.base_dir}
+        # layers other than 'hook-only': a set-up process applies them, then execs the worker (see _setup_main)
+        mode = "serve" if settings["layers"] == "hook-only" else "setup"
+        self.server_pid = None
         self.proc = subprocess.Popen(
-            [sys.executable, "-s", "-B", os.path.abspath(__file__), json.dumps(settings)],
+            [sys.executable, "-s", "-B", os.path.abspath(__file__), mode, json.dumps(settings)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True,
             start_new_session=True,  # a Ctrl-C in the host's terminal does not reach the zygotes
         )
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:
-        reply = self._receive(time.monotonic() + timeout_s)
+        deadline = time.monotonic() + timeout_s
+        reply = self._receive(deadline)
+        if reply is not None and "server_pid" in reply:  # from the set-up process: the worker's pid
+            self.server_pid = reply["server_pid"]
+            reply = self._receive(deadline)
         if reply is None or not reply.get("ready"):
+            status = self.proc.poll()
             self.kill()
-            raise RuntimeError(f"sandbox worker failed to start: {reply}")
+            hint = ""
+            if status == SETUP_EXIT:  # the set-up process could not apply a layer it had detected
+                hint = ("; the kernel layers could not be set up: CodeSandboxConfig.without leaves one out, "
+                        "layers='hook-only' all of them (a weaker sandbox: docs/sandbox.md)")
+            raise RuntimeError(f"sandbox worker failed to start (exit status {status}; its error, if any, is on "
+                               f"stderr above): {reply}{hint}")
         if reply.get("failed"):
             self.kill()
             raise ConfigError(f"CodeSandboxConfig.preload: cannot import {reply['failed']} in the sandbox worker")
         self.layers = reply.get("layers", {})
+        self.native_access = reply.get("native_access", [])
 
     def _send(self, code: str) -> None:
         data = code.encode("utf-8", "replace")
@@ -394,6 +455,7 @@ class PythonSandbox:
         self._memo_lock = threading.Lock()
         self._closed = False
         self.layers: dict[str, str] = {}  # the kernel layers the workers run under, set by start()
+        self.native_access: list[str] = []  # preloaded packages that loaded ctypes (see start())
         # close the workers even if the caller forgets to (garbage collection or interpreter exit)
         self._finalizer = weakref.finalize(self, _close_workers, self._workers, self._executor, os.getpid())
 
@@ -404,7 +466,7 @@ class PythonSandbox:
             "timeout_s": c.timeout_s, "memory_mb": c.memory_mb, "max_output_chars": c.max_output_chars,
             "max_printed_chars": c.max_printed_chars, "file_size_mb": c.file_size_mb,
             "preload": c.preload_modules(), "drop_privileges": c.drop_privileges, "temp_root": c.temp_root,
-            "temp_quota_mb": c.temp_quota_mb, "layers": c.layers,
+            "temp_quota_mb": c.temp_quota_mb, "layers": c.layers, "without": c.without_layers(),
         }
 
     def start(self) -> PythonSandbox:
@@ -422,6 +484,9 @@ class PythonSandbox:
                         worker.kill()
                     raise
                 self.layers = dict(fresh[0].layers)
+                self.native_access = list(fresh[0].native_access)
+                if self.native_access:
+                    isolation.warn_native_access(self.native_access, self.layers)
                 if self.config.layers == "kernel-only":
                     missing = [name for name in isolation.KERNEL_LAYERS if name not in self.layers]
                     if missing:
@@ -457,8 +522,9 @@ class PythonSandbox:
         return isolation.describe(self.layers)
 
     def worker_pids(self) -> list[int]:
-        """Process ids of the zygotes (for tests and monitoring)."""
-        return [w.proc.pid for w in self._workers]
+        """Process ids of the zygotes, the processes that fork the calls' children (for tests and
+        monitoring). With kernel layers, each has a set-up process as its parent."""
+        return [w.server_pid or w.proc.pid for w in self._workers]
 
     # -- calls
     def run(self, code: str) -> SandboxResult:
@@ -578,7 +644,7 @@ def _run_code(program, audit, out) -> None:
 
 
 def _make_audit_hook(tmp_dir: str, read_roots: tuple[str, ...], importable: frozenset, status_fd: int,
-                     max_output_chars: int, call: bytearray, enforce: bool, max_files: int | None):
+                     max_output_chars: int, call: bytearray, enforce: bool, quota: tuple[int, int] | None):
     """The audit hook of one child. Every helper it uses is bound here, before the untrusted code runs,
     so rebinding module attributes (``os.path.realpath = ...``) cannot change its decisions.
 
@@ -589,8 +655,11 @@ def _make_audit_hook(tmp_dir: str, read_roots: tuple[str, ...], importable: froz
     from inside the hook, with exit status ``DENIED_EXIT``: no line of the code runs after it.
 
     ``enforce=False`` (layers='kernel-only') keeps only the secret and the done check: the kernel
-    layers alone then stand between the code and the host. ``max_files`` (no private tmpfs) bounds the
-    distinct files a call may create or rename to: with RLIMIT_FSIZE per file, a total quota."""
+    layers alone then stand between the code and the host. ``quota`` = (bytes, entries), used where no
+    private tmpfs bounds the call's storage: the files and folders the call creates (or renames to) are
+    counted, and a file may be opened for writing only while the call's files hold less than ``bytes``.
+    (Writes to a file already open are not events: the bound is ``bytes`` plus RLIMIT_FSIZE per file
+    open at that moment, at most RLIMIT_NOFILE of them.)"""
     import posix
 
     # Builtins are bound here too: the code can replace builtins.type & co., and a replacement called
@@ -600,6 +669,7 @@ def _make_audit_hook(tmp_dir: str, read_roots: tuple[str, ...], importable: froz
     token = bytes(call[:TOKEN_BYTES])
     call[:TOKEN_BYTES] = bytes(TOKEN_BYTES)
     getcwd, readlink, write, exit_now, stat = posix.getcwd, posix.readlink, posix.write, posix._exit, posix.stat
+    lstat = posix.lstat
     getframe = sys._getframe
     child_frame = getframe(1)  # the frame of _child, which called this factory
     run_code = _run_code.__code__
@@ -610,7 +680,8 @@ def _make_audit_hook(tmp_dir: str, read_roots: tuple[str, ...], importable: froz
     write_events, read_events, frame_attributes = WRITE_EVENTS, READ_EVENTS, FRAME_ATTRIBUTES
     dir_fd_index = DIR_FD_INDEX
     devices = ("/dev/null", "/dev/urandom", "/dev/random", "/dev/zero")
-    created: set[str] = set()  # files the call created or renamed to (only counted without a private tmpfs)
+    created: set[str] = set()  # files and folders the call created or renamed to (counted without a private tmpfs)
+    max_bytes, max_entries = quota if quota is not None else (0, 0)
     failed = [False]
 
     def finish(record: bytes, status: int):
@@ -699,11 +770,22 @@ def _make_audit_hook(tmp_dir: str, read_roots: tuple[str, ...], importable: froz
         if writing:
             if not (mine or real == "/dev/null"):
                 deny(f"writing {path!r} is not allowed; write only inside the working directory")
-            if creates and mine and max_files is not None:
-                created.add(real)
-                if length(created) > max_files:
-                    deny(f"more than {max_files} files created: the call's storage quota "
-                         "(temp_quota_mb) is enforced by counting here, as no private tmpfs is available")
+            if mine and quota is not None:
+                if creates:
+                    created.add(real)
+                    if length(created) > max_entries:
+                        deny(f"more than {max_entries} files and folders created: the call's storage quota, "
+                             "counted here as no private tmpfs is available")
+                if event == "open":
+                    used = 0
+                    for name in created:
+                        try:
+                            used += lstat(name).st_size
+                        except (os_error, value_error):
+                            pass
+                    if used >= max_bytes:
+                        deny(f"storage quota: the call's files hold {used} bytes, temp_quota_mb allows "
+                             f"{max_bytes} (counted here as no private tmpfs is available)")
         elif not (mine or inside(real, read_roots) or real in devices):
             deny(f"reading {path!r} is not allowed; only the working directory and the Python "
                  "installation are readable")
@@ -743,7 +825,8 @@ def _make_audit_hook(tmp_dir: str, read_roots: tuple[str, ...], importable: froz
             if event == "os.chdir" and exact_type(args[0]) is not exact_str:
                 deny("os.fchdir is not allowed")
             index = dir_fd_index.get(event)
-            check_path(args[0], True, event, args[index] if index is not None and length(args) > index else None)
+            check_path(args[0], True, event, args[index] if index is not None and length(args) > index else None,
+                       0, event == "os.mkdir")
             if event == "os.rename":
                 check_path(args[1], True, event, args[3] if length(args) > 3 else None, 0, True)
         elif event in read_events:
@@ -773,18 +856,8 @@ def _set_limits(settings: dict, base_vsz: int) -> None:
     limit(resource.RLIMIT_CORE, 0)
 
 
-def _isolate_child(state: dict, tmp_dir: str) -> None:
-    """The kernel layers of one child: no capabilities, no_new_privs, Landlock, seccomp (in this order:
-    unprivileged Landlock and seccomp need no_new_privs, and the filter would kill Landlock's set-up)."""
-    iso, active = state["isolation"], state["layers"]
-    iso.harden_child()
-    if "landlock" in active:
-        call_fd = os.open(tmp_dir, os.O_PATH | os.O_DIRECTORY)
-        iso.landlock_restrict(state["landlock_abi"], state["read_fds"], [call_fd], state["device_fds"],
-                              state["null_fds"])
-        os.close(call_fd)
-    if "seccomp" in active:
-        iso.install_seccomp(os.getpid())
+def _no_bytecode(path, debug_override=None, *, optimization=None):
+    raise NotImplementedError("the sandbox's children compile modules from source")
 
 
 def _read_call(code_fd: int) -> bytearray | None:
@@ -797,7 +870,8 @@ def _read_call(code_fd: int) -> bytearray | None:
 
 
 def _child(settings: dict, state: dict, tmp_dir: str, code_fd: int, out_fd: int, status_fd: int) -> None:
-    """Runs in a forked child; never returns. Prepares itself (limits, kernel layers), then waits for
+    """Runs in a forked child; never returns. Prepares itself (uid, limits; the kernel layers are the
+    worker's, inherited), then waits for
     the secret and the code on ``code_fd`` (the zygote forks the next child while the host is still
     busy). The code's prints go to ``out_fd`` (fd 1), which the zygote reads and limits; the child's
     own records (the error, or the secret on success, written by the audit hook) go to ``status_fd``
@@ -817,13 +891,6 @@ def _child(settings: dict, state: dict, tmp_dir: str, code_fd: int, out_fd: int,
             os.setuid(state["uid"])
         _set_limits(settings, state["base_vsz"])
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # too large a file -> OSError, not a kill
-        if state["layers"]:
-            try:
-                _isolate_child(state, tmp_dir)
-            except OSError as exc:  # never run the code with fewer layers than the zygote reported
-                os.write(2, f"\0RuntimeError: sandbox: kernel isolation failed in the child: {exc}".encode())
-                status = SETUP_EXIT
-                raise
         os.closerange(3, code_fd)
         os.closerange(code_fd + 1, 65536)
         enforce = settings["layers"] != "kernel-only"
@@ -844,8 +911,9 @@ def _child(settings: dict, state: dict, tmp_dir: str, code_fd: int, out_fd: int,
             for module, name in removals:
                 if hasattr(module, name):
                     delattr(module, name)
-        for name in state["drop_modules"]:  # ctypes, loaded only for the kernel layers' set-up
-            sys.modules.pop(name, None)
+            # imports compile from source: reading a .pyc goes through marshal.loads, which is denied
+            # (a crafted marshal stream is a memory write); NotImplementedError is importlib's "no cache"
+            sys.modules["_frozen_importlib_external"].cache_from_source = _no_bytecode
         for name in ("random", "numpy.random"):  # the same RNG state in every call
             if name in sys.modules:
                 sys.modules[name].seed(0)
@@ -855,13 +923,13 @@ def _child(settings: dict, state: dict, tmp_dir: str, code_fd: int, out_fd: int,
         call = _read_call(code_fd)
         if call is None:  # the zygote went away without a call for this child
             os._exit(0)
-        max_files = None
+        quota = None
         if "private_tmpfs" not in state["layers"]:
-            max_files = max(1, -(-settings["temp_quota_mb"] // max(1, settings["file_size_mb"])))
+            quota = (settings["temp_quota_mb"] * 2**20, TEMP_MAX_FILES)
         audit = sys.audit
         sys.stdout = sys.stderr = out
         sys.addaudithook(_make_audit_hook(tmp_dir, state["read_roots"], state["importable"], 2,
-                                          settings["max_output_chars"], call, enforce, max_files))
+                                          settings["max_output_chars"], call, enforce, quota))
         program = compile(bytes(call[TOKEN_BYTES:]).decode("utf-8", "replace"), "<sandbox>", "exec")
         del call
         _run_code(program, audit, out)
@@ -924,16 +992,31 @@ def _verdict(status: int, sealed: bool, record: str | None, settings: dict) -> t
                    "a result (os._exit is not allowed)")
 
 
-def _new_call_dir(state: dict) -> str:
-    path = tempfile.mkdtemp(prefix="call-", dir=state["base_dir"])
-    if state["uid"] is not None:
-        os.chown(path, state["uid"], state["gid"])
+def _make_call_dir(base_dir: str, uid: int | None, gid: int | None) -> str:
+    """The children's working folder (the same for every call: Landlock's write rule, set once per
+    worker before its exec, names it). Made by whoever starts first: the set-up process or the worker."""
+    path = os.path.join(base_dir, CALL_DIR)
+    if not os.path.isdir(path):
+        os.mkdir(path, 0o700)
+        if uid is not None:
+            os.chown(path, uid, gid)
     return path
+
+
+def _empty_dir(path: str) -> None:
+    """Remove everything inside ``path`` (folders the code made unreadable are opened up first)."""
+    for entry in os.scandir(path):
+        if entry.is_dir(follow_symlinks=False):
+            os.chmod(entry.path, 0o700)
+            _empty_dir(entry.path)
+            os.rmdir(entry.path)
+        else:
+            os.unlink(entry.path)
 
 
 def _fork_spare(settings: dict, state: dict) -> dict:
     """Fork the child that will run the next call; it prepares itself and waits for the code."""
-    tmp_dir = state.pop("clean_dir", None) or _new_call_dir(state)
+    tmp_dir = state["call_dir"]
     code_r, code_w = os.pipe()
     out_r, out_w = os.pipe()
     status_r, status_w = os.pipe()
@@ -961,6 +1044,11 @@ def _fork_spare(settings: dict, state: dict) -> dict:
 
 
 def _kill_group(pid: int) -> None:
+    if os.getpid() == 1:  # process 1 of the worker's pid namespace: everything else in it is the call's
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     for kill in (os.killpg, os.kill):  # the whole group: nothing the child started survives
         try:
             kill(pid, signal.SIGKILL)
@@ -1072,92 +1160,204 @@ def _run_one(code: bytes, settings: dict, state: dict) -> tuple[dict, dict]:
 
 
 def _clean_up(child: dict, state: dict) -> None:
-    """Reap a finished child and keep its temp dir for the next call if the code left it untouched."""
-    import shutil
-
+    """Reap a finished child, end whatever it left running, and empty the working folder for the next call."""
     if not child.get("reaped"):
         os.waitpid(child["pid"], 0)
     if child["pidfd"] is not None:
         os.close(child["pidfd"])
     os.close(child["out_r"])
     os.close(child["status_r"])
-    tmp_dir = child["tmp_dir"]
-    info = os.lstat(tmp_dir)
-    if not os.listdir(tmp_dir) and info.st_mode & 0o7777 == 0o700 and info.st_uid == (state["uid"] or os.getuid()):
-        state["clean_dir"] = tmp_dir  # saves a mkdir + rmtree
-    else:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
+    if os.getpid() == 1:  # _kill_group ended every other process of the namespace
+        while True:  # reap them (orphans of the call are reparented to process 1)
+            try:
+                os.waitpid(-1, 0)
+            except ChildProcessError:
+                break
+    call_dir = state["call_dir"]
+    info = os.lstat(call_dir)
+    if info.st_mode & 0o7777 != 0o700:
+        os.chmod(call_dir, 0o700)
+    if os.listdir(call_dir):
+        _empty_dir(call_dir)
 
 
-def _zygote_layers(settings: dict) -> tuple[dict, dict]:
-    """Enter this worker's namespaces and find which kernel layers its children can use.
+# ---------------------------------------------------------------------------- the set-up process
+def _library_paths() -> tuple[list[str], list[str]]:
+    """(folders and files the worker's interpreter needs to read to start and to load extension
+    modules: the shared libraries it maps and the system library folders; files it must execute:
+    the interpreter binary and its ELF loader)."""
+    mapped = set()
+    with open("/proc/self/maps") as handle:
+        for line in handle:
+            parts = line.split(None, 5)
+            path = parts[5].strip() if len(parts) == 6 else ""
+            # shared objects only (not "/dev/zero (deleted)", memfds or data files): their folders are granted
+            if path.startswith("/") and (".so" in os.path.basename(path)) and os.path.isfile(path):
+                mapped.add(path)
+    executable = os.path.realpath(sys.executable)
+    mapped.add(executable)  # (not a .so; its folder holds the interpreter's shared library on some builds)
+    loaders = [path for path in mapped if os.path.basename(path).startswith(("ld-linux", "ld-musl", "ld64.so"))]
+    folders = {os.path.dirname(path) for path in mapped} | {"/lib", "/lib64", "/usr/lib", "/usr/lib64",
+                                                            "/usr/local/lib", "/etc/ld.so.cache"}
+    broad = {"/", "/usr", "/etc", "/home", "/root", "/tmp", "/var", "/dev", "/dev/shm", "/proc", "/sys", "/run",
+             "/opt", "/srv", "/mnt"}
+    reads = sorted(path for path in folders if path not in broad and os.path.exists(path))
+    return reads, [executable] + sorted(loaders)
 
-    Returns ({layer: detail}, the isolation state the children need). Nothing for layers='hook-only'."""
-    if settings["layers"] == "hook-only":
-        return {}, {"isolation": None, "drop_modules": ()}
-    loaded_before = set(sys.modules)
+
+def _read_roots(settings: dict, parents: list | None = None) -> tuple[str, ...]:
+    """Folders the children may read: the Python installation and the preloaded packages (found by their
+    import specs: the set-up process does not import them). ``parents`` receives the folders that hold
+    the preloaded packages (the worker lists them to import the packages)."""
+    import importlib.util
+    import sysconfig
+
+    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, "/usr/share/zoneinfo"}
+    roots.update(p for key, p in sysconfig.get_paths().items() if key in ("stdlib", "platstdlib", "purelib", "platlib"))
+    for name in {name.split(".")[0] for name in settings["preload"]}:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is not None and spec.submodule_search_locations:  # packages from outside site-packages
+            roots.update(spec.submodule_search_locations)
+            if parents is not None:
+                parents.extend(os.path.dirname(os.path.realpath(p)) for p in spec.submodule_search_locations)
+    return tuple(sorted(os.path.realpath(r) for r in roots if r and r != "/"))
+
+
+def _setup_main(settings: dict) -> None:
+    """The set-up process (layers 'auto' / 'kernel-only'): it loads ctypes, enters the worker's
+    namespaces, forks the worker, which sets no_new_privs, Landlock and seccomp on itself and execs a
+    fresh interpreter (``sandbox.py serve``) that never loads ctypes; then it waits for the worker and
+    exits with it. It runs no code of the model."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     iso = _load_isolation()
-    active = {}
-    try:
-        active.update(iso.enter_namespaces(settings["base_dir"], settings["temp_quota_mb"], TEMP_MAX_FILES))
-    except OSError:
-        pass
-    abi = iso.landlock_abi()
+    without = set(settings.get("without", ()))
+    active: dict[str, str] = {}
+    if "namespaces" not in without:
+        try:
+            active.update(iso.enter_namespaces(settings["base_dir"], settings["temp_quota_mb"], TEMP_MAX_FILES))
+        except OSError:
+            pass
+    abi = 0 if "landlock" in without else iso.landlock_abi()
     if abi:
         active["landlock"] = f"ABI {abi}"
-    if iso.seccomp_supported():
+    if "seccomp" not in without and iso.seccomp_supported():
         active["seccomp"] = "x86_64 filter"
-    if iso.set_no_new_privs():  # the zygote too: it never needs more privileges
+    if iso.set_no_new_privs():  # this process too: it never needs more privileges
         active["no_new_privs"] = "set"
     if "no_new_privs" not in active:  # unprivileged Landlock and seccomp need it
         active.pop("landlock", None)
         active.pop("seccomp", None)
-    drop = tuple(sorted(name for name in set(sys.modules) - loaded_before if name.split(".")[0] in ("ctypes", "_ctypes")))
-    return active, {"isolation": iso, "landlock_abi": abi, "drop_modules": drop}
+    drop = settings["drop_privileges"] and os.geteuid() == 0
+    uid, gid = (SANDBOX_UID, SANDBOX_GID) if drop else (None, None)
+    os.chmod(settings["base_dir"], 0o711)  # children (maybe 'nobody') must traverse into their folder
+    call_dir = _make_call_dir(settings["base_dir"], uid, gid)
+    parents: list[str] = []
+    read_roots = _read_roots(settings, parents)
+    served = {**settings, "active": active, "read_roots": read_roots, "call_dir": call_dir}
+    release_r, release_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        status = SETUP_EXIT
+        try:
+            os.close(release_w)
+            os.read(release_r, 1)  # the set-up process has told the host this process's pid
+            os.close(release_r)
+            iso.die_with_parent()
+            statm = os.open("/proc/self/statm", os.O_RDONLY)  # the worker's own (same pid after exec)
+            os.set_inheritable(statm, True)
+            served["statm_fd"] = statm
+            # a root worker needs setuid() and cleanup rights; its children lose them at their setuid()
+            iso.harden(keep_capabilities=drop)
+            if "landlock" in active:
+                libraries, executables = _library_paths()
+                fds = lambda paths: [fd for _, fd in iso.open_rule_paths(paths)]  # noqa: E731
+                # (this file too: the worker runs it; the rest of copes_lib stays unreadable)
+                reads = read_roots + tuple(libraries) + (os.path.abspath(__file__),)
+                iso.landlock_restrict(abi, fds(reads), fds([call_dir]),
+                                      fds(("/dev/urandom", "/dev/random", "/dev/zero")), fds(("/dev/null",)),
+                                      fds(executables), fds(sorted(set(parents) - {"/"})))
+            if "seccomp" in active:
+                iso.install_seccomp()
+            os.execv(sys.executable, [sys.executable, "-s", "-B", os.path.abspath(__file__), "serve",
+                                      json.dumps(served)])
+        except BaseException as exc:  # noqa: BLE001 - reported on stderr; the host sees the worker fail
+            os.write(2, f"sandbox: the worker's kernel layers could not be set up: {exc}\n".encode())
+        finally:
+            os._exit(status)
+    os.close(release_r)
+    _write_message(1, {"server_pid": pid})
+    os.write(release_w, b"x")
+    os.close(release_w)
+    devnull = os.open(os.devnull, os.O_RDWR)  # the pipes to the host are the worker's alone
+    os.dup2(devnull, 0)
+    os.dup2(devnull, 1)
+    _, status = os.waitpid(pid, 0)
+    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else SETUP_EXIT)
 
 
+# ---------------------------------------------------------------------------- the worker (zygote)
 def _zygote_state(settings: dict) -> dict:
     """Import the preloaded modules and compute what every child needs (paths, uid, memory base)."""
     import importlib
-    import sysconfig
 
-    failed = {}
-    for name in settings["preload"]:
-        try:
-            importlib.import_module(name)
-        except Exception as exc:  # noqa: BLE001 - reported to the host, which raises ConfigError
-            failed[name] = python_error(exc)
+    failed, native = {}, []
+    # ctypes should never be loaded here: its classes would stay reachable through __subclasses__ (see
+    # isolation.py). Preloads are imported with it blocked (numpy runs without it); one that cannot
+    # (sympy imports it unconditionally) is imported with it, and the host warns naming it.
+    blocked = [name for name in ("ctypes", "_ctypes") if name not in sys.modules]
+    for name in blocked:
+        sys.modules[name] = None
+    try:
+        for name in settings["preload"]:
+            try:
+                importlib.import_module(name)
+            except ImportError as exc:
+                if "halted; None in sys.modules" not in str(exc) or not blocked:
+                    failed[name] = python_error(exc)
+                    continue
+                for blocker in blocked:
+                    if sys.modules.get(blocker, 0) is None:
+                        del sys.modules[blocker]
+                blocked = []
+                native.append(name)
+                try:
+                    importlib.import_module(name)
+                except Exception as exc:  # noqa: BLE001
+                    failed[name] = python_error(exc)
+            except Exception as exc:  # noqa: BLE001 - reported to the host, which raises ConfigError
+                failed[name] = python_error(exc)
+    finally:
+        for name in blocked:
+            if sys.modules.get(name, 0) is None:
+                del sys.modules[name]
     import _signal  # noqa: F401 - loaded now: a child running as 'nobody' may not be able to read them
     import posix  # noqa: F401
     import resource  # noqa: F401
 
-    layers, iso_state = _zygote_layers(settings)
     uid = gid = None
     if settings["drop_privileges"] and os.geteuid() == 0:
         uid, gid = SANDBOX_UID, SANDBOX_GID
-    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, "/usr/share/zoneinfo"}
-    roots.update(p for key, p in sysconfig.get_paths().items() if key in ("stdlib", "platstdlib", "purelib", "platlib"))
-    for name in settings["preload"]:  # packages preloaded from outside site-packages stay readable
-        roots.update(getattr(sys.modules.get(name), "__path__", None) or [])
-    base_dir = settings["base_dir"]
-    os.chmod(base_dir, 0o711)  # children (maybe 'nobody') must traverse into their call dir
-    read_roots = tuple(sorted(os.path.realpath(r) for r in roots if r and r != "/"))
+    layers = settings.get("active", {})  # set by the set-up process
+    read_roots = tuple(settings["read_roots"]) if "read_roots" in settings else _read_roots(settings)
+    call_dir = settings.get("call_dir")
+    if call_dir is None:  # layers='hook-only': no set-up process
+        os.chmod(settings["base_dir"], 0o711)
+        call_dir = _make_call_dir(settings["base_dir"], uid, gid)
     importable = frozenset(sys.stdlib_module_names) | {n.split(".")[0] for n in settings["preload"]}
-    with open("/proc/self/statm") as handle:
+    statm = settings.get("statm_fd")
+    with (os.fdopen(statm) if statm is not None else open("/proc/self/statm")) as handle:
         base_vsz = int(handle.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-    state = {"uid": uid, "gid": gid, "base_dir": base_dir, "read_roots": read_roots, "failed": failed,
-             "importable": importable - DENIED_IMPORTS, "base_vsz": base_vsz, "layers": layers, **iso_state}
-    if "landlock" in layers:  # descriptors of the rule paths, opened once; the children inherit them
-        iso = iso_state["isolation"]
-        state["read_fds"] = [fd for _, fd in iso.open_rule_paths(read_roots)]
-        state["device_fds"] = [fd for _, fd in iso.open_rule_paths(("/dev/urandom", "/dev/random", "/dev/zero"))]
-        state["null_fds"] = [fd for _, fd in iso.open_rule_paths(("/dev/null",))]
-    return state
+    return {"uid": uid, "gid": gid, "base_dir": settings["base_dir"], "call_dir": call_dir,
+            "read_roots": read_roots, "failed": failed, "importable": importable - DENIED_IMPORTS, "base_vsz": base_vsz, "layers": layers,
+            # numpy needs no ctypes but is a memory write of its own (as_strided with any stride)
+            "native_access": sorted(set(native if "_ctypes" in sys.modules else [])
+                                    | {n for n in settings["preload"] if n.split(".")[0] in NATIVE_MEMORY_PACKAGES})}
 
 
 def _zygote_main(settings: dict) -> None:
-    import shutil
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.dont_write_bytecode = True
     # private copies of the protocol pipes; fd 0/1 point elsewhere, so a stray print cannot corrupt them
@@ -1171,7 +1371,8 @@ def _zygote_main(settings: dict) -> None:
     gc.freeze()  # the children's collections then leave the zygote's pages shared (fewer copies)
     try:
         state["spare"] = _fork_spare(settings, state)
-        _write_message(proto_out, {"ready": True, "failed": state["failed"], "layers": state["layers"]})
+        _write_message(proto_out, {"ready": True, "failed": state["failed"], "layers": state["layers"],
+                                   "native_access": state["native_access"]})
         while True:
             header = _read_exact(proto_in, _HEADER.size)
             if header is None:  # the host closed the pipe (close() or the host died)
@@ -1192,9 +1393,15 @@ def _zygote_main(settings: dict) -> None:
             os.close(spare["code_w"])
             _kill_group(spare["pid"])
             os.waitpid(spare["pid"], 0)
-        shutil.rmtree(state["base_dir"], ignore_errors=True)
+        if not state["layers"]:  # (under Landlock the worker cannot; the host removes the folder)
+            import shutil
+
+            shutil.rmtree(state["base_dir"], ignore_errors=True)
 
 
 if __name__ == "__main__":
     sys.path.pop(0)  # this file's folder: the sandboxed code must not import siblings as top-level modules
-    _zygote_main(json.loads(sys.argv[1]))
+    if sys.argv[1] == "setup":
+        _setup_main(json.loads(sys.argv[2]))
+    else:
+        _zygote_main(json.loads(sys.argv[2]))
