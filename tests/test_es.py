@@ -67,12 +67,14 @@ def reference_step(model, objective, es: ES, step: int) -> torch.Tensor:
 @pytest.mark.parametrize("k", [1, 2, 4])
 def test_step_matches_algorithm_1(k):
     model, objective = toy_quadratic(seed=2)
-    torch.nn.init.normal_(model.tensors[0])
+    # seeded: the global RNG's state depends on which tests ran before in this worker
+    torch.nn.init.normal_(model.tensors[0], generator=torch.Generator().manual_seed(7))
     es = ES(model, cfg(subspaces=k))
     before = flat(model)
     expected = reference_step(model, objective, es, step=5)
     result = es_step(es, 5, objective)
-    assert torch.allclose(flat(model), expected, atol=1e-6)
+    # float32 perturb-and-restore of weights up to ~2 in size leaves ~1e-6 of rounding; a wrong step is ~1e-2
+    assert torch.allclose(flat(model), expected, atol=1e-5)
     assert result.rewards.shape == (k, 8 // k)
     assert math.isclose(result.update_norm, (expected - before).norm().item(), rel_tol=1e-4)
 
