@@ -72,16 +72,23 @@ def read_jsonl(path: str | Path) -> list[dict]:
     with path.open(encoding="utf-8") as handle:
         for number, line in enumerate(handle, 1):
             if line.strip():
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as error:
-                    raise DataFormatError(f"{path}:{number}: not valid JSON ({error}); expected one JSON "
-                                          "object per line") from error
-                if not isinstance(row, dict):
-                    raise DataFormatError(f"{path}:{number}: expected a JSON object, got {type(row).__name__}")
+                row = json_object(line, lambda number=number: f"{path}:{number}")
                 row["__line__"] = number
                 rows.append(row)
     return rows
+
+
+def json_object(line: str | bytes, where, what: str = "") -> dict:
+    """One JSONL line as a dict, else a :class:`DataFormatError` that starts with ``where()`` (``file:line``,
+    computed only on error) and says what was expected (``what``: e.g. "a search-corpus row")."""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise DataFormatError(f"{where()}: not valid JSON ({error}); expected one JSON object per line") from error
+    if not isinstance(row, dict):
+        raise DataFormatError(f"{where()}: expected a JSON object{f' ({what})' if what else ''}, got "
+                              f"{type(row).__name__}")
+    return row
 
 
 def guess_format(row: dict) -> str | None:

@@ -44,7 +44,7 @@ class CorpusFile(Sequence):
         return len(self.offsets)
 
     def __getitem__(self, i):
-        from copes_lib.tasks.loaders import DataFormatError, corpus_passage
+        from copes_lib.tasks.loaders import corpus_passage, json_object
 
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
@@ -52,14 +52,7 @@ class CorpusFile(Sequence):
             self._handle = open(self.path, "rb")  # noqa: SIM115 (kept open for the retriever's lifetime)
         self._handle.seek(int(self.offsets[i]))
         line = self._handle.readline()
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise DataFormatError(f"{self.path}:{self._line_number(i)}: not valid JSON ({error}); expected one "
-                                  "JSON object per line") from error
-        if not isinstance(row, dict):
-            raise DataFormatError(f"{self.path}:{self._line_number(i)}: expected a JSON object (a search-corpus "
-                                  f"row), got {type(row).__name__}")
+        row = json_object(line, lambda: f"{self.path}:{self._line_number(i)}", "a search-corpus row")
         return Passage(*corpus_passage(row, i, self.path, line=lambda: self._line_number(i)))
 
     def _line_number(self, i: int) -> int:
