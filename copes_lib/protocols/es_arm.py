@@ -150,7 +150,7 @@ def registered_sigma(params: StandardESNotebookParams) -> tuple[float, str]:
     calibrated = summary.get(f"preflight_{params.TASK_KIND}_sigma")
     if isinstance(calibrated, (int, float)) and calibrated > 0:
         return float(calibrated), f"notebook 01's calibrated sigma for {params.TASK_KIND}"
-    return params.SIGMA, "SIGMA (notebook 01 calibrated no sigma for " + params.TASK_KIND + ")"
+    return params.SIGMA, f"SIGMA (notebook 01 calibrated no sigma for {params.TASK_KIND})"
 
 
 def sigma_sweep(params: StandardESNotebookParams, agent: AgentSetup, subspaces: int) -> GridSweep:

@@ -75,7 +75,6 @@ class PreflightSettings(Config):
             raise ConfigError(f"sigma_ladder = {self.sigma_ladder!r}: comma-separated numbers expected") from None
 
 
-
 # =========================================================================== 01: substrate and agent
 @dataclass(frozen=True)
 class SubstrateNotebookParams(NotebookParams):
