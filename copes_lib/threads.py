@@ -36,7 +36,8 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"
 #: variables that change which kernels (instruction set, reproducibility mode) torch, MKL and oneDNN pick.
 KERNEL_CHOICE_VARIABLES = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA")
 #: the kernel choice every kernel the runner starts gets: AVX2, which every x86-64 CPU of the last decade
-#: has, so Intel and AMD machines with or without AVX512 pick the same kernels (issue 32 item 5). Read by
+#: has, so machines with or without AVX512 pick the same kernels (issue 32 item 5); an AMD and an Intel machine
+#: still differ bitwise under it (measured: docs/reproducibility.md). Read by
 #: torch, MKL and oneDNN at start-up: they must be set before torch is imported.
 KERNEL_PIN: dict[str, str] = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
