@@ -3,7 +3,9 @@ folder's checkpoints, resuming, the best validated checkpoint, early stopping an
 
 A run folder holds ``last.pt`` (what a rerun resumes from: the loop's counters and history, the config
 the run was written with, and the loop's own payload such as weights, optimizer or the ES master) and
-``best.pt`` (the best validated weights, with their step and value). Every validation is recorded
+``best.pt`` (the best validated weights, with their step and value). A rerun checks that ``best.pt``
+opens and holds the step ``last.pt`` names; a damaged one (a disk that filled up, a copy cut short)
+resets the run, with a warning, and it retrains at once: no FORCE is needed. Every validation is recorded
 under one metric, ``eval/val_score`` (what checkpoints are selected on: accuracy on math, F1 on QA);
 the best is the strictly highest value, so the earliest step wins ties. ``patience`` P > 0 stops the
 run after P validations in a row without a new best.
@@ -85,11 +87,46 @@ class RunBook:
             if self.saved["config"] != config.to_dict():
                 raise ConfigError(f"{self.last_path} was written with a different {type(config).__name__}; "
                                   "delete it, use another run folder or pass resume=False")
+            if self.saved["best_step"] is not None and not self._best_is_readable(self.saved["best_step"]):
+                self.saved = None  # the run starts over: its best weights are gone (warned)
+        if self.saved is not None:
             s = self.saved
             self.step, self.history = s["step"], s["history"]
             self.val_by_step = {int(k): v for k, v in s["val_by_step"].items()}
             self.best_step, self.best_val = s["best_step"], s["best_val"]
             self.stale, self.stopped = s["stale_validations"], s["stopped_early"]
+
+    def _best_is_readable(self, best_step: int) -> bool:
+        """Whether ``best.pt`` is there, opens (a truncated file does not) and holds step ``best_step``. When
+        not, the run is reset (``last.pt``, ``best.pt`` and ``history.json`` deleted, a
+        :class:`copes_lib.runs.CorruptCacheWarning` naming the file) so that it retrains now: a damaged
+        cache heals on the first rerun, with no FORCE. The file is memory-mapped, so the check does not read
+        the weights (a file damaged inside its tensors is still caught by :func:`read_checkpoint`)."""
+        import pickle
+        import warnings
+        import zipfile
+
+        import torch
+
+        problem = "is missing"
+        if self.best_path.exists():
+            try:
+                zipfile.ZipFile(self.best_path).close()  # a cut file has lost its central directory
+                state = torch.load(self.best_path, map_location="cpu", weights_only=False, mmap=True)
+            except (zipfile.BadZipFile, OSError, RuntimeError, EOFError, pickle.UnpicklingError) as exc:
+                # written by this module through an atomic rename: a file that does not open is damaged
+                problem = f"is damaged ({type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]})"
+            else:
+                if isinstance(state, dict) and state.get("step") == best_step:
+                    return True
+                problem = f"does not hold the best step {best_step} that {LAST} records (an incomplete or foreign file)"
+        removed = [p for p in (self.last_path, self.best_path, self.dir / "history.json") if p.exists()]
+        for p in removed:
+            p.unlink()
+        warnings.warn(f"corrupted cache entry: {self.best_path} {problem}; deleted {', '.join(map(str, removed))} "
+                      "and retraining the run from its start now (nothing to do by hand)",
+                      runs.CorruptCacheWarning, stacklevel=3)
+        return False
 
     def validated(self, step: int, value: float, best_payload: Callable[[], dict[str, Any]]) -> None:
         """Record ``eval/val_score`` = ``value`` at ``step``; a new best writes ``best.pt`` with

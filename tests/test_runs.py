@@ -385,3 +385,55 @@ def test_an_unreadable_upstream_summary_says_what_to_do(tmp_path):
     path.write_text('{"chosen_sigma": ')
     with pytest.raises(runs.UnreadableFileError, match=r"ONLY=02\) or delete .*summary\.json"):
         runs.load_summary("cpu", "02_standard_es", root=tmp_path)
+
+
+@pytest.mark.parametrize("loop", ["es", "grpo"])
+@pytest.mark.parametrize("damage", ["truncated", "empty", "missing"])
+def test_a_damaged_best_checkpoint_heals_on_the_first_rerun(tmp_path, loop, damage):
+    """A cached run whose best.pt was cut short (a disk that filled up) is reset with a warning when it is
+    next used and retrains at once: the first rerun gives the same run again, no FORCE, no error."""
+    from copes_lib.training_run import BEST, LAST
+
+    if loop == "es":
+        from test_es import cfg, toy_quadratic
+
+        from copes_lib.es_training import train_es
+        from copes_lib.protocols.es_arm import ESRun
+
+        config = cfg(population=4, subspaces=2, sigma=0.1, alpha=0.05, chunk_size=64)
+
+        def train():
+            model, objective = toy_quadratic(4)
+            return train_es(model, objective, config, steps=3, val_every=2, run_dir=tmp_path)
+
+        def best_weights(result):
+            return ESRun("es", config, result.history, tmp_path).weights("best")
+    else:
+        from test_grpo import run_toy
+
+        from copes_lib.training_run import read_checkpoint
+
+        def train():
+            return run_toy(tmp_path, steps=4)
+
+        def best_weights(result):
+            return read_checkpoint(result.best_path, "trainable")
+
+    first = train()
+    good = best_weights(first)
+    best = tmp_path / BEST
+    if damage == "truncated":
+        best.write_bytes(best.read_bytes()[:len(best.read_bytes()) // 2])
+    elif damage == "empty":
+        best.write_bytes(b"")
+    else:
+        best.unlink()
+    with pytest.warns(runs.CorruptCacheWarning, match=f"{best} (is damaged|is missing).*retraining"):
+        again = train()
+    assert [r["step"] for r in again.history] == [r["step"] for r in first.history]  # retrained from step 0
+    assert again.best_step == first.best_step and (tmp_path / LAST).exists()
+    healed = best_weights(again)
+    assert all(torch.equal(healed[k], good[k]) for k in good)  # the same run again (deterministic)
+    with warnings.catch_warnings():  # a healthy cache is reused, silently
+        warnings.simplefilter("error", runs.CorruptCacheWarning)
+        assert train().history == again.history
