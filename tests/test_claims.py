@@ -477,6 +477,74 @@ def test_a_failed_preflight_makes_the_method_claims_not_actionable(met):
     assert rows["A4"]["verdict"] == claims.MISSING
 
 
+def _gated(math=None, qa=None, combined=None, **extra):
+    """A1 (math) with an effect, A8 (QA) with an effect, R8 (a math prediction) that agrees, and 01's gates."""
+    rng = np.random.default_rng(21)
+    s01 = {k: v for k, v in (("regime_criterion_met_math", math), ("regime_criterion_met_qa", qa),
+                             ("regime_criterion_met", combined)) if v is not None}
+    return {r["claim"]: r for r in claims.judge_claims({
+        "01_substrate_and_agent": {**s01, **extra},
+        "05_fixed_budget_math": {**MATH_05, "prediction_R8_value": 0.03, "prediction_R8_low": 0.01,
+                                 "prediction_R8_high": 0.05, claims.SCORES: _a1_effect(rng)},
+        "07_multihop_qa": {"f1_copes": 0.7, "f1_es": 0.6,
+                           claims.SCORES: _scores("test_f1", copes=_binary(rng, 0.7), es=_binary(rng, 0.5))}})}
+
+
+def test_each_claim_is_gated_by_its_own_tasks_criterion():
+    # the committed cpu run's case: math met, QA missed -> math claims judged, A8 gated
+    rows = _gated(math=True, qa=False, combined=False)
+    assert rows["A1"]["verdict"] == claims.AGREES and rows["R8"]["verdict"] == claims.AGREES
+    assert rows["A8"]["verdict"] == claims.NOT_IN_REGIME
+    assert "regime_criterion_met_qa is false" in rows["A8"]["reason"] and "would read agrees" in rows["A8"]["reason"]
+    # math missed, QA met -> the other way round
+    rows = _gated(math=False, qa=True, combined=False)
+    assert {rows[c]["verdict"] for c in ("A1", "R8")} == {claims.NOT_IN_REGIME}
+    assert "regime_criterion_met_math is false" in rows["A1"]["reason"]
+    assert rows["A8"]["verdict"] == claims.AGREES
+    # a summary written before the per-task keys: the combined key gates every gated claim
+    rows = _gated(combined=False)
+    assert {rows[c]["verdict"] for c in ("A1", "A8", "R8")} == {claims.NOT_IN_REGIME}
+    assert rows["A9"]["verdict"] == claims.MISSING  # ungated claims are untouched
+    assert claims.gate_task("A1-math500") == "math" and claims.gate_task("A8-2wiki") == "qa"
+    assert claims.gate_task("R1") is None and claims.gate_task("B2") is None
+
+
+def test_the_preflight_gates_per_task_too():
+    rows = _gated(math=True, qa=True, preflight_math_met=True, preflight_qa_met=False,
+                  preflight_met=False, preflight_failed=["qa G2"])
+    assert rows["A1"]["verdict"] == claims.AGREES
+    assert rows["A8"]["verdict"] == claims.NOT_ACTIONABLE and "qa G2" in rows["A8"]["reason"]
+    rows = _gated(math=True, qa=True, preflight_math_met=False, preflight_qa_met=True,
+                  preflight_met=False, preflight_failed=["math E1"])
+    assert rows["A1"]["verdict"] == claims.NOT_ACTIONABLE and "math E1" in rows["A1"]["reason"]
+    assert "qa" not in rows["A1"]["reason"].split(";")[0] and rows["A8"]["verdict"] == claims.AGREES
+
+
+def test_a_gate_naming_an_unknown_task_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"task must be one of math, qa .*got 'code'"):
+        claims.regime_key("code")
+    from copes_lib.claims.table import _regime_gate
+
+    with pytest.raises(ValueError, match="task must be one of math, qa"):
+        _regime_gate({}, "gsm8k")
+
+
+def test_the_notebooks_regime_context_reads_its_own_task(tmp_path, monkeypatch):
+    from copes_lib import runs
+    from copes_lib.protocols import fixed_budget
+
+    monkeypatch.setattr(runs, "RESULTS_ROOT", tmp_path)
+    folder = tmp_path / "smoke" / "01_substrate_and_agent"
+    folder.mkdir(parents=True)
+    runs.atomic_write_json(folder / "summary.json", {"regime_criterion_met": False, "regime_criterion_met_math": True,
+                                                     "regime_criterion_met_qa": False, "warm_protocol": "latent"})
+    math, qa = fixed_budget.regime_context("smoke"), fixed_budget.regime_context("smoke", "qa")
+    assert math["regime_criterion_met"] is True and "in regime for math" in math["regime_note"]
+    assert qa["regime_criterion_met"] is False and "NOT IN REGIME for qa" in qa["regime_note"]
+    with pytest.raises(ValueError, match="task must be one of math, qa"):
+        fixed_budget.regime_context("smoke", "QA")
+
+
 # --------------------------------------------------------------------------- intervals with every noise source
 def test_gain_recovery_interval_counts_the_reference_and_the_problems():
     rng = np.random.default_rng(22)

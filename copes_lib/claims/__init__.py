@@ -74,10 +74,12 @@ from copes_lib.claims.table import (
 )
 from copes_lib.claims.verdicts import (
     AGREES,
+    CLAIM_TASK,
     CONTRAST_CLAIM,
     DETERMINISTIC,
     DISAGREES,
     FAMILIES,
+    GATE_TASKS,
     INCONCLUSIVE,
     MISSING,
     NO_SCORES,
@@ -100,10 +102,12 @@ from copes_lib.claims.verdicts import (
     Judgement,
     Shared,
     _stat,
+    gate_task,
+    regime_key,
 )
 
 __all__ = [
-    "A2_MIN_LONG_SEEDS", "AGREES", "BENCHMARK_CLAIMS", "CLAIMS", "CONTRAST_CLAIM", "DETERMINISTIC", "DISAGREES",
+    "A2_MIN_LONG_SEEDS", "AGREES", "CLAIM_TASK", "GATE_TASKS", "gate_task", "regime_key", "BENCHMARK_CLAIMS", "CLAIMS", "CONTRAST_CLAIM", "DETERMINISTIC", "DISAGREES",
     "FAMILIES", "INCONCLUSIVE", "LOWRANK_CLAIMS", "LOWRANK_MARGIN", "LOWRANK_PAIRS", "MECHANISM_CLAIMS",
     "MECH_MIN_FIT_POINTS", "MECH_UPDATES", "MISSING", "MOLORA_PREDICTION_CLAIMS", "MOLORA_REGIME_KEY", "NOT_ACTIONABLE", "NOT_IN_REGIME",
     "NO_SCORES", "OPPOSITE", "OURS", "OUR_CLAIMS", "PAPER_A_CLAIMS", "PAPER_B_CLAIMS", "PARTLY", "P_MOLORA_REGIME",

@@ -149,7 +149,7 @@ def _judge_prediction(pred: regime.Prediction, notebook: str) -> Callable[[Conte
     judge.__doc__ = (f"Registered rule (regime.PREDICTIONS): on {notebook}'s prediction_{pred.prediction_id}_value / "
                      f"_low / _high ({pred.quantity}): agrees if {pred.agrees_if}; does not if {pred.disagrees_if}; "
                      "inconclusive otherwise or where the quantity is undefined (None); not in regime when 01's "
-                     "regime_criterion_met is false.")
+                     "regime_criterion_met_math is false (a math prediction, gated by math's criterion).")
     return judge
 
 

@@ -16,8 +16,10 @@ from copes_lib.claims.paper_a import BENCHMARK_CLAIMS, PAPER_A_CLAIMS
 from copes_lib.claims.paper_b import PAPER_B_CLAIMS
 from copes_lib.claims.predictions import MOLORA_REGIME_KEY, OUR_CLAIMS, OURS, P_MOLORA_REGIME, SCALE_CLAIMS
 from copes_lib.claims.verdicts import (
+    CLAIM_TASK,
     CONTRAST_CLAIM,
     FAMILIES,
+    GATE_TASKS,
     MISSING,
     NOT_ACTIONABLE,
     NOT_IN_REGIME,
@@ -33,6 +35,8 @@ from copes_lib.claims.verdicts import (
     Families,
     Judgement,
     _provisional,
+    gate_task,
+    regime_key,
 )
 from copes_lib.runs import RESULTS_ROOT, atomic_write_text, read_json
 
@@ -130,24 +134,33 @@ def stale_notebooks(summaries: dict[str, dict[str, Any]], needs: dict[str, tuple
     return out
 
 
-def _regime_gate(summaries: dict[str, dict[str, Any]]) -> str | None:
-    """The reason paper A's method claims are not in the papers' regime, or None (criterion met or not
-    recorded: then the claims are judged as usual)."""
+def _regime_gate(summaries: dict[str, dict[str, Any]], task: str) -> str | None:
+    """The reason the claims measured on ``task`` (``math`` or ``qa``) are not in the papers' regime, or None
+    (that task's criterion met or not recorded: then they are judged as usual). 01's per-task key
+    (``regime_criterion_met_<task>``) decides; a summary written before the per-task keys falls back to the
+    combined ``regime_criterion_met``."""
+    key = regime_key(task)  # validates task
     s = summaries.get(REGIME_NOTEBOOK, {})
-    if s.get(REGIME_KEY) is False:
+    if key not in s:
+        key = REGIME_KEY
+    if s.get(key) is False:
         note = s.get("regime_note") or s.get("regime_reason")
-        return (f"not in the papers' regime: {REGIME_NOTEBOOK}'s {REGIME_KEY} is false"
+        return (f"not in the papers' regime: {REGIME_NOTEBOOK}'s {key} is false"
                 + (f" ({note})" if note else ""))
     return None
 
 
-def _preflight_gate(summaries: dict[str, dict[str, Any]]) -> str | None:
-    """The reason paper A's method claims cannot show a difference, or None (preflight met or not recorded):
-    01's ``preflight_met`` is false (docs/preflight.md#p1-the-preconditions)."""
+def _preflight_gate(summaries: dict[str, dict[str, Any]], task: str) -> str | None:
+    """The reason the claims measured on ``task`` cannot show a difference, or None (that task's preflight met
+    or not recorded): 01's ``preflight_<task>_met`` is false (docs/preflight.md#p1-the-preconditions); a summary
+    without the per-task key falls back to the combined ``preflight_met``."""
+    regime_key(task)  # validates task
     s = summaries.get(REGIME_NOTEBOOK, {})
-    if s.get("preflight_met") is False:
-        failed = ", ".join(s.get("preflight_failed") or []) or "see 01's preflight"
-        return f"not actionable: {failed} (docs/preflight.md#p1-the-preconditions)"
+    key = f"preflight_{task}_met" if f"preflight_{task}_met" in s else "preflight_met"
+    if s.get(key) is False:
+        failed = [f for f in s.get("preflight_failed") or [] if key == "preflight_met" or f.startswith(f"{task} ")]
+        failed_text = ", ".join(failed) or "see 01's preflight"
+        return f"not actionable: {failed_text} (docs/preflight.md#p1-the-preconditions)"
     return None
 
 
@@ -161,8 +174,7 @@ def judge_claims(summaries: dict[str, dict[str, Any]],
     stale = stale_notebooks(summaries, needs) if needs else {}
     contexts: dict[str, Context] = {}
     rows = []
-    gate = _regime_gate(summaries)
-    preflight = _preflight_gate(summaries)
+    gates = {task: (_regime_gate(summaries, task), _preflight_gate(summaries, task)) for task in GATE_TASKS}
     measured = tuple(c for c in BENCHMARK_CLAIMS if all(k in summaries.get(c.notebook, {}) for k in c.keys))
     for claim in CLAIMS + SCALE_CLAIMS + OUR_CLAIMS + measured:
         summary = summaries.get(claim.notebook, {})
@@ -174,10 +186,12 @@ def judge_claims(summaries: dict[str, dict[str, Any]],
         else:
             ctx = contexts.setdefault(claim.notebook, Context(claim.notebook, summaries, families))
             j = claim.judge(ctx)
-            if gate and claim.claim_id.split("-")[0] in REGIME_CLAIMS:
+            task = gate_task(claim.claim_id)
+            gate, preflight = gates[task] if task else (None, None)
+            if gate:
                 j = dataclasses.replace(j, verdict=NOT_IN_REGIME,
                                         reason=f"{gate}; the data alone would read {j.verdict} ({j.reason})")
-            elif preflight and claim.claim_id.split("-")[0] in REGIME_CLAIMS:
+            elif preflight:
                 j = dataclasses.replace(j, verdict=NOT_ACTIONABLE,
                                         reason=f"{preflight}; the data alone would read {j.verdict} ({j.reason})")
         if claim.notebook in stale and j.verdict != MISSING:
@@ -237,12 +251,16 @@ def rules_markdown() -> str:
     lines = ["Generated from `copes_lib/claims/` and `copes_lib/paper.py` (`claims.rules_markdown()`; "
              "`tests/test_claims.py` checks this copy is current).", "",
              f"Verdicts: {', '.join(f'`{v}`' for v in VERDICTS)}.", "",
-             f"- **not in regime**: claims {', '.join(REGIME_CLAIMS)} read `{NOT_IN_REGIME}` when "
-             f"`results/<profile>/{REGIME_NOTEBOOK}/summary.json` has `{REGIME_KEY}: false` (the reason keeps what "
-             "the data alone would read); without the key they are judged as below.",
-             f"- **not actionable**: the same claims read `{NOT_ACTIONABLE}` when that summary has `preflight_met: "
-             "false` (docs/preflight.md#p1-the-preconditions: the testbed could not show a difference; the reason "
-             "names the failed preconditions and keeps what the data alone would read).",
+             "- **not in regime**: each gated claim is judged against the criterion of the task it is measured on "
+             "(docs/regime.md#r10-gates-per-claim-registered-2026-12-03): "
+             + "; ".join(f"{', '.join(c for c in REGIME_CLAIMS if CLAIM_TASK[c] == task)} by {task}'s" for task in GATE_TASKS)
+             + f". They read `{NOT_IN_REGIME}` when `results/<profile>/{REGIME_NOTEBOOK}/summary.json` has "
+             f"`{REGIME_KEY}_<task>: false` for their task (a summary without the per-task keys: `{REGIME_KEY}: false`); "
+             "the reason keeps what the data alone would read. Without the key they are judged as below.",
+             f"- **not actionable**: the same claims read `{NOT_ACTIONABLE}` when that summary has `preflight_<task>_met: "
+             "false` for their task (without per-task keys: `preflight_met: false`; docs/preflight.md#p1-the-preconditions: "
+             "the testbed could not show a difference; the reason names the failed preconditions and keeps what the data "
+             "alone would read).",
              "- **one data set, one test**: a contrast whose two score arrays are byte-identical to an earlier "
              "notebook's contrast carries that test (its margin, its Holm family) and is left out of its own "
              "family; the reason names the first test.",

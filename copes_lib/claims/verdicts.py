@@ -33,6 +33,32 @@ DETERMINISTIC = "deterministic (analytic or one measurement): no sampling noise 
 # regime_criterion_met); R1 is judged on any latent-protocol base (docs/regime.md#r4-predictions-ours-registered-before-the-run).
 REGIME_NOTEBOOK, REGIME_KEY = "01_substrate_and_agent", "regime_criterion_met"
 REGIME_CLAIMS = ("A1", "A2", "A3", "A4", "A5", "A6", "A7", "A8", "R2", "R3", "R4", "R5", "R6", "R7", "R8")
+# Gates per claim (docs/regime.md#r10-gates-per-claim-registered-2026-12-03): each gated claim is judged against the
+# criterion (and the preflight) of the task it is measured on, not of every task: A1-A7 and the math predictions
+# R2-R8 by math's, A8 by QA's. A QA base that misses its criterion says nothing about a math contrast.
+GATE_TASKS = ("math", "qa")
+CLAIM_TASK = {**{claim: "math" for claim in REGIME_CLAIMS if claim != "A8"}, "A8": "qa"}
+
+
+def gate_task(claim_id: str) -> str | None:
+    """The task whose criterion gates ``claim_id`` (its family: ``A1-math500`` is A1's), None if ungated.
+
+    >>> gate_task("A1"), gate_task("A8-2wiki"), gate_task("R8"), gate_task("A9")
+    ('math', 'qa', 'math', None)
+    """
+    return CLAIM_TASK.get(claim_id.split("-")[0])
+
+
+def regime_key(task: str) -> str:
+    """01's summary key of ``task``'s base-regime criterion; a clear error for an unknown task.
+
+    >>> regime_key("qa")
+    'regime_criterion_met_qa'
+    """
+    if task not in GATE_TASKS:
+        raise ValueError(f"task must be one of {', '.join(GATE_TASKS)} (the tasks with a base-regime criterion), "
+                         f"got {task!r}")
+    return f"{REGIME_KEY}_{task}"
 
 
 

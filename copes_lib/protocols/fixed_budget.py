@@ -342,25 +342,31 @@ def split_scores(params: Any, agent: AgentSetup, frb: FixedBudgetRuns, *, lora: 
     return out
 
 
-def regime_context(profile: str) -> dict[str, Any]:
-    """Which base the notebook ran on and whether it is in the papers' regime, from notebook 01's summary
-    (docs/regime.md#r2-the-base-regime-criterion): ``regime_criterion_met`` (None when 01 has not run),
+def regime_context(profile: str, task: str = "math") -> dict[str, Any]:
+    """Which base the notebook ran on and whether it is in the papers' regime for ``task`` (the task the
+    notebook's claims are measured on: ``math`` for 05 and 06, ``qa`` for 07), from notebook 01's summary
+    (docs/regime.md#r2-the-base-regime-criterion, gated per claim by
+    docs/regime.md#r10-gates-per-claim-registered-2026-12-03): ``regime_criterion_met`` (the task's criterion;
+    the combined key where 01 wrote no per-task one; None when 01 has not run), ``regime_task``,
     ``warm_protocol``, ``warm_latent_p``, ``warm_latent_prior`` and ``regime_note``, the sentence a notebook
-    prints (claims that need the regime read "not in regime" when the criterion is not met)."""
+    prints (claims that need the regime read "not in regime" when their task's criterion is not met)."""
+    from copes_lib.claims.verdicts import regime_key
+
+    key = regime_key(task)  # a clear error for an unknown task
     s01 = runs.load_summary(profile, "01_substrate_and_agent") or {}
-    met = s01.get("regime_criterion_met")
-    ctx = {"regime_criterion_met": met, "warm_protocol": s01.get("warm_protocol"),
+    met = s01.get(key, s01.get("regime_criterion_met"))
+    ctx = {"regime_criterion_met": met, "regime_task": task, "warm_protocol": s01.get("warm_protocol"),
            "warm_latent_p": s01.get("warm_latent_p"), "warm_latent_prior": s01.get("warm_latent_prior"),
            "regime_criterion_met_math": s01.get("regime_criterion_met_math"),
            "regime_criterion_met_qa": s01.get("regime_criterion_met_qa")}
     if met is None:
         note = "notebook 01 has not reported the base-regime criterion: the regime is unknown"
     elif met:
-        note = (f"in regime: 01's base ({ctx['warm_protocol']} protocol, p = {ctx['warm_latent_p']}, "
-                f"{ctx['warm_latent_prior']} prior) meets the criterion of docs/regime.md#r2-the-base-regime-criterion")
+        note = (f"in regime for {task}: 01's base ({ctx['warm_protocol']} protocol, p = {ctx['warm_latent_p']}, "
+                f"{ctx['warm_latent_prior']} prior) meets {task}'s criterion of docs/regime.md#r2-the-base-regime-criterion")
     else:
-        note = (f"NOT IN REGIME: 01's base ({ctx['warm_protocol']} protocol) misses the criterion of "
-                "docs/regime.md#r2-the-base-regime-criterion; the claims that need the regime read 'not in regime'")
+        note = (f"NOT IN REGIME for {task}: 01's base ({ctx['warm_protocol']} protocol) misses {task}'s criterion of "
+                f"docs/regime.md#r2-the-base-regime-criterion; the claims measured on {task} read 'not in regime'")
     return {**ctx, "regime_note": note}
 
 
