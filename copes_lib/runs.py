@@ -467,11 +467,8 @@ class Run:
         self.config = config.to_dict() if isinstance(config, Config) else dict(config)
         self.seeds = list(seeds)
         threads.fix_threads()  # the same arithmetic on any core count (copes_lib/threads.py)
-        if missing := threads.kernel_pin_mismatch():  # recorded in the manifest by thread_info()
-            pin = " ".join(f"{k}={v}" for k, v in threads.KERNEL_PIN.items())
-            warnings.warn(f"kernel choice not pinned (found {missing}): results may differ from the committed "
-                          f"ones on another CPU. Start Jupyter with `make lab` (it exports them) or set {pin} "
-                          "before torch is imported (copes_lib/threads.py)", stacklevel=2)
+        if problems := threads.kernel_pin_problems():  # recorded in the manifest by thread_info()
+            threads.warn_kernel_pin(problems)  # on the terminal too, not only in the notebook
         self.dir = Path(root or RESULTS_ROOT) / profile / notebook
         self.partial = self.dir / ".partial"
         shutil.rmtree(self.partial, ignore_errors=True)

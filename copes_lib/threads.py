@@ -19,12 +19,24 @@ idle; use ``JOBS`` to fill them. What the thread count cannot fix: the instructi
 (AVX512 vs AVX2 vs ARM) changes the kernels torch and MKL pick: forcing AVX2 on the development
 machine changed the smoke warm start's stopping step (300 -> 350) and base accuracy (0.297 -> 0.266);
 see docs/reproducibility.md.
+
+The kernel pin (:data:`KERNEL_PIN`) reaches every process that imports the library, whatever started it
+(``make``, the papermill command of docs/running.md, JupyterLab, a conda environment): ``import copes_lib``
+calls :func:`apply_kernel_pin`, which sets the variables a process lacks. torch, MKL and oneDNN read them
+lazily, at their first operation, not at ``import torch`` (measured with torch 2.13: ``get_cpu_capability()``,
+``MKL_VERBOSE`` and ``ONEDNN_VERBOSE`` all follow variables set after ``import torch`` and before the first
+tensor operation, and ignore them after it). Where the pin cannot take effect (a variable set to another value,
+or torch already computing before the library was imported) it says so on the process's terminal (the
+papermill or Jupyter console, not only inside the notebook) and the manifest records it
+(``kernel_pin_problems``). The registered kernel (``make venv``) and environment.yml set the same variables
+from the start.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -50,6 +62,50 @@ def kernel_environment(n: int = N_FIXED) -> dict[str, str]:
 def kernel_pin_mismatch() -> dict[str, str | None]:
     """The :data:`KERNEL_PIN` variables this process lacks or has with another value (name -> value found)."""
     return {k: os.environ.get(k) for k, v in KERNEL_PIN.items() if os.environ.get(k) != v}
+
+
+def kernel_pin_problems() -> list[str]:
+    """Why :data:`KERNEL_PIN` is not in effect in this process, one sentence each ([] when it is): a variable
+    set to another value, or torch's CPU kernels chosen before the pin was set (an AVX512 capability on a
+    machine where the pin asks for AVX2; MKL and oneDNN cannot be asked, so this stands for all three)."""
+    problems = [f"{name}={found!r} is set, the pin is {KERNEL_PIN[name]!r}" if found is not None else
+                f"{name} is not set (the pin: {KERNEL_PIN[name]!r})" for name, found in kernel_pin_mismatch().items()]
+    torch = sys.modules.get("torch")
+    if torch is not None and not problems and KERNEL_PIN["ATEN_CPU_CAPABILITY"] == "avx2":
+        capability = torch.backends.cpu.get_cpu_capability()  # fixed at torch's first operation
+        if capability.upper().startswith("AVX512"):
+            problems.append(f"torch had chosen its {capability} kernels before copes_lib set the pin (torch ran "
+                            "an operation before the first `import copes_lib`)")
+    return problems
+
+
+def apply_kernel_pin(warn: bool = True) -> list[str]:
+    """Set the :data:`KERNEL_PIN` variables this process lacks (a variable already set is left as found),
+    then return :func:`kernel_pin_problems`; with ``warn``, each problem is also written to the process's
+    terminal (``sys.__stderr__``: the papermill or Jupyter server console) and raised as a warning (shown in
+    the notebook). Called by ``import copes_lib``, before any module of the library imports torch."""
+    for name, value in KERNEL_PIN.items():
+        os.environ.setdefault(name, value)
+    problems = kernel_pin_problems()
+    if problems and warn:
+        warn_kernel_pin(problems)
+    return problems
+
+
+def warn_kernel_pin(problems: list[str]) -> None:
+    """Say loudly, on the terminal and in the notebook, that the kernel pin is not in effect."""
+    import warnings
+
+    pin = " ".join(f"{k}={v}" for k, v in KERNEL_PIN.items())
+    message = (f"copes_lib: the CPU-kernel pin is NOT in effect ({'; '.join(problems)}): this process's numbers "
+               f"may differ from the committed ones. Start it with {pin} in its environment (make lab / make "
+               "reproduce / the registered kernel / environment.yml do), or import copes_lib before any torch "
+               "operation (docs/reproducibility.md).")
+    terminal = sys.__stderr__
+    if terminal is not None:
+        with contextlib.suppress(OSError, ValueError):
+            print(f"\n*** WARNING *** {message}\n", file=terminal, flush=True)
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 def cpu_model() -> dict[str, str]:
@@ -105,6 +161,7 @@ def thread_info() -> dict[str, Any]:
         "cpu": cpu_model(),
         "kernel_pin": KERNEL_PIN,
         "kernel_pin_missing": kernel_pin_mismatch(),
+        "kernel_pin_problems": kernel_pin_problems(),
         "blas": blas,
         "mkl": mkl,
         "mkldnn_enabled": bool(torch.backends.mkldnn.enabled and torch.backends.mkldnn.is_available()),
@@ -112,4 +169,5 @@ def thread_info() -> dict[str, Any]:
     }
 
 
-__all__ = ["N_FIXED", "THREAD_VARIABLES", "KERNEL_CHOICE_VARIABLES", "KERNEL_PIN", "kernel_pin_mismatch", "cpu_model", "kernel_environment", "fix_threads", "fixed_threads", "thread_info"]
+__all__ = ["N_FIXED", "THREAD_VARIABLES", "KERNEL_CHOICE_VARIABLES", "KERNEL_PIN", "kernel_pin_mismatch",
+           "kernel_pin_problems", "apply_kernel_pin", "warn_kernel_pin", "cpu_model", "kernel_environment", "fix_threads", "fixed_threads", "thread_info"]

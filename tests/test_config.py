@@ -165,7 +165,90 @@ def test_papermill_bad_parameter_fails_clearly(tmp_path, name, value, expected):
     )
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0, output[-2000:]
-    assert "ConfigError" in output and expected in output, output[-3000:]
+    assert "ParameterError" in output and expected in output, output[-3000:]
+    # the notebook's part of the error is one line, not a traceback through copes_lib (papermill's own
+    # frames of its CLI come before it)
+    kernel_part = output.split('Exception encountered at "In [')[-1].strip().splitlines()
+    assert len(kernel_part) == 2 and kernel_part[-1].startswith("ParameterError: 00_suite_overview: "), output[-3000:]
+    assert "copes_lib/config.py" not in output, output[-3000:]
+
+
+# --------------------------------------------------------------------------- what papermill passes
+def _sweep_params(injected: dict):
+    from copes_lib.protocols.params import StandardESNotebookParams
+
+    return load_params("02_standard_es", _papermill_namespace("smoke", injected, StandardESNotebookParams))
+
+
+@pytest.mark.parametrize(("value", "grid"), [
+    ("0.005,0.01", [0.005, 0.01]),          # -p SWEEP_SIGMAS 0.005,0.01 (text)
+    ([0.005, 0.01], [0.005, 0.01]),         # -y 'SWEEP_SIGMAS: [0.005, 0.01]' (a list)
+    ((0.005, "0.02"), [0.005, 0.02]),       # mixed items
+    ([1e-05, 0.001], [1e-05, 0.001]),       # small floats keep their value through the text
+    ("", []),                               # no sweep
+])
+def test_grid_parameter_takes_text_or_a_list(value, grid):
+    params = _sweep_params({"SWEEP_SIGMAS": value})
+    assert isinstance(params.SWEEP_SIGMAS, str) and params.sweep_grid(0.01) == grid
+
+
+def test_a_single_number_for_a_grid_is_judged_as_a_grid_not_a_type():
+    """`-p SWEEP_SIGMAS 0.01` arrives as a float: it used to fail with "must be str, got float"; now the
+    grid's own rule answers (one value is no sweep), naming the parameter and what is valid."""
+    with pytest.raises(config.ParameterError) as err:
+        _sweep_params({"SWEEP_SIGMAS": 0.01})
+    message = str(err.value)
+    assert "SWEEP_SIGMAS = '0.01' holds one value" in message and "give at least two" in message
+    assert "must be str" not in message
+    assert _sweep_params({"SWEEP_FACTORS": [0.5, 1, 2]}).sweep_grid(0.01) == pytest.approx([0.005, 0.01, 0.02])
+
+
+def test_list_parameters_take_a_number_or_a_list():
+    from copes_lib.protocols.params import AblationParams, BudgetNotebookParams
+
+    lengths = [64, 128, 256, 512]
+    namespace = _papermill_namespace("smoke", {"CONTEXTS": lengths}, BudgetNotebookParams)
+    assert load_params("08_memory_and_gpu_hours", namespace).context_lengths == lengths
+    namespace = _papermill_namespace("smoke", {"CONTEXTS": 256}, BudgetNotebookParams)  # -p CONTEXTS 256
+    with pytest.raises(config.ParameterError, match=r"CONTEXTS = '256' must list >= 4 distinct lengths"):
+        load_params("08_memory_and_gpu_hours", namespace)  # the parameter's own rule, not "must be str"
+    namespace = _papermill_namespace("smoke", {"ARMS": ["k1", "k4"]}, AblationParams)  # -y 'ARMS: [k1, k4]'
+    assert load_params("06_copes_ablations", namespace).arms() == ["k1", "k4"]
+
+
+@pytest.mark.parametrize(("name", "text", "value"), [("SEED", "3", 3), ("SEED", " 7 ", 7), ("SIGMA", "0.02", 0.02),
+                                                     ("SIGMA", "1e-3", 0.001), ("FORCE", "true", True),
+                                                     ("FORCE", "False", False)])
+def test_numbers_and_bools_written_as_text_are_read(name, text, value):
+    """`papermill -r NAME VALUE` passes text."""
+    assert getattr(build(ToyParams, {name: text}), name) == value
+
+
+@pytest.mark.parametrize(("values", "expected"), [
+    ({"SEED": "3.5"}, "ToyParams.SEED must be int, got '3.5' (str); valid values: a whole number >= 0"),
+    ({"SIGMA": [0.1, 0.2]}, "ToyParams.SIGMA must be float, got [0.1, 0.2] (list); valid values: a number > 0.0"),
+    ({"BACKEND": 3}, "ToyParams.BACKEND = '3' is not valid; valid values: ['serial', 'batched', 'ray']"),
+    ({"BACKEND": {"a": 1}}, "ToyParams.BACKEND must be str, got {'a': 1} (dict); valid values: ['serial', "),
+    ({"FORCE": "yes"}, "ToyParams.FORCE must be bool, got 'yes' (str); valid values: True or False"),
+])
+def test_what_cannot_be_read_names_the_parameter_and_the_valid_values(values, expected):
+    with pytest.raises(ConfigError) as err:
+        build(ToyParams, values)
+    assert expected in str(err.value)
+
+
+def test_parameter_errors_render_as_one_line_in_ipython():
+    """IPython shows an exception with `_render_traceback_` as what it returns: the notebook's validation cell
+    ends in one line naming the parameter, not frames of copes_lib."""
+    from copes_lib.protocols.params import StandardESNotebookParams
+
+    namespace = _papermill_namespace("smoke", {"SEED": "banana"}, StandardESNotebookParams)
+    with pytest.raises(config.ParameterError) as err:
+        load_params("02_standard_es", namespace)
+    assert err.value._render_traceback_() == [
+        "ParameterError: 02_standard_es: StandardESNotebookParams.SEED must be int, got 'banana' (str); valid "
+        "values: a whole number >= 0. base random seed of this notebook"]
+    assert isinstance(err.value, ConfigError)  # callers catching ConfigError still catch it
 
 
 # --------------------------------------------------------------------------- precedence (issue 15)

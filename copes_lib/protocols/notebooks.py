@@ -62,10 +62,16 @@ def load_params(notebook: str, namespace: dict[str, Any]) -> NotebookParams:
     Every UPPER_CASE plain-scalar global defined so far counts as a parameter, so a misspelt
     ``papermill -p`` name stops the notebook with the list of valid names instead of being silently
     ignored. Under the gpu profile it also points the task loaders at the profile's local data files.
+
+    A value that does not validate stops the notebook with one line (:class:`config.ParameterError`) that
+    names the parameter and its valid values, not a traceback through the library.
     """
     runs.mark_notebook_start(notebook)  # the manifest's wall time runs from here (the notebook's first cell)
-    loaded = config.load_params(params_class(notebook), namespace)
-    use_profile_data(loaded.PROFILE)
+    try:
+        loaded = config.load_params(params_class(notebook), namespace)
+        use_profile_data(loaded.PROFILE)
+    except ConfigError as error:
+        raise config.ParameterError(f"{notebook}: {error}") from None
     return loaded
 
 
