@@ -15,6 +15,14 @@ a tool's output can never supply the answer block), ``answers`` a tuple of gold 
 - format: r_f = 0 with both an ``<answer>`` block and a ``\\boxed{}`` answer, -0.5 if one is missing,
   -1 if both are. Departure: the paper does not say where the boxed answer must be; here a complete
   ``\\boxed{}`` anywhere in the model's text counts.
+- no wall clock in scoring: math-verify's own limits are wall-clock alarms (a call that runs past them
+  under a busy CPU scores as wrong, so the same answers could score differently under load). Here they are
+  off (``parsing_timeout=None``, ``timeout_seconds=None``) and the work is bounded by the input instead
+  (:func:`bounded_work`: length, digits, powers, exponent towers, factorials, nesting), a rule that reads
+  the same on any machine under any load. A CPU-time backstop (``signal.ITIMER_PROF``, main thread only,
+  :data:`CPU_BACKSTOP_S` of process CPU, far above any bounded input's cost) guards against an input the
+  rule did not foresee; when it fires the answer scores wrong, a warning names it and
+  :data:`BACKSTOP_FIRED` counts it, so a load-dependent score can never pass silently.
 """
 
 from __future__ import annotations
@@ -22,14 +30,23 @@ from __future__ import annotations
 import collections
 import functools
 import re
+import signal
 import threading
 import unicodedata
+import warnings
 from collections.abc import Sequence
 
 from copes_lib.tasks.protocol import ANSWER_CLOSE, ANSWER_OPEN, BOXED
 
 TOOL_BONUS = 0.1
-_MAX_SYMBOLIC = 120
+_MAX_SYMBOLIC = 120  # characters of a prediction sent to SymPy (no dataset answer is longer)
+_MAX_DIGITS = 32  # longest run of digits in one number
+_MAX_POWERS = 3  # '^' / '**' in one prediction
+_MAX_EXPONENT_DIGITS = 3  # digits of a literal exponent (10^999 is cheap; 10^99999 is not)
+_MAX_FACTORIAL_DIGITS = 2  # digits of a factorial's argument (99! is cheap)
+_MAX_NESTING = 8  # brace / parenthesis depth
+CPU_BACKSTOP_S = 10.0  # process CPU seconds one symbolic check may use before it scores wrong (backstop only)
+BACKSTOP_FIRED = collections.Counter()  # prediction -> times the CPU backstop fired (should stay empty)
 _PROTOCOL_TAG = re.compile(r"</?(python|search|answer|output|result)>")
 _ANSWER_BLOCK = re.compile(re.escape(ANSWER_OPEN) + r"(.*?)" + re.escape(ANSWER_CLOSE), re.S)
 
@@ -108,9 +125,81 @@ def _as_number(text: str) -> float | None:
         return None
 
 
+_EXPONENT = re.compile(r"(?:\^|\*\*)\s*(\{(?:[^{}]|\{[^{}]*\})*\}|\(?[-+]?[\w.]+\)?)")
+_FACTORIAL = re.compile(r"(\d*|[)}\]])\s*!")
+
+
+def bounded_work(text: str) -> bool:
+    """Whether SymPy's work on ``text`` is bounded by the rule of this module (a property of the text, the
+    same on any machine under any load): at most _MAX_SYMBOLIC characters, numbers of at most _MAX_DIGITS
+    digits, at most _MAX_POWERS powers, literal exponents of at most _MAX_EXPONENT_DIGITS digits and no
+    power in an exponent (no towers), factorials only of literal numbers of at most _MAX_FACTORIAL_DIGITS
+    digits, nesting at most _MAX_NESTING deep. Text outside the rule is scored wrong without parsing.
+
+    >>> bounded_work(r"\\frac{3}{4}"), bounded_work("2^{10}"), bounded_work("2^{10^{10}}"), bounded_work("10^99999")
+    (True, True, False, False)
+    >>> bounded_work("5!"), bounded_work("1000!"), bounded_work("(2+3)!")
+    (True, False, False)
+    """
+    if len(text) > _MAX_SYMBOLIC or any(len(run) > _MAX_DIGITS for run in re.findall(r"\d+", text)):
+        return False
+    if text.count("^") + text.count("**") > _MAX_POWERS:
+        return False
+    for match in _EXPONENT.finditer(text):
+        exponent, after = match.group(1), text[match.end():].lstrip()
+        if ("^" in exponent or "**" in exponent or after.startswith(("^", "**"))  # a tower: a power of a power
+                or any(len(r) > _MAX_EXPONENT_DIGITS for r in re.findall(r"\d+", exponent))):
+            return False
+    if ("^" in text or "**" in text) and not _EXPONENT.search(text):
+        return False  # a power whose exponent the rule cannot read
+    for argument in _FACTORIAL.findall(text):
+        if not argument.isdigit() or len(argument) > _MAX_FACTORIAL_DIGITS:
+            return False
+    depth = deepest = 0
+    for ch in text:
+        depth += {"{": 1, "(": 1, "[": 1, "}": -1, ")": -1, "]": -1}.get(ch, 0)
+        deepest = max(deepest, depth)
+    return deepest <= _MAX_NESTING
+
+
+class _CPUBackstop(BaseException):
+    """Raised by the CPU-time backstop; a BaseException so math-verify's ``except Exception`` passes it on."""
+
+
+def _with_cpu_backstop(fn, *args, seconds: float = CPU_BACKSTOP_S):
+    """``fn(*args)`` under a process-CPU-time limit (``signal.ITIMER_PROF``) where this thread may set
+    signals (the main thread); elsewhere unlimited (the input rule is the bound there)."""
+    if threading.current_thread() is not threading.main_thread() or seconds is None:
+        return fn(*args)
+
+    def expire(signum, frame):
+        raise _CPUBackstop()
+
+    previous = signal.signal(signal.SIGPROF, expire)
+    signal.setitimer(signal.ITIMER_PROF, seconds)
+    try:
+        return fn(*args)
+    finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, previous)
+
+
+def _symbolic_equal(p: str, g: str) -> bool:
+    import math_verify.grader
+    import math_verify.parser
+    from math_verify import parse, verify
+
+    # math-verify warns once that its timeouts are off: the bound is ours (bounded_work + the CPU backstop)
+    math_verify.parser.TIMEOUT_WARNING_SHOWN = math_verify.grader.TIMEOUT_WARNING_SHOWN = True
+    gold_parsed = parse(f"${g}$", parsing_timeout=None)
+    pred_parsed = parse(f"${p}$", parsing_timeout=None)
+    return bool(gold_parsed and pred_parsed and verify(gold_parsed, pred_parsed, timeout_seconds=None))
+
+
 @functools.lru_cache(maxsize=1 << 16)  # rewards and details score the same answers twice
 def math_equal(prediction: str, gold: str) -> bool:
-    """Regex clean-up, then exact numbers, then ``math-verify`` (SymPy) equivalence.
+    """Regex clean-up, then exact numbers, then ``math-verify`` (SymPy) equivalence on inputs whose work is
+    bounded (:func:`bounded_work`); no wall-clock limit anywhere, so a score never depends on the load.
 
     >>> math_equal("66", "66"), math_equal("66.0", "66"), math_equal(r"\\frac{1}{2}", "0.5")
     (True, True, True)
@@ -125,18 +214,19 @@ def math_equal(prediction: str, gold: str) -> bool:
     pn, gn = _as_number(p), _as_number(g)
     if pn is not None and gn is not None:
         return abs(pn - gn) <= 1e-6 * max(1.0, abs(gn))
-    # Babble from an untrained policy can make SymPy parse for seconds: a prediction without a digit
-    # cannot equal a number, and none of the datasets' answers is longer than _MAX_SYMBOLIC chars.
-    if (gn is not None and not re.search(r"\d", p)) or len(p) > _MAX_SYMBOLIC or _PROTOCOL_TAG.search(p):
+    # A prediction without a digit cannot equal a number; protocol tags are never an answer.
+    if (gn is not None and not re.search(r"\d", p)) or _PROTOCOL_TAG.search(p):
         return False
-    from math_verify import parse, verify
-
-    # math-verify's timeouts use SIGALRM, which only the main thread may set.
-    timeout = 2 if threading.current_thread() is threading.main_thread() else None
+    if not (bounded_work(p) and bounded_work(g)):
+        return False
     try:
-        gold_parsed = parse(f"${g}$", parsing_timeout=timeout)
-        pred_parsed = parse(f"${p}$", parsing_timeout=timeout)
-        return bool(gold_parsed and pred_parsed and verify(gold_parsed, pred_parsed, timeout_seconds=timeout))
+        return _with_cpu_backstop(_symbolic_equal, p, g)
+    except _CPUBackstop:
+        BACKSTOP_FIRED[p] += 1
+        warnings.warn(f"math_equal: the CPU-time backstop ({CPU_BACKSTOP_S:g} s) fired on {p!r} vs {g!r}: scored wrong, "
+                      "but this score may depend on the machine; tighten bounded_work's rule", RuntimeWarning,
+                      stacklevel=2)
+        return False
     except Exception:  # noqa: BLE001 - a malformed prediction is simply wrong
         return False
 
