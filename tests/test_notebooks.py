@@ -5,6 +5,7 @@ import ast
 import dataclasses
 import json
 import math
+import re
 import subprocess
 import sys
 import time
@@ -59,9 +60,8 @@ def test_one_parameters_cell_then_validation(notebook):
 
 
 # Notebooks narrate: a table or a figure is one call into copes_lib/protocols/, so no code cell (the parameters
-# cell aside) runs past about 40 lines (CONTRIBUTING.md, Notebooks). 04's training cell has not been moved yet.
-CELL_LINES_MAX = 45
-LONG_CELLS_NOT_YET_MOVED = {"04_grpo"}
+# cell aside) runs past 40 lines (CONTRIBUTING.md, Notebooks).
+CELL_LINES_MAX = 40
 
 
 def test_code_cells_are_short(notebook):
@@ -69,10 +69,19 @@ def test_code_cells_are_short(notebook):
     parameters = set(_parameters_cells(nb))
     long = [(i, len(c.source.splitlines())) for i, c in enumerate(nb.cells)
             if c.cell_type == "code" and i not in parameters and len(c.source.splitlines()) > CELL_LINES_MAX]
-    if path.stem in LONG_CELLS_NOT_YET_MOVED:
-        return
     assert not long, (f"{path.name}: code cells {long} (index, lines) exceed {CELL_LINES_MAX} lines: move the table or "
                       "figure they build into a copes_lib/protocols/ function and call it")
+
+
+def test_notebook_states_its_cost_and_cites_no_tracker(notebook):
+    # a reader deciding whether to run a notebook sees its measured cost first; prose cites files in the
+    # repository, never the project's issue tracker (issue numbers mean nothing to a reader)
+    path, nb = notebook
+    intro = nb.cells[0]
+    assert intro.cell_type == "markdown" and "**Cost**" in intro.source, f"{path.name}: the first cell states no **Cost**"
+    cited = [(i, m.group(0)) for i, c in enumerate(nb.cells)
+             for m in re.finditer(r"\b[Ii]ssues? \d+|\(issue\b|the issue's\b", c.source)]
+    assert not cited, f"{path.name}: cells cite the issue tracker: {cited}"
 
 
 def test_parameters_match_dataclass(notebook):
@@ -109,7 +118,7 @@ def test_parameters_match_dataclass(notebook):
 def test_help_notebook_cli_lists_parameters():
     proc = subprocess.run(
         [sys.executable, "-m", "papermill", "--help-notebook", str(NOTEBOOKS_DIR / "00_suite_overview.ipynb")],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True,
     )
     assert proc.returncode == 0, proc.stderr
     for line in ("PROFILE: str (default \"cpu\")", "SEED: int (default 0)", "FORCE: bool (default False)"):
@@ -131,17 +140,23 @@ ES_NOTEBOOKS = ("02_standard_es", "03_copes", "05_fixed_budget_math", "06_copes_
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1500)
 def test_every_notebook_runs_under_smoke():
-    """`make reproduce PROFILE=smoke`, in effect: every notebook succeeds and writes a finite summary."""
+    """`make reproduce PROFILE=smoke`, in effect: every notebook succeeds and writes a finite summary.
+
+    No wall-clock limit (a busy machine makes the run slow, not wrong): the work is bounded by the smoke
+    profile, and each notebook's duration is printed (pytest -rP shows it). ``--wait`` queues behind a
+    `make reproduce PROFILE=smoke` already running instead of failing on its lock."""
     started = time.time()
     proc = subprocess.run(
-        [sys.executable, "-m", "copes_lib.cli", "run", "--profile", "smoke"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=1450,
+        [sys.executable, "-m", "copes_lib.cli", "run", "--profile", "smoke", "--wait"],
+        cwd=REPO_ROOT, capture_output=True, text=True,
     )
     reports = REPO_ROOT / "reports" / "smoke"
     status = json.loads((reports / "status.json").read_text()) if (reports / "status.json").exists() else {}
     records = status.get("notebooks", {})
+    print(f"smoke suite: {time.time() - started:.0f} s wall; per notebook (s):")
+    for stem, record in sorted(records.items()):
+        print(f"  {stem:28s} {record.get('status', '?'):12s} {record.get('duration_s', float('nan')):8.1f}")
     failures = {p.stem: records.get(p.stem, {}).get("error") for p in NOTEBOOKS
                 if records.get(p.stem, {}).get("status") != "ok"}
     output = proc.stdout + proc.stderr

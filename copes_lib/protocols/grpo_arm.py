@@ -179,6 +179,29 @@ def seed_report(seed_runs: list[GRPORun], prefix: str) -> dict[str, Any]:
             f"{prefix}_any_cap_censored": any(cap_censored(r) for r in results)}
 
 
+def arm_summary(runs_by_arm: dict[str, list[GRPORun]], lrs: dict[str, float], timing: Any,
+                trainable: dict[str, int]) -> dict[str, Any]:
+    """04's per-arm summary keys (arm ``full`` keys its own without a prefix, as 05 and 07 read them): seed 0's
+    best, final and step-16 validation accuracy, gain, device hours per step, rollout share and peak memory
+    (``timing``: a frame indexed by arm with rollout_s, step_s, peak_mem_gib), the rate, the trainable
+    parameters, where each peaked, and every seed's spread (:func:`seed_report`)."""
+    summary: dict[str, Any] = {}
+    for arm, seed_list in runs_by_arm.items():
+        r, row, lead = seed_list[0].result, timing.loc[arm], "" if arm == "full" else f"{arm}_"
+        summary.update({
+            f"{arm}_best_val_accuracy": r.best_val, f"{arm}_best_step": r.best_step,
+            f"{arm}_val_accuracy_at_16": r.val_by_step.get(16),
+            f"{arm}_final_val_accuracy": r.val_by_step.get(max(r.val_by_step)),
+            f"{arm}_gain_over_base": r.best_val - r.base_val, f"{arm}_beats_base": bool(r.best_val > r.base_val),
+            f"{lead}device_hours_per_step": grpo.device_hours_per_step(r.history),
+            f"{arm}_rollout_share": float(row["rollout_s"] / row["step_s"]),
+            f"{arm}_peak_mem_gib": float(row["peak_mem_gib"]),
+            f"{arm}_lr": lrs[arm], f"{arm}_trainable_params": trainable[arm],
+            **{f"{arm}_{k}": v for k, v in peak_report(r).items()},
+            **seed_report(seed_list, arm)})
+    return summary
+
+
 def _lr_key(row: dict[str, Any]) -> tuple:
     """The sweep rule's first two criteria: the highest score after the sweep steps, then the higher mean
     training reward; rates still tied go to the registered default (``protocols.sweeps.break_tie``)."""

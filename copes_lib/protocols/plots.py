@@ -261,3 +261,54 @@ def plot_collapse_map(rows: list[dict[str, Any]], histories: dict[str, list[dict
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     return fig
+
+
+def plot_ablations(arm_runs: dict[str, list[Any]], norms: dict[str, float], per_seed: dict[str, list[float]],
+                   val: dict[str, dict[str, float]], family: dict[str, stats.Comparison], *, base: float, budget: int,
+                   es_seed: int, seed_counts: str):
+    """Notebook 06's figure: one small panel per arm with every seed's update norm per step (no arm hides
+    another), then the mean update norm, the accuracy at the budget (each seed, the seed mean with its 95%
+    interval) and the k4 - X contrasts (green: effect; red: opposite). ``es_seed`` is the first noise seed
+    (a run's label is ``es_seed + seed_index``); ``seed_counts`` titles the norm legend."""
+    import matplotlib.pyplot as plt
+
+    arms = list(arm_runs)
+    fig = plt.figure(figsize=(15, 7.5), layout="constrained")
+    upper, lower = fig.subfigures(2, 1, height_ratios=[1, 1.3])
+    top = np.atleast_1d(upper.subplots(1, len(arms), sharey=True))
+    for ax, key in zip(top, arms, strict=True):
+        for r in arm_runs[key]:
+            rows = [row for row in r.history if "es/update_norm" in row]
+            ax.plot([row["step"] for row in rows], [row["es/update_norm"] for row in rows], "o-", ms=3, lw=1,
+                    label=f"seed {es_seed + r.seed_index}")
+        ax.set_title(key, fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+        ax.tick_params(labelsize=7)
+    top[0].set_ylabel("||update|| per step")
+    top[0].set_yscale("log")
+    top[0].legend(fontsize=6, title=seed_counts, title_fontsize=6)
+    ax_norm, ax_acc, ax_diff = lower.subplots(1, 3)
+    ax_norm.bar(arms, [norms[k] for k in arms], color="tab:gray")
+    ax_norm.set_ylabel("mean ||update||")
+    ax_norm.set_title("mean update norm")
+    ax_norm.tick_params(axis="x", rotation=45)
+    ax_acc.axhline(base, color="gray", ls="--", label="warm start")
+    seed_points(ax_acc, per_seed, {k: [es_seed + r.seed_index for r in arm_runs[k]] for k in arms},
+                intervals={k: (val[k]["mean"], val[k]["low"], val[k]["high"]) for k in arms},
+                interval_label="mean, 95% interval (seeds)")
+    ax_acc.tick_params(axis="x", rotation=45)
+    ax_acc.set_ylabel(f"validation accuracy @ {budget}")
+    ax_acc.set_title("accuracy at the budget")
+    names = list(family)
+    for j, name in enumerate(names):
+        c = family[name]
+        colour = {stats.EFFECT: "tab:green", stats.OPPOSITE: "tab:red"}.get(c.verdict, "tab:gray")
+        (low,), (high,) = clip_band([c.low], [c.high], (-1.0, 1.0))  # a difference of accuracies: [-1, 1]
+        ax_diff.errorbar(100 * c.estimate, j, xerr=[[100 * (c.estimate - low)], [100 * (high - c.estimate)]],
+                         fmt="o", capsize=4, color=colour)
+    ax_diff.axvline(0, color="k", lw=0.8)
+    ax_diff.set_yticks(range(len(names)), [f"k4 - {n}" for n in names])
+    ax_diff.invert_yaxis()
+    ax_diff.set_xlabel("difference (points), 95% interval: seeds + problems")
+    ax_diff.set_title(f"contrasts (Holm over {len(names)}; green: effect)")
+    return fig
