@@ -34,6 +34,9 @@ from copes_lib.memory_model import GIB
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPT, COMPLETION, TRAJECTORIES = 64, 448, 16
+# the model on CUDA (the shape the GRPO goal is judged at: gpu_check.GRPO_SHAPE) and in the CPU dry run
+GPU_SIZES = SubstrateSizes(layers=8, hidden=1024, heads=16, kv_heads=8, head_dim=64, intermediate=3072, vocab=32768)
+CPU_SIZES = SubstrateSizes(layers=2, hidden=64, heads=2, kv_heads=1, head_dim=32, intermediate=128, vocab=512)
 
 
 def rollouts(vocab: int, seed: int) -> SimpleNamespace:
@@ -42,6 +45,15 @@ def rollouts(vocab: int, seed: int) -> SimpleNamespace:
         prompt_ids=[torch.randint(3, vocab, (PROMPT,), generator=gen).tolist() for _ in range(TRAJECTORIES)],
         completion_ids=[torch.randint(3, vocab, (COMPLETION,), generator=gen).tolist() for _ in range(TRAJECTORIES)],
         model_mask=[[1] * COMPLETION for _ in range(TRAJECTORIES)])
+
+
+def workload(cuda: bool) -> tuple[SubstrateSizes, grpo.GRPOConfig]:
+    """The model sizes and GRPO configuration of the check: on CUDA a ~134M-parameter substrate under
+    bf16 autocast; on CPU (the dry run, whose ratio tests/test_memory_grpo_dry_run.py checks) tiny."""
+    sizes = GPU_SIZES if cuda else CPU_SIZES
+    config = grpo.GRPOConfig(group_size=4, prompt_batch_size=4, mini_batch_size=4, micro_batch_size=4, lr=1e-6,
+                             amp_dtype="bfloat16" if cuda else "none", logprob_chunk=256, rollout_copy=False)
+    return sizes, config
 
 
 def single_process(sizes: SubstrateSizes, config: grpo.GRPOConfig, device: str) -> dict:
@@ -117,11 +129,7 @@ def main() -> int:
         print("gpu_check_grpo: no CUDA device; GPU figures stay 'not yet run on a GPU'", file=sys.stderr)
         return 2
     device = "cuda" if cuda else "cpu"
-    sizes = (SubstrateSizes(layers=8, hidden=1024, heads=16, kv_heads=8, head_dim=64, intermediate=3072,
-                            vocab=32768) if cuda else
-             SubstrateSizes(layers=2, hidden=64, heads=2, kv_heads=1, head_dim=32, intermediate=128, vocab=512))
-    config = grpo.GRPOConfig(group_size=4, prompt_batch_size=4, mini_batch_size=4, micro_batch_size=4, lr=1e-6,
-                             amp_dtype="bfloat16" if cuda else "none", logprob_chunk=256, rollout_copy=False)
+    sizes, config = workload(cuda)
     result = {"check": "gpu_check_grpo", "sizes": sizes.to_dict(), "params": sizes.description().params,
               "tokens_per_trajectory": PROMPT + COMPLETION, "trajectories": TRAJECTORIES, "grpo": config.to_dict(),
               "single_process": single_process(sizes, config, device), "liger": liger_check(sizes, device),

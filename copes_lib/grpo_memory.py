@@ -14,7 +14,8 @@ actually keep in memory, term by term (bytes per device):
 * the larger of the two phases: the update (one micro-batch: activations per token x
   ``micro_batch_size`` x context tokens, with or without activation checkpointing, plus the logits:
   3 fp32 vocabulary vectors per token for the full-logits path, or per chunk token with
-  ``logprob_chunk``) and the rollout (KV cache of ``rollout_batch_size`` trajectories of the context
+  ``logprob_chunk``, and then, when the head is trained, 2 head-sized gradients while backward sums
+  the chunks' head gradients) and the rollout (KV cache of ``rollout_batch_size`` trajectories of the context
   length in the rollout dtype).
 
 Departures: allocator fragmentation, autocast's transient bf16 weight copies, the prompt's
@@ -101,6 +102,12 @@ def predict_grpo_memory(desc: ModelDescription, config: GRPOConfig, context_toke
     logits_tokens = tokens if config.logprob_chunk == 0 else min(config.logprob_chunk, tokens)
     update = (activation_bytes_per_token(desc, compute_bytes, activation_checkpointing, logits_copies=0) * tokens
               + 3 * 4 * desc.vocab * logits_tokens)
+    if config.logprob_chunk and not config.use_lora:
+        # each chunk's backward gives the output head its own weight gradient, which autograd sums out
+        # of place: the running sum and the new chunk's gradient coexist beside .grad (measured at the
+        # peak: up to 3, while the chunk's logits are partly freed; 2 counted)
+        grad_bytes = DTYPE_BYTES[param_dtype] if sharded else 4
+        update += 2 * grad_bytes * desc.vocab * desc.hidden
     rollout_rows = config.rollout_batch_size or config.prompt_batch_size * config.group_size
     kv_dtype = 4 if config.amp_dtype == "none" or not config.rollout_copy else DTYPE_BYTES[config.amp_dtype]
     rollout = 0.0 if sharded else kv_bytes_per_token(desc, kv_dtype) * rollout_rows * context_tokens

@@ -148,18 +148,27 @@ def kv_bytes_per_token(desc: ModelDescription, dtype_bytes: int = 2) -> int:
 
 def activation_bytes_per_token(desc: ModelDescription, act_bytes: int = 2, checkpointing: bool = True,
                                logits_copies: int = 3) -> float:
-    """Rough derived estimate of the per-token training memory (an estimate, not the paper's term).
+    """Derived estimate of the per-token training memory of a Llama/Qwen-style decoder as transformers
+    implements it (an estimate, not the paper's term).
 
-    Logits: ``logits_copies`` fp32 vectors of the vocabulary (logits, log-softmax, its gradient).
-    Without checkpointing each layer keeps what its backward needs: two norm inputs and outputs
-    (4h), q/attention output and k, v (3 a d + 2 kv d), and the MLP's gate, up, act(gate) and product
-    (4 I). With full checkpointing only each layer's input (h) is kept, plus one layer recomputed.
+    Logits: ``logits_copies`` fp32 vectors of the vocabulary (log-softmax, its gradient, the gather's
+    gradient). Without checkpointing each layer keeps what its backward needs: per RMSNorm its input,
+    its normalised input (before the weight) and its output (2 norms: 6h); q and the attention output
+    and, for k, v, the rotated k and v (2 a d + 2 kv d); with Qwen3's per-head q/k norms also the
+    projections' outputs and the norms' normalised values (+2 a d + 2 kv d); the MLP's gate, up,
+    act(gate) and product (4 I). Once per token, not per layer: the rotary cos and sin (2 d), the
+    final norm's input, normalised value and output (3h). With full checkpointing only each layer's
+    input (h) is kept, plus one layer recomputed. The norm intermediates, q/k norms, rotary tensors
+    and the final norm were missing until a measurement on the substrate read 1.40x this estimate
+    (tests/test_memory_grpo_dry_run.py).
     """
     desc._require_dense("activation_bytes_per_token")
     h, d, a, kv, inter = desc.hidden, desc.head_dim, desc.heads, desc.kv_heads, desc.intermediate
-    per_layer = 4 * h + 3 * a * d + 2 * kv * d + 4 * inter
+    qk_norm = 2 if desc.qk_norm else 0
+    per_layer = 6 * h + (2 + qk_norm) * a * d + (2 + qk_norm) * kv * d + 4 * inter
     layers = (desc.layers * h + per_layer) if checkpointing else desc.layers * per_layer
-    return act_bytes * layers + logits_copies * 4 * desc.vocab
+    once = 3 * h + 2 * d
+    return act_bytes * (layers + once) + logits_copies * 4 * desc.vocab
 
 
 def prefill_transient_bytes_per_token(desc: ModelDescription, act_bytes: int = 2) -> float:
