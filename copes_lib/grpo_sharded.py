@@ -18,7 +18,8 @@ copes_lib.grpo_sharded JOB_DIR`` as a subprocess; every process runs :func:`work
 5. runs ``grpo.grpo_update`` (the same loss, ``grpo.grpo_loss``, and the same mini/micro-batching)
    with the process group: each process takes its share of every mini-batch's rows, the counts
    that divide the loss are summed over processes and FSDP sums (does not average) the gradients,
-   so the update equals the single-process one (tested on CPU with 2 gloo processes, fp32);
+   so the update equals the single-process one (tested on CPU with 2 gloo processes, fp32; LoRA and
+   full fine-tuning, and LoRA under bf16);
 6. writes the full trainable state (gathered) and per-update statistics and times from process 0,
    and on request the full AdamW state, from which the next job continues.
 
@@ -103,6 +104,14 @@ def shard(model: torch.nn.Module, sharding: ShardingConfig, mesh: Any = None,
             # processes, not averaged; gloo has no AVG/PREMUL_SUM, so force plain SUM collectives.
             module.set_gradient_divide_factor(1.0)
             module.set_force_sum_reduction_for_comms(True)
+    if trainable:
+        # FSDP2 fixes each group's gradient dtypes (cast bf16 gradients back to the fp32 parameters) at
+        # the root's first forward, from the parameters that require gradients *then*. peft's
+        # disable_adapter switches the adapters' requires_grad off, so when that first forward is the
+        # LoRA reference's, every group records no trainable parameter and hands bf16 gradients to the
+        # fp32 adapters (a grad_dtype error). One tiny forward now, with the training flags in place.
+        with torch.no_grad():
+            root(grpo.pack([[0]], [[0]], [[1]], pad_id=0, device=next(model.parameters()).device))
     return root
 
 
