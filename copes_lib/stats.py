@@ -159,6 +159,52 @@ def _satterthwaite(terms: list[tuple[float, float]]) -> float:
     return total * total / denom if denom > 0 else math.inf
 
 
+# ---------------------------------------------------------------------------- latent units (clusters)
+# On the miniature testbed problems are not independent draws: problems that share a latent unit (the
+# subject name the warm start's prior keys on, ``Task.unit_id``) behave alike, so a method's gain can sit
+# on a few units. With unit ids the problem axis is replaced by the unit axis: each unit's column is its
+# linearised share of the mean (the ultimate-cluster / ratio-estimator linearisation:
+# (unit total - estimate x unit size) / mean unit size + estimate, whose mean over units is the grand
+# mean), and the crossed model above then runs over seeds x units. The unit term carries the variance
+# between units AND the problems' sampling noise within them (a unit's total includes it), so the
+# interval counts seeds, units and problems within units; df come from the number of units, not problems.
+# With equal unit sizes a column is just the unit's mean.
+
+
+def unit_codes(units: Sequence[Any], n_problems: int) -> tuple[np.ndarray, np.ndarray]:
+    """(code of each problem's unit in 0..U-1, problems per unit) from one unit id per problem column."""
+    ids = np.asarray(list(units)).astype(str)
+    if ids.shape != (n_problems,):
+        raise ValueError(f"units must give one unit id per problem column ({n_problems}), got {ids.size}")
+    _, codes, sizes = np.unique(ids, return_inverse=True, return_counts=True)
+    return codes.reshape(-1), sizes
+
+
+def effective_units(sizes: Sequence[int]) -> float:
+    """Kish's effective number of units, (sum n_u)^2 / sum n_u^2: the number of equal units that would give
+    the same precision (equal to the unit count when every unit holds as many problems).
+
+    >>> effective_units([4, 4, 4, 4]), round(effective_units([13, 1, 1, 1]), 2)
+    (4.0, 1.49)
+    """
+    n = np.asarray(sizes, dtype=float)
+    return float(n.sum() ** 2 / (n ** 2).sum())
+
+
+def to_unit_columns(x: np.ndarray, codes: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """(seeds, problems) -> (seeds, units): each unit's linearised share of the grand mean (see above); the
+    mean of the result equals the mean of ``x``.
+
+    >>> to_unit_columns(np.array([[1.0, 0.0, 1.0, 1.0]]), np.array([0, 0, 1, 1]), np.array([2, 2]))
+    array([[0.5, 1. ]])
+    """
+    totals = np.zeros((x.shape[0], len(sizes)))
+    np.add.at(totals.T, codes, x.T)
+    estimate = float(x.mean())
+    mean_size = x.shape[1] / len(sizes)
+    return (totals - estimate * sizes[None, :]) / mean_size + estimate
+
+
 @dataclasses.dataclass(frozen=True)
 class NoiseModel:
     """The standard error of mean(a) - mean(b) and what went into it."""
@@ -172,19 +218,32 @@ class NoiseModel:
     seed_noise_counted: bool  # False when an arm has one seed: its training noise is not measured
     problem_noise_counted: bool  # False with one problem column (nested designs collapse to seed means)
     components: dict[str, float]  # variance of the estimate from each source
+    n_units: int | None = None  # latent units the problems fall in (None: no unit ids, problems as units)
+    n_units_effective: float | None = None  # Kish's effective number of units (effective_units)
 
 
-def seed_problem_model(a: Any, b: Any, *, paired_seeds: bool | None = None, nested: bool = False) -> NoiseModel:
+def seed_problem_model(a: Any, b: Any, *, paired_seeds: bool | None = None, nested: bool = False,
+                       units: Sequence[Any] | None = None) -> NoiseModel:
     """se and df of mean(a) - mean(b) for (seeds, problems) score arrays on the same problems.
 
     Seeds are paired (row i of a with row i of b) when both arms have the same number of seeds, unless
     ``paired_seeds=False``. ``nested=True`` is for designs where each seed draws its own problems (the
     sandbox): problems are then not shared across seeds, each seed's mean already carries its
-    evaluation noise, and the test is over seed means.
+    evaluation noise, and the test is over seed means. ``units`` (one latent-unit id per problem column)
+    makes the model cluster-aware: seeds x units, with the problems' noise within units counted in the
+    unit term (:func:`to_unit_columns`); ``n_problems`` stays the problem count, ``n_units`` says how
+    many units the df and the interval rest on.
     """
     a, b = _as_scores(a, "a"), _as_scores(b, "b")
     if a.shape[1] != b.shape[1]:
         raise ValueError(f"a and b must score the same problems, got {a.shape[1]} and {b.shape[1]} columns")
+    if units is not None and not nested:
+        codes, sizes = unit_codes(units, a.shape[1])
+        a_cols, b_cols = to_unit_columns(a, codes, sizes), to_unit_columns(b, codes, sizes)
+        model = seed_problem_model(a_cols, b_cols, paired_seeds=paired_seeds)
+        components = {"seed": model.components["seed"], "unit": model.components["problem"]}
+        return dataclasses.replace(model, n_problems=a.shape[1], components=components, n_units=len(sizes),
+                                   n_units_effective=effective_units(sizes))
     if nested:
         a, b = a.mean(axis=1, keepdims=True), b.mean(axis=1, keepdims=True)
     (sa, p), sb = a.shape, b.shape[0]
@@ -232,12 +291,30 @@ def seed_problem_model(a: Any, b: Any, *, paired_seeds: bool | None = None, nest
     return NoiseModel(estimate, se, df, (sa, sb), p, bool(paired_seeds), sa > 1 and sb > 1, p > 1, components)
 
 
+def problem_weights(rng: np.random.Generator, n_problems: int, n_boot: int,
+                    units: Sequence[Any] | None = None) -> np.ndarray:
+    """(n_boot, problems) resampling counts: problems drawn with replacement; with ``units``, units drawn
+    with replacement and, within each drawn unit, its problems drawn with replacement (a two-stage
+    cluster bootstrap: c draws of a unit of n problems = n c problem draws from it)."""
+    if units is None:
+        return rng.multinomial(n_problems, np.full(n_problems, 1.0 / n_problems), size=n_boot)
+    codes, sizes = unit_codes(units, n_problems)
+    n_units = len(sizes)
+    draws = rng.multinomial(n_units, np.full(n_units, 1.0 / n_units), size=n_boot)  # (n_boot, U)
+    weights = np.zeros((n_boot, n_problems), dtype=np.int64)
+    for u in range(n_units):
+        members = np.flatnonzero(codes == u)
+        weights[:, members] = rng.multinomial(draws[:, u] * sizes[u], np.full(sizes[u], 1.0 / sizes[u]))
+    return weights
+
+
 def hierarchical_bootstrap(a: Any, b: Any, *, n_boot: int = 2000, seed: int = 0,
-                           paired_seeds: bool | None = None) -> np.ndarray:
+                           paired_seeds: bool | None = None, units: Sequence[Any] | None = None) -> np.ndarray:
     """Replicates of mean(a) - mean(b) under two-level resampling: seeds and problems are drawn with
     replacement, independently (the crossed "pigeonhole" bootstrap, Owen 2007), problems jointly for
-    both arms (they are the same problems), seeds jointly when paired. Seeded; vectorised as counts:
-    a replicate's mean is w_seed @ scores @ w_problem / (S P)."""
+    both arms (they are the same problems), seeds jointly when paired; with ``units`` the problems are
+    drawn by unit (:func:`problem_weights`: units, then problems within units), so three levels. Seeded;
+    vectorised as counts: a replicate's mean is w_seed @ scores @ w_problem / (S sum(w_problem))."""
     a, b = _as_scores(a, "a"), _as_scores(b, "b")
     if a.shape[1] != b.shape[1]:
         raise ValueError(f"a and b must score the same problems, got {a.shape[1]} and {b.shape[1]} columns")
@@ -246,15 +323,16 @@ def hierarchical_bootstrap(a: Any, b: Any, *, n_boot: int = 2000, seed: int = 0,
     (sa, p), sb = a.shape, b.shape[0]
     paired_seeds = sa == sb if paired_seeds is None else paired_seeds
     rng = np.random.default_rng(seed)
-    w_prob = rng.multinomial(p, np.full(p, 1.0 / p), size=n_boot)
+    w_prob = problem_weights(rng, p, n_boot, units)
+    total = w_prob.sum(axis=1)
     w_a = rng.multinomial(sa, np.full(sa, 1.0 / sa), size=n_boot)
     if paired_seeds:
         if sa != sb:
             raise ValueError(f"paired seeds need equal seed counts, got {sa} and {sb}")
-        return np.einsum("bs,sp,bp->b", w_a, a - b, w_prob) / (sa * p)
+        return np.einsum("bs,sp,bp->b", w_a, a - b, w_prob) / (sa * total)
     w_b = rng.multinomial(sb, np.full(sb, 1.0 / sb), size=n_boot)
-    return (np.einsum("bs,sp,bp->b", w_a, a, w_prob) / (sa * p)
-            - np.einsum("bs,sp,bp->b", w_b, b, w_prob) / (sb * p))
+    return (np.einsum("bs,sp,bp->b", w_a, a, w_prob) / (sa * total)
+            - np.einsum("bs,sp,bp->b", w_b, b, w_prob) / (sb * total))
 
 
 def holm(p_values: Sequence[float]) -> list[float]:
@@ -310,6 +388,8 @@ class Comparison:
     n_seeds: tuple[int, int] = (0, 0)
     n_problems: int = 0
     seed_noise_counted: bool = True
+    n_units: int | None = None  # latent units the interval rests on (None: no unit ids; problems as units)
+    n_units_effective: float | None = None
     family_size: int = 1
     alpha: float = ALPHA
     power: float = POWER
@@ -355,14 +435,16 @@ def _decide(c: Comparison) -> Comparison:
 def compare(a: Any, b: Any, *, name: str = "a - b", expected_sign: int = 1, margin: float | None = None,
             paper_effect: float | None = None, alpha: float = ALPHA, power: float = POWER,
             paired_seeds: bool | None = None, nested: bool = False, method: str = "model",
-            n_boot: int = 2000, seed: int = 0) -> Comparison:
+            n_boot: int = 2000, seed: int = 0, units: Sequence[Any] | None = None) -> Comparison:
     """Compare two methods scored on the same problems: a, b are (seeds, problems) arrays.
 
     ``expected_sign`` is the sign the claim predicts for mean(a) - mean(b); ``margin`` (> 0, in score
     units, declared before the run) enables the equivalence test; ``paper_effect`` (score units) is
     reported beside the interval. ``method``: ``model`` (crossed random effects, t with Satterthwaite df;
     the default) or ``bootstrap`` (two-level percentile bootstrap; see :func:`hierarchical_bootstrap`).
-    The verdict is for a family of one; pass a family through :func:`holm_family`.
+    ``units`` (one latent-unit id per problem column) makes the interval and test cluster-aware: seeds x
+    units with the problems within units (:func:`seed_problem_model`; the bootstrap resamples units, then
+    problems within them). The verdict is for a family of one; pass a family through :func:`holm_family`.
     """
     if expected_sign not in (1, -1):
         raise ValueError(f"expected_sign must be +1 or -1, got {expected_sign}")
@@ -370,10 +452,11 @@ def compare(a: Any, b: Any, *, name: str = "a - b", expected_sign: int = 1, marg
         raise ValueError(f"margin must be > 0 (or None), got {margin}")
     if method not in ("model", "bootstrap"):
         raise ValueError(f"method must be 'model' or 'bootstrap', got {method!r}")
-    model = seed_problem_model(a, b, paired_seeds=paired_seeds, nested=nested)
+    model = seed_problem_model(a, b, paired_seeds=paired_seeds, nested=nested, units=units)
     est, se, df = model.estimate, model.se, model.df
     if method == "bootstrap":
-        reps = hierarchical_bootstrap(a, b, n_boot=n_boot, seed=seed, paired_seeds=paired_seeds)
+        reps = hierarchical_bootstrap(a, b, n_boot=n_boot, seed=seed, paired_seeds=paired_seeds,
+                                      units=None if nested else units)
         se, df = float(reps.std(ddof=1)), math.inf
         low, high = (float(v) for v in np.quantile(reps, [alpha / 2, 1 - alpha / 2]))
         p = min(1.0, 2 * min(float(np.mean(reps <= 0)), float(np.mean(reps >= 0))))
@@ -395,7 +478,8 @@ def compare(a: Any, b: Any, *, name: str = "a - b", expected_sign: int = 1, marg
     c = Comparison(name=name, estimate=est, low=low, high=high, se=se, df=df, p=p, p_holm=p, mde=math.nan,
                    verdict="", reason="", expected_sign=expected_sign, margin=margin, paper_effect=paper_effect,
                    tost_p=tost_p, n_seeds=model.n_seeds, n_problems=model.n_problems,
-                   seed_noise_counted=model.seed_noise_counted, alpha=alpha, power=power)
+                   seed_noise_counted=model.seed_noise_counted, alpha=alpha, power=power,
+                   n_units=model.n_units, n_units_effective=model.n_units_effective)
     return _decide(c)
 
 
@@ -441,28 +525,153 @@ def planned_mde(a: Any, b: Any, *, n_seeds: int | None = None, n_problems: int |
 
 def power_note(a: Any, b: Any, *, n_seeds: int | None = None, n_problems: int | None = None,
                scale: float = 1.0, unit: str = "", alpha: float = ALPHA, power: float = POWER,
-               nested: bool = False) -> str:
+               nested: bool = False, units: Sequence[Any] | None = None) -> str:
     """One line for a notebook: the MDE of this comparison (and, given n_seeds / n_problems, of a planned
-    study), with the share of variance from seeds vs problems."""
+    study), with the share of variance from seeds vs problems; with ``units`` the MDE is the cluster-aware
+    one (seeds x units, problems within them) and a planned study keeps the units and their sizes."""
     a_arr, b_arr = _as_scores(a, "a"), _as_scores(b, "b")
     if nested:
         a_arr, b_arr = a_arr.mean(axis=1, keepdims=True), b_arr.mean(axis=1, keepdims=True)
+        units = None
     s, p = a_arr.shape
-    model = seed_problem_model(a_arr, b_arr)
+    model = seed_problem_model(a_arr, b_arr, units=units)
     now = minimum_detectable_effect(model.se, model.df, alpha=alpha, power=power)
     total = sum(model.components.values())
+    where = f"{s} seeds x {p} problems" + (f" in {model.n_units} units" if model.n_units else "")
     if total <= 0 and not np.any(a_arr - b_arr):
-        return (f"power: undefined: with {s} seeds x {p} problems the two arms' per-problem scores are identical "
+        return (f"power: undefined: with {where} the two arms' per-problem scores are identical "
                 "(no variance), so the noise and the smallest detectable difference cannot be estimated")
     share = model.components["seed"] / total if total > 0 else math.nan
-    text = (f"power: with {s} seeds x {p} problems the smallest difference detectable at {power:.0%} power "
+    text = (f"power: with {where} the smallest difference detectable at {power:.0%} power "
             f"(alpha {alpha}) is {now * scale:.3g}{unit}; seeds carry {share:.0%} of the variance")
     if s < 2:
         return text.split(";")[0] + " (one seed: seed noise is not measured, so this is a lower bound)"
-    if n_seeds or n_problems:
+    if (n_seeds or n_problems) and units is not None and b_arr.shape == a_arr.shape:
+        vc = variance_components(a_arr, b_arr, units)
+        n_units = model.n_units or 1
+        per_unit = max(1, round((n_problems or p) / n_units))
+        se = math.sqrt(vc.variance_of_mean(n_seeds or s, n_units, per_unit))
+        planned = minimum_detectable_effect(se, max(n_units - 1, 1), alpha=alpha, power=power)
+        text += f"; with {n_seeds or s} seeds x {n_units} units x {per_unit} problems each: {planned * scale:.3g}{unit}"
+    elif n_seeds or n_problems:
         planned = planned_mde(a_arr, b_arr, n_seeds=n_seeds, n_problems=n_problems, alpha=alpha, power=power)
         text += f"; with {n_seeds or s} seeds x {n_problems or p} problems: {planned * scale:.3g}{unit}"
     return text
+
+
+# ---------------------------------------------------------------------------- power analysis over units
+@dataclasses.dataclass(frozen=True)
+class VarianceComponents:
+    """The variance components of a per-problem difference score (method a - method b), from a pilot:
+
+    d[s, p] = mu + seed_s + unit_u(p) + problem_p + residual_sp, with variances ``seed`` (a training seed's
+    shift, shared by every problem), ``between_unit`` (a unit's shift, shared by its problems and seeds),
+    ``within_unit`` (a problem's own shift inside its unit) and ``residual`` (seed x problem). The mean
+    over S seeds, U units and m problems per unit then has variance
+    seed / S + between_unit / U + within_unit / (U m) + residual / (S U m)."""
+
+    between_unit: float
+    within_unit: float
+    seed: float
+    residual: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("between_unit", "within_unit", "seed", "residual"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite variance >= 0, got {value}")
+
+    def variance_of_mean(self, seeds: int, units: int, problems_per_unit: int) -> float:
+        return (self.seed / seeds + self.between_unit / units + self.within_unit / (units * problems_per_unit)
+                + self.residual / (seeds * units * problems_per_unit))
+
+
+def variance_components(a: Any, b: Any, units: Sequence[Any]) -> VarianceComponents:
+    """Method-of-moments estimates of :class:`VarianceComponents` from a pilot: a, b (seeds, problems) with
+    paired seeds (row i of each), ``units`` one id per problem column. residual = the two-way ANOVA
+    residual mean square; within_unit = the pooled within-unit variance of the problems' seed means less
+    residual / S; between_unit = the variance of the unit means less their expected within-unit part;
+    seed = the variance of the seed means less residual / P. Negative estimates are set to 0."""
+    a, b = _as_scores(a, "a"), _as_scores(b, "b")
+    if a.shape != b.shape:
+        raise ValueError(f"variance_components needs paired arrays of equal shape, got {a.shape} and {b.shape}")
+    d = a - b
+    s, p = d.shape
+    codes, sizes = unit_codes(units, p)
+    _, _, ms_res = _mean_squares(d)
+    residual = ms_res if s > 1 and p > 1 else 0.0
+    cols = d.mean(axis=0)
+    unit_means = np.bincount(codes, weights=cols) / sizes
+    within_ss = float(((cols - unit_means[codes]) ** 2).sum())
+    within_df = p - len(sizes)
+    within = max(0.0, within_ss / within_df - residual / s) if within_df > 0 else 0.0
+    between = 0.0
+    if len(sizes) > 1:
+        expected_within = float(np.mean(within / sizes + residual / (s * sizes)))
+        between = max(0.0, float(unit_means.var(ddof=1)) - expected_within)
+    seed = max(0.0, float(d.mean(axis=1).var(ddof=1)) - residual / p) if s > 1 else 0.0
+    return VarianceComponents(between_unit=between, within_unit=within, seed=seed, residual=residual)
+
+
+@dataclasses.dataclass(frozen=True)
+class DesignPlan:
+    """The smallest number of units that decides at ``margin`` for a given number of seeds and problems per
+    unit: its minimum detectable effect is <= margin (:func:`units_needed`)."""
+
+    seeds: int
+    problems_per_unit: int
+    units: int | None  # None: no number of units up to max_units is enough (the seed term alone is too large)
+    mde: float  # at that many units (at max_units when None)
+    problems: int | None  # units x problems_per_unit
+
+
+def _check_power(power: float, alpha: float) -> None:
+    if not (isinstance(power, (int, float)) and 0 < power < 1):
+        raise ValueError(f"power must be in (0, 1) (the probability of detecting an effect of the margin's size), "
+                         f"got {power!r}")
+    if not (isinstance(alpha, (int, float)) and 0 < alpha < 1):
+        raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
+
+
+def units_needed(components: VarianceComponents, margin: float, *, seeds: int, problems_per_unit: int,
+                 power: float = POWER, alpha: float = ALPHA, max_units: int = 100_000) -> DesignPlan:
+    """The fewest units U such that a two-sided level-``alpha`` test of the mean difference, over ``seeds``
+    seeds x U units x ``problems_per_unit`` problems, detects an effect of ``margin`` with probability
+    ``power``: (t_{1-alpha/2} + t_power; df = U - 1) x se(U) <= margin, se from ``components``. The same se
+    decides an equivalence test at +-margin with about that power when the true effect is 0. The seed term
+    does not shrink with U: when it alone exceeds the margin no U is enough (``units`` None)."""
+    _check_power(power, alpha)
+    if not margin > 0:
+        raise ValueError(f"margin must be > 0 (in score units), got {margin}")
+    if seeds < 1 or problems_per_unit < 1:
+        raise ValueError(f"seeds and problems_per_unit must be >= 1, got {seeds} and {problems_per_unit}")
+
+    def mde(u: int) -> float:
+        se = math.sqrt(components.variance_of_mean(seeds, u, problems_per_unit))
+        return minimum_detectable_effect(se, max(u - 1, 1), alpha=alpha, power=power)
+
+    if mde(max_units) > margin:
+        return DesignPlan(seeds, problems_per_unit, None, mde(max_units), None)
+    low, high = 2, max_units  # mde falls with U: bisect for the first U with mde <= margin
+    if mde(low) <= margin:
+        high = low
+    while low < high:
+        mid = (low + high) // 2
+        if mde(mid) <= margin:
+            high = mid
+        else:
+            low = mid + 1
+    return DesignPlan(seeds, problems_per_unit, high, mde(high), high * problems_per_unit)
+
+
+def power_plan(components: VarianceComponents, margin: float, *, seeds: Sequence[int] = (3, 5, 8),
+               problems_per_unit: Sequence[int] = (2, 4, 8), power: float = POWER, alpha: float = ALPHA,
+               max_units: int = 100_000) -> list[DesignPlan]:
+    """:func:`units_needed` over a grid of seeds x problems per unit, cheapest first (fewest seed x problem
+    evaluations; designs no number of units can rescue last)."""
+    plans = [units_needed(components, margin, seeds=s, problems_per_unit=m, power=power, alpha=alpha,
+                          max_units=max_units) for s in seeds for m in problems_per_unit]
+    return sorted(plans, key=lambda d: (d.units is None, (d.problems or 0) * d.seeds, d.seeds))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -476,25 +685,29 @@ class GainRecovery:
 
 
 def gain_recovery_interval(scores: ScoreSet, method: str, *, base: str = "base", reference: str = "full_grpo",
-                           level: float = 0.95, n_boot: int = 2000, seed: int = 0) -> GainRecovery:
+                           level: float = 0.95, n_boot: int = 2000, seed: int = 0,
+                           units: Sequence[Any] | None = None) -> GainRecovery:
     """Gain recovery of ``method`` with every noise source the design has: problems are resampled jointly
     for every arm (they are the same problems), each arm's seeds independently (its own training noise:
     the method's, and the reference's when it ran several seeds). An arm with one seed contributes no
     seed noise, and the note says so (the interval is then a lower bound on the true spread). Where a
     replicate's reference gain is <= 0 the ratio is undefined; when more than the interval's tail of
     replicates are, the interval is unbounded (nan). Where the reference's own gain is <= 0 the estimate
-    is nan too (a ratio of two losses is not a recovery), with a note saying so."""
+    is nan too (a ratio of two losses is not a recovery), with a note saying so. With unit ids (``units``,
+    else the score set's own) problems are resampled by unit, then within units (:func:`problem_weights`)."""
     if not 0 < level < 1:
         raise ValueError(f"level must be in (0, 1), got {level}")
+    units = scores.units if units is None else units
     arms = {name: _as_scores(scores.arms[name], name) for name in (method, base, reference)}
     p = arms[method].shape[1]
     rng = np.random.default_rng(seed)
-    w_prob = rng.multinomial(p, np.full(p, 1.0 / p), size=n_boot)
+    w_prob = problem_weights(rng, p, n_boot, units)
+    total = w_prob.sum(axis=1)
     means = {}
     for name, x in arms.items():
         s = x.shape[0]
         w_seed = rng.multinomial(s, np.full(s, 1.0 / s), size=n_boot) if s > 1 else np.ones((n_boot, 1))
-        means[name] = np.einsum("bs,sp,bp->b", w_seed, x, w_prob) / (s * p)
+        means[name] = np.einsum("bs,sp,bp->b", w_seed, x, w_prob) / (s * total)
     gain = means[reference] - means[base]
     point_gain = float(arms[reference].mean() - arms[base].mean())
     estimate = float((arms[method].mean() - arms[base].mean()) / point_gain) if point_gain > 0 else math.nan
@@ -506,7 +719,8 @@ def gain_recovery_interval(scores: ScoreSet, method: str, *, base: str = "base",
         ratio = (means[method][ok] - means[base][ok]) / gain[ok]
         low, high = (float(v) for v in np.quantile(ratio, [tail, 1 - tail]))
     one_seed = [name for name, x in arms.items() if x.shape[0] == 1 and name != base]
-    note = "interval over problems and seeds"
+    note = ("interval over problems and seeds" if units is None else
+            f"interval over {len(set(map(str, units)))} units, problems within them and seeds")
     if point_gain <= 0:
         note = f"undefined: the reference's gain over the base is {point_gain:+.3g} (not above 0)"
     if one_seed:
@@ -528,25 +742,29 @@ class ScoreSet:
     arms: dict[str, np.ndarray]  # arm -> (seeds, problems)
     seeds: dict[str, tuple[int, ...]]  # arm -> the seed of each row
     nested: bool = False  # each seed draws its own problems (columns are not shared across seeds)
+    units: tuple[str, ...] | None = None  # latent-unit id of each problem column (None: not recorded)
 
     def compare(self, a: str, b: str, **kwargs: Any) -> Comparison:
-        """compare() of arm a against arm b; seeds are paired when both arms used the same seed list."""
+        """compare() of arm a against arm b; seeds are paired when both arms used the same seed list;
+        cluster-aware over the score set's latent units when it records them."""
         for arm in (a, b):
             if arm not in self.arms:
                 raise KeyError(f"metric {self.metric!r} has no arm {arm!r}; arms: {sorted(self.arms)}")
         kwargs.setdefault("paired_seeds", self.seeds[a] == self.seeds[b])
         kwargs.setdefault("nested", self.nested)
+        kwargs.setdefault("units", self.units)
         return compare(self.arms[a], self.arms[b], **kwargs)
 
 
 def save_scores(out_dir: str | Path, metric: str, arms: dict[str, Any], seeds: dict[str, Sequence[int]] |
-                Sequence[int], *, nested: bool = False) -> Path:
+                Sequence[int], *, nested: bool = False, units: Sequence[Any] | None = None) -> Path:
     """Add one metric's per-seed per-problem scores to ``<out_dir>/scores.npz`` (atomic write).
 
     ``arms``: arm name -> array (seeds, problems), every arm on the same problems in the same column
     order; ``seeds``: the seed of each row, one list for all arms or one per arm (rows with the same seed
-    in two arms are paired). Names are lower-case snake_case. A metric already in the file is refused:
-    results are never silently overwritten.
+    in two arms are paired); ``units``: the latent-unit id of each problem column (``Task.unit_id``), so
+    the claims' intervals can resample units (:func:`compare`). Names are lower-case snake_case. A metric
+    already in the file is refused: results are never silently overwritten.
     """
     if not _NAME.match(metric):
         raise ValueError(f"metric must be lower-case snake_case, got {metric!r}")
@@ -570,6 +788,9 @@ def save_scores(out_dir: str | Path, metric: str, arms: dict[str, Any], seeds: d
         entries[f"{metric}{_SEP}{arm}"] = arr
         entries[f"{metric}{_SEP}{arm}{_SEP}seeds"] = arm_seeds
     entries[f"{metric}{_SEP}{_SEP}nested"] = np.asarray(bool(nested))
+    if units is not None:
+        unit_codes(units, n_problems)  # one id per problem column, or a clear error
+        entries[f"{metric}{_SEP}{_SEP}units"] = np.asarray([str(u) for u in units])
     path = Path(out_dir) / SCORES_FILE
     existing: dict[str, np.ndarray] = {}
     if path.exists():
@@ -606,7 +827,9 @@ def load_scores(out_dir: str | Path) -> dict[str, ScoreSet] | None:
             continue
         metric, arm = parts
         if metric not in out:
-            out[metric] = ScoreSet(metric, {}, {}, bool(data.get(f"{metric}{_SEP}{_SEP}nested", False)))
+            units = data.get(f"{metric}{_SEP}{_SEP}units")
+            out[metric] = ScoreSet(metric, {}, {}, bool(data.get(f"{metric}{_SEP}{_SEP}nested", False)),
+                                   None if units is None else tuple(str(u) for u in units))
         out[metric].arms[arm] = data[key]
         out[metric].seeds[arm] = tuple(int(s) for s in data[f"{key}{_SEP}seeds"])
     return out

@@ -231,9 +231,18 @@ def _scales(ctx: Context, contrast: Contrast) -> tuple[float | None, float | Non
     return None, None
 
 
+def units_text(c: stats.Comparison) -> str:
+    """How many independent units an interval rests on: the latent units (and Kish's effective number where
+    unit sizes differ), or the problems, said to be treated as independent, where no unit ids were saved."""
+    if c.n_units is None:
+        return f"{c.n_problems} problems as independent units (no unit ids saved)"
+    eff = c.n_units_effective
+    return f"{c.n_units} units" + (f" (effective {eff:.0f})" if eff is not None and round(eff) < c.n_units else "")
+
+
 def _power(c: stats.Comparison, scale: float, unit: str) -> str:
     text = (f"MDE {c.mde * scale:.2g}{unit} at {c.power:.0%} power (alpha {c.alpha}/{c.family_size}); "
-            f"{c.n_seeds[0]}/{c.n_seeds[1]} seeds x {c.n_problems} problems")
+            f"{c.n_seeds[0]}/{c.n_seeds[1]} seeds x {c.n_problems} problems in {units_text(c)}")
     if c.paper_effect is not None:
         text += f"; paper's effect here {c.paper_effect * scale:.2g}{unit}"
     if c.margin is not None:
@@ -243,7 +252,7 @@ def _power(c: stats.Comparison, scale: float, unit: str) -> str:
 
 def _stat(c: stats.Comparison, scale: float, unit: str) -> str:
     f = lambda x: f"{x * scale:+.2g}{unit}"  # noqa: E731
-    return f"{f(c.estimate)} [{f(c.low)}, {f(c.high)}], Holm p = {c.p_holm:.2g} -> {c.verdict}"
+    return f"{f(c.estimate)} [{f(c.low)}, {f(c.high)}] over {units_text(c)}, Holm p = {c.p_holm:.2g} -> {c.verdict}"
 
 
 def _significant_opposite(c: stats.Comparison) -> bool:

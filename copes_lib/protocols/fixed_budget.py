@@ -298,23 +298,34 @@ def budget_scores(params: Any, agent: AgentSetup, frb: FixedBudgetRuns, *, lora:
     return arms, seeds, gaps
 
 
+def problem_units(tasks: Sequence[Any]) -> tuple[str, ...]:
+    """The latent unit of each problem, in the tasks' order: ``Task.unit_id`` (the subject name the prior keys
+    on, copes_lib.tasks.units); a task record without one falls back to its ``cue`` field, then to its own id
+    (a problem that is its own unit). Saved beside the scores, so the claims' intervals resample units."""
+    return tuple(str(getattr(t, "unit_id", "") or getattr(t, "cue", "") or t.id) for t in tasks)
+
+
 def save_budget_scores(out_dir: Any, metric: str, arms: dict[str, np.ndarray], seeds: dict[str, list[int]],
-                       a: str = "copes", b: str = "es", *, scale: float = 100, unit: str = " points") -> str:
-    """Save the arms (``stats.save_scores``) and return the power note of ``a`` vs ``b`` (the MDE now, and
-    for a planned study with twice the seeds)."""
-    stats.save_scores(out_dir, metric, arms, seeds)
+                       a: str = "copes", b: str = "es", *, scale: float = 100, unit: str = " points",
+                       units: Sequence[str] | None = None) -> str:
+    """Save the arms (``stats.save_scores``, with each problem's latent unit when ``units`` is given) and
+    return the power note of ``a`` vs ``b`` (the MDE now, and for a planned study with twice the seeds;
+    cluster-aware with ``units``)."""
+    stats.save_scores(out_dir, metric, arms, seeds, units=units)
     n = min(len(arms[a]), len(arms[b]))
     if n < 2:
-        return stats.power_note(arms[a], arms[b], scale=scale, unit=unit)
-    return stats.power_note(arms[a][:n], arms[b][:n], n_seeds=2 * n, scale=scale, unit=unit)
+        return stats.power_note(arms[a], arms[b], scale=scale, unit=unit, units=units)
+    return stats.power_note(arms[a][:n], arms[b][:n], n_seeds=2 * n, scale=scale, unit=unit, units=units)
 
 
-def mean_interval(scores: np.ndarray, *, level: float = 0.95, n_boot: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+def mean_interval(scores: np.ndarray, *, level: float = 0.95, n_boot: int = 2000, seed: int = 0,
+                  units: Sequence[str] | None = None) -> tuple[float, float, float]:
     """Mean of a (seeds, problems) array and its ``level`` interval from the seeds x problems bootstrap
-    (``stats.hierarchical_bootstrap`` against a zero arm); with one seed only problems are resampled."""
+    (``stats.hierarchical_bootstrap`` against a zero arm; with ``units``, units then problems within them);
+    with one seed only problems (units) are resampled."""
     scores = np.atleast_2d(np.asarray(scores, dtype=float))
     zero = np.zeros((1, scores.shape[1]))
-    reps = stats.hierarchical_bootstrap(scores, zero, n_boot=n_boot, seed=seed, paired_seeds=False)
+    reps = stats.hierarchical_bootstrap(scores, zero, n_boot=n_boot, seed=seed, paired_seeds=False, units=units)
     tail = (1 - level) / 2
     return float(scores.mean()), float(np.quantile(reps, tail)), float(np.quantile(reps, 1 - tail))
 
@@ -384,24 +395,27 @@ def split_keys(split: dict[str, dict[str, np.ndarray]], prefix: str = "val") -> 
     return out
 
 
-def protocol_minus_skill(split: dict[str, dict[str, np.ndarray]], arm: str) -> stats.Comparison:
+def protocol_minus_skill(split: dict[str, dict[str, np.ndarray]], arm: str,
+                         units: Sequence[str] | None = None) -> stats.Comparison:
     """Delta S - 2 Delta L of ``arm`` over the base (R3 / R4's quantity: > 0 when the strict gain is more than
     twice the lenient one, i.e. most of it is protocol), with seeds x problems noise (``stats.compare`` of
-    S - 2L per problem, the arm against the base, as the claims test)."""
+    S - 2L per problem, the arm against the base, as the claims test; cluster-aware with ``units``)."""
     a = split["strict"][arm] - 2 * split["lenient"][arm]
     b = split["strict"]["base"] - 2 * split["lenient"]["base"]
-    return stats.compare(a, b, name=f"{arm}: Delta S - 2 Delta L", paired_seeds=False)
+    return stats.compare(a, b, name=f"{arm}: Delta S - 2 Delta L", paired_seeds=False, units=units)
 
 
-def regime_predictions(split: dict[str, dict[str, np.ndarray]]) -> dict[str, float]:
+def regime_predictions(split: dict[str, dict[str, np.ndarray]],
+                       units: Sequence[str] | None = None) -> dict[str, float]:
     """``prediction_R<i>_value`` / ``_low`` / ``_high`` (the quantity and its 95% interval) of R3 (ES's
     Delta S - 2 Delta L), R4 (full GRPO's) and R8 (CoPES - ES strict accuracy, paired seeds), the keys the
     claims read (docs/regime.md#r4-predictions-ours-registered-before-the-run). Judged at the notebook's
-    base; whether that is in regime is :func:`regime_context`'s."""
+    base; whether that is in regime is :func:`regime_context`'s. With ``units`` (:func:`problem_units` of the
+    validation tasks) every interval is cluster-aware (docs/statistics.md#s6-latent-units-registered-2026-12-03)."""
     n = min(len(split["strict"]["copes"]), len(split["strict"]["es"]))
-    comparisons = {"R3": protocol_minus_skill(split, "es"), "R4": protocol_minus_skill(split, "full_grpo"),
+    comparisons = {"R3": protocol_minus_skill(split, "es", units), "R4": protocol_minus_skill(split, "full_grpo", units),
                    "R8": stats.compare(split["strict"]["copes"][:n], split["strict"]["es"][:n],
-                                       name="CoPES - ES strict accuracy", paired_seeds=True)}
+                                       name="CoPES - ES strict accuracy", paired_seeds=True, units=units)}
     out: dict[str, float] = {}
     for rid, c in comparisons.items():
         out.update({f"prediction_{rid}_value": float(c.estimate), f"prediction_{rid}_low": float(c.low),
@@ -437,7 +451,7 @@ def skill_gap_control(params: Any, settings: dict[str, Any], budget: int) -> dic
         for name in split:
             split[name][arm] = np.stack([r[name] for r in rows])
     diff = stats.compare(split["strict"]["copes"], split["strict"]["es"], name="control CoPES - ES strict",
-                         paired_seeds=True)
+                         paired_seeds=True, units=problem_units(tasks))
     keys = {f"control_{k}": v for k, v in split_keys(split).items()}
     keys.update(control_copes_minus_es_strict=float(diff.estimate), control_copes_minus_es_strict_low=float(diff.low),
                 control_copes_minus_es_strict_high=float(diff.high), control_n_seeds=n, control_budget_steps=budget,
