@@ -106,10 +106,24 @@ def test_make_venv_gpu_switch():
     assert stamp(_make_n("venv-gpu", "SYSTEM_TORCH=0", f"PYTHON_GPU={sys.executable}")) == stamp(plain)
 
 
-def test_cpu_venv_stays_python_311():
+def test_cpu_venv_takes_python_311_to_313_and_cpu_torch():
     out = _make_n("venv")
     assert "install -r requirements.txt" in out and "--system-site-packages" not in out
-    assert "sys.version_info[:2] != (3, 11)" in out
+    assert "not (3, 11) <= sys.version_info[:2] <= (3, 13)" in out and "valid versions: 3.11, 3.12, 3.13" in out
+    torch_pin = f"torch=={requirements_pins()['torch']}"
+    assert f"pip install --extra-index-url https://download.pytorch.org/whl/cpu {torch_pin}" in out
+    assert out.index(torch_pin) < out.index("install -r requirements.txt")  # CPU torch first, then the rest
+    assert "--extra-index-url" not in _make_n("venv", "TORCH_INDEX=")
+    chosen = _make_n("venv", "PYTHON_CPU=/opt/python3.12/bin/python3")
+    assert "/opt/python3.12/bin/python3 -m venv .venv" in chosen
+
+
+def test_registered_kernel_gets_the_kernel_pin():
+    from copes_lib import threads
+
+    out = _make_n("venv")
+    line = next(x for x in out.splitlines() if "ipykernel install" in x)
+    assert all(f"--env {k} {v}" in line for k, v in threads.KERNEL_PIN.items()), line
 
 
 def test_system_torch_requirements_are_the_pins_without_torch():
