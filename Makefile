@@ -2,6 +2,9 @@
 #   make reproduce   set up .venv, run every notebook under PROFILE (default cpu), render reports/
 #   make test        set up .venv, ruff, pytest (unit tests + every notebook under the smoke profile)
 # Options of `make reproduce`: PROFILE=smoke|cpu|gpu  ONLY=02,03  FORCE=1  RERUN_FAILED=1  JOBS=2
+#   VERBOSE=1 (every notebook's output on the console; always in reports/<profile>/logs/)
+#   WAIT=1 (queue behind another run of the same profile instead of refusing)
+#   make report [PROFILE=cpu]   reports/<profile>/index.html from the results there (the committed ones for cpu)
 # (JOBS: notebooks run at once, each after the ones it reads from (NEEDS in copes_lib/cli.py); 1 = in number order)
 
 SHELL := /bin/bash
@@ -33,6 +36,8 @@ PROFILE ?= cpu
 ONLY ?=
 FORCE ?=
 RERUN_FAILED ?=
+VERBOSE ?=
+WAIT ?=
 # two notebooks at once on CPU; one at a time on the gpu profile, where each notebook wants the whole GPU
 JOBS ?= $(if $(filter gpu,$(PROFILE)),1,2)
 PYTEST_ARGS ?=
@@ -73,10 +78,11 @@ export ATEN_CPU_CAPABILITY := avx2
 export MKL_CBWR := AVX2,STRICT
 export ONEDNN_MAX_CPU_ISA := AVX2
 
-.PHONY: preflight help venv venv-gpu gpu-wheels gpu-wheelhouse test reproduce validate lab clean-reports
+.PHONY: preflight help venv venv-gpu gpu-wheels gpu-wheelhouse test reproduce report validate lab clean-reports
 
 help:
-	@echo "make reproduce [PROFILE=smoke|cpu|gpu] [ONLY=02,03] [FORCE=1] [RERUN_FAILED=1] [JOBS=2]"
+	@echo "make reproduce [PROFILE=smoke|cpu|gpu] [ONLY=02,03] [FORCE=1] [RERUN_FAILED=1] [JOBS=2] [VERBOSE=1] [WAIT=1]"
+	@echo "make report [PROFILE=cpu]  reports/<profile>/index.html from the results there (cpu: the committed run)"
 KERNEL_PIN_VARS := ATEN_CPU_CAPABILITY MKL_CBWR ONEDNN_MAX_CPU_ISA
 KERNEL_ENV_ARGS := $(foreach v,$(KERNEL_PIN_VARS),--env $(v) $($(v)))
 # the registered kernel is rewritten when the pin changes: the stamp's name carries its hash
@@ -159,15 +165,22 @@ gpu-wheels:
 	@# the device machine carries at most 64 MiB of untracked paths
 	@[ $$(du -sm benchmarks/gpu_wheels | cut -f1) -lt 64 ] || { echo "error: benchmarks/gpu_wheels is over 64 MiB" >&2; exit 1; }
 
+# No wall-clock limit: a busy machine makes tests slow, not failed (the smoke run prints each notebook's
+# duration). PYTEST_TIMEOUT=seconds turns on pytest-timeout's per-test limit as a safety net.
 test: venv
 	$(BIN)/ruff check .
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -n 2 --dist worksteal $(PYTEST_ARGS)
 
 REPRODUCE_ARGS = --profile $(PROFILE) --jobs $(JOBS) $(if $(ONLY),--only $(ONLY)) $(if $(call truthy,$(FORCE)),--force) \
-	$(if $(call truthy,$(RERUN_FAILED)),--rerun-failed)
+	$(if $(call truthy,$(RERUN_FAILED)),--rerun-failed) $(if $(call truthy,$(VERBOSE)),--verbose) $(if $(call truthy,$(WAIT)),--wait)
 
 reproduce: $(RUN_VENV)
 	$(RUN_BIN)/python -m copes_lib.cli run $(strip $(REPRODUCE_ARGS))
+
+# The HTML index of a profile from what is in results/, figures/ and reports/ (runs nothing): for cpu, the
+# committed run, each notebook's status from results/cpu/suite_run.json.
+report: venv
+	$(BIN)/python -m copes_lib.cli report --profile $(PROFILE)
 
 validate: venv
 	$(BIN)/python -m copes_lib.cli validate --profile $(PROFILE)

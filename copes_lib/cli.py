@@ -1,8 +1,8 @@
 """Command line of the suite: run the notebooks under a profile, or validate a profile.
 
-    python -m copes_lib.cli run --profile cpu [--only 02,03] [--force] [--rerun-failed] [--jobs 2]
+    python -m copes_lib.cli run --profile cpu [--only 02,03] [--force] [--rerun-failed] [--jobs 2] [--verbose] [--wait]
     python -m copes_lib.cli validate --profile smoke
-    python -m copes_lib.cli report --profile smoke    # render reports/<profile>/ again, run nothing
+    python -m copes_lib.cli report --profile cpu      # render reports/<profile>/ from the results there, run nothing
 
 ``run`` validates the profile's parameters for every selected notebook before anything runs, then
 executes each ``notebooks/NN_*.ipynb`` with papermill (kernel ``python3``, working directory
@@ -21,8 +21,20 @@ notebook's status, duration and failing cell go to ``reports/<profile>/status.js
 atomically after every notebook), and ``reports/<profile>/index.html`` links everything. The exit
 status is 1 if any notebook failed.
 
-Statuses: ``ok``, ``failed``, and ``running`` (left behind by an interrupted run; ``--rerun-failed``
-treats it as failed).
+Console: one line when a notebook starts and one when it ends (status, duration); each notebook's full
+output (papermill's log of its cells) goes to ``reports/<profile>/logs/<NN_topic>.log``, whose path is
+printed when the notebook fails; ``--verbose`` (``make reproduce VERBOSE=1``) also streams it to the console.
+
+One run per profile: ``run`` holds an exclusive lock on ``results/<profile>/.suite.lock`` (``fcntl.flock``;
+the kernel releases it when the holder exits or is killed, so a killed run never blocks the next one). A
+second run of the same profile refuses at once, naming the holder (pid, start time, command), or with
+``--wait`` (``WAIT=1``) waits for it. Holding the lock, a run first tidies what a killed run left: its
+``.partial/`` folders (results and figures) are deleted and a notebook that ``status.json`` still calls
+``running`` is marked ``interrupted``. A run stopped by Ctrl-C or SIGTERM marks its running notebooks
+``interrupted`` before it exits, so ``status.json`` never says ``running`` for a run that is over.
+
+Statuses: ``ok``, ``failed``, ``interrupted`` (the run stopped while the notebook ran; ``--rerun-failed``
+treats it as failed, and ``running`` too, which only a run in progress shows).
 """
 
 from __future__ import annotations
@@ -30,14 +42,20 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as _dt
+import fcntl
+import json
 import logging
 import os
+import queue
 import re
+import shlex
+import shutil
+import signal
+import socket
 import sys
 import threading
 import time
 import traceback
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +68,11 @@ NEEDS = suite.NEEDS
 # Notebooks with a budget of their own under a profile: a run without --only leaves them out and says so;
 # `make reproduce ONLY=09` (then ONLY=99 to refresh the claims) runs them (docs/cost.md).
 OWN_BUDGET: dict[str, tuple[str, ...]] = {"cpu": ("09_scale_study",)}
+
+# what --rerun-failed reruns: a failure, or a notebook a stopped run left unfinished
+UNFINISHED = ("failed", "interrupted", "running")
+LOCK_NAME = ".suite.lock"  # in results/<profile>/: one run of the suite per profile at a time
+LOG_DIR = "logs"  # in reports/<profile>/: each notebook's full output
 
 NOTEBOOK_PATTERN = re.compile(r"^(\d{2})_[A-Za-z0-9_]+\.ipynb$")
 KERNEL = "python3"
@@ -237,26 +260,131 @@ def _now() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
+class SuiteBusyError(RuntimeError):
+    """Another run of the suite holds the profile's lock (the message names it and what to do)."""
+
+
+def _lock_holder(path: Path) -> str:
+    """Who holds the lock at ``path``, from what the holder wrote into it."""
+    try:
+        info = json.loads(path.read_text() or "{}")
+    except (OSError, ValueError):
+        info = {}
+    if not info:
+        return "another run (it has not written its name yet)"
+    return (f"pid {info.get('pid')} on {info.get('host')}, started {info.get('started')}, "
+            f"command: {info.get('command')}")
+
+
+@contextlib.contextmanager
+def profile_lock(profile: str, results_root: str | Path | None = None, wait: bool = False):
+    """Hold the exclusive lock of ``results/<profile>/`` (``fcntl.flock`` on :data:`LOCK_NAME`) for the
+    duration: one run of the suite per profile. The kernel drops a flock when its holder exits, however it
+    dies, so a killed run never blocks the next. Taken: :class:`SuiteBusyError` naming the holder, or with
+    ``wait`` block until it is free. The file keeps the holder's pid, start time and command while held."""
+    folder = Path(results_root or runs.RESULTS_ROOT) / profile
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)  # CLOEXEC: kernels never inherit it
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _lock_holder(path)
+            if not wait:
+                raise SuiteBusyError(
+                    f"another run of the suite is using {folder}/ ({holder}). Two runs of one profile would "
+                    f"write the same .partial/ folders, notebooks and status.json. Wait for it to end, stop it "
+                    f"(kill {json.loads(path.read_text() or '{}').get('pid', '<pid>')}), or queue behind it "
+                    "with --wait (make reproduce WAIT=1)") from None
+            print(f"[suite] waiting for the run that holds {path} ({holder})", flush=True)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": _now(),
+                  "command": shlex.join([os.path.basename(sys.executable), *sys.orig_argv[1:]])}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
+        yield path
+    finally:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)  # a lock file that names nobody: no run holds it
+        os.close(fd)  # releases the lock
+
+
+def tidy_after_killed_run(profile: str, status: dict[str, Any], results_root: str | Path | None = None,
+                          figures_root: str | Path | None = None) -> list[str]:
+    """With the profile's lock held (so no run of the suite is using them): delete the ``.partial/`` folders
+    a killed run left in ``results/<profile>/*/`` and ``figures/<profile>/``, and mark the notebooks that
+    ``status`` still calls ``running`` as ``interrupted``. Returns what was done, one line each."""
+    done = []
+    staged = [*sorted((Path(results_root or runs.RESULTS_ROOT) / profile).glob("*/.partial")),
+              Path(figures_root or runs.FIGURES_ROOT) / profile / ".partial"]
+    for folder in staged:
+        if folder.is_dir():
+            shutil.rmtree(folder, ignore_errors=True)
+            done.append(f"deleted {folder}, left by an interrupted run (its previous results are untouched)")
+    for stem, record in status.get("notebooks", {}).items():
+        if record.get("status") == "running":
+            record.update(status="interrupted", interrupted="the run was killed while this notebook ran")
+            done.append(f"{stem}: status 'running' left by a run that was killed, now 'interrupted'")
+    return done
+
+
+class Interrupted(KeyboardInterrupt):
+    """The run was stopped by a signal (Ctrl-C, SIGTERM); its running notebooks are marked interrupted."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _signals_interrupt():
+    """SIGTERM (and SIGHUP) raise :class:`Interrupted` in the main thread, as Ctrl-C does, so a stopped run
+    can mark its notebooks before it exits; elsewhere (not the main thread) nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Interrupted(signum)
+
+    saved = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, previous in saved.items():
+            signal.signal(sig, previous)
+
+
 def run_one(path: Path, parameters: dict[str, Any], reports_dir: Path, cwd: Path,
             results_root: str | Path | None = None, figures_root: str | Path | None = None) -> dict[str, Any]:
-    """Execute one notebook with papermill; return its status record (never raises on notebook errors)."""
+    """Execute one notebook with papermill; return its status record (never raises on notebook errors).
+    Its cells' output (papermill's log) goes to ``reports_dir/logs/<stem>.log`` (record ``log``)."""
     import papermill
 
     executed = reports_dir / path.name
+    log_path = reports_dir / LOG_DIR / f"{path.stem}.log"
     record: dict[str, Any] = {"status": "running", "started": _now(), "parameters": parameters,
-                              "executed": executed.name, "html": None, "error": None}
+                              "executed": executed.name, "html": None, "error": None,
+                              "log": f"{LOG_DIR}/{log_path.name}"}
     for stale in (executed, executed.with_suffix(".html")):  # never show a previous run's output
         stale.unlink(missing_ok=True)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    try:
-        papermill.execute_notebook(
-            str(path), str(executed), parameters=parameters, kernel_name=KERNEL, cwd=str(cwd),
-            log_output=True, progress_bar=False,
-        )
-        record["status"] = "ok"
-    except Exception as exc:  # noqa: BLE001 - a failing notebook must not stop the suite
-        record["status"] = "failed"
-        record["error"] = _failure(exc)
+    with open(log_path, "w", encoding="utf-8") as log:
+        _CURRENT.log = log  # _NotebookLogs writes this thread's papermill records here
+        try:
+            papermill.execute_notebook(
+                str(path), str(executed), parameters=parameters, kernel_name=KERNEL, cwd=str(cwd),
+                log_output=True, progress_bar=False,
+            )
+            record["status"] = "ok"
+        except Exception as exc:  # noqa: BLE001 - a failing notebook must not stop the suite
+            record["status"] = "failed"
+            record["error"] = _failure(exc)
+            log.write(f"\n[suite] {path.stem} failed:\n{''.join(traceback.format_exception(exc))}")
+        finally:
+            _CURRENT.log = None
     record["duration_s"] = round(time.perf_counter() - t0, 2)
     record["ended"] = _now()
     if executed.exists():
@@ -280,8 +408,14 @@ def run_suite(
     results_root: str | Path | None = None,
     figures_root: str | Path | None = None,
     jobs: int = 1,
+    verbose: bool = False,
+    wait: bool = False,
 ) -> int:
-    """Run the selected notebooks under ``profile``; return the exit status (1 if any failed)."""
+    """Run the selected notebooks under ``profile``; return the exit status (1 if any failed).
+
+    Holds the profile's lock (:func:`profile_lock`; ``wait``: queue behind a run that holds it) from the
+    first read of ``status.json`` to the index. ``verbose``: stream every notebook's output to the
+    console too (it always goes to ``reports/<profile>/logs/``)."""
     if not isinstance(jobs, int) or jobs < 1:
         raise config.ConfigError(f"jobs = {jobs!r}: must be an integer >= 1 (notebooks run at once)")
     notebooks_dir = Path(notebooks_dir or config.REPO_ROOT / "notebooks").resolve()
@@ -297,23 +431,38 @@ def run_suite(
                   f"`make reproduce PROFILE={profile} ONLY={stem[:2]}` runs it (docs/cost.md)",
                   flush=True)
     default_selection = [p for p in discovered if p.stem not in OWN_BUDGET.get(profile, ())]
-    status_path = reports_dir / "status.json"
-    status = load_status(status_path)
-    if rerun_failed:
-        previous = status["notebooks"]
-        notebooks = [p for p in notebooks if previous.get(p.stem, {}).get("status") in ("failed", "running")]
-        if not notebooks:
-            print(f"[suite] --rerun-failed: no failed notebook in {status_path}; nothing to run", flush=True)
-
     # Validate everything first, so a typo in a profile fails before an hour of work.
     parameters = {p.stem: notebook_parameters(profile, p.stem, force) for p in notebooks}
-    for p in notebooks:
-        if p.stem not in suite.NOTEBOOKS:
-            print(f"[suite] warning: {p.stem} is not registered in copes_lib.protocols.notebooks.NOTEBOOKS; "
-                  "its parameters are not validated here", flush=True)
+    with profile_lock(profile, results_root, wait=wait), _signals_interrupt(), _papermill_logs(verbose):
+        status_path = reports_dir / "status.json"
+        status = load_status(status_path)
+        tidied = tidy_after_killed_run(profile, status, results_root, figures_root)
+        for line in tidied:
+            print(f"[suite] {line}", flush=True)
+        if tidied and status["notebooks"]:
+            reports_dir.mkdir(parents=True, exist_ok=True)
+            _write_or_warn(runs.atomic_write_json, status_path, status)
+        if rerun_failed:
+            previous = status["notebooks"]
+            notebooks = [p for p in notebooks if previous.get(p.stem, {}).get("status") in UNFINISHED]
+            if not notebooks:
+                print(f"[suite] --rerun-failed: no failed notebook in {status_path}; nothing to run", flush=True)
+        for p in notebooks:
+            if p.stem not in suite.NOTEBOOKS:
+                print(f"[suite] warning: {p.stem} is not registered in copes_lib.protocols.notebooks.NOTEBOOKS; "
+                      "its parameters are not validated here", flush=True)
+        reports_dir.mkdir(parents=True, exist_ok=True)
+        status.update(profile=profile, notebooks_dir=str(notebooks_dir))
+        return _run_locked(profile, notebooks, discovered, default_selection, parameters, status, status_path,
+                           only=only, force=force, rerun_failed=rerun_failed, notebooks_dir=notebooks_dir,
+                           reports_dir=reports_dir, results_root=results_root, figures_root=figures_root, jobs=jobs)
 
-    reports_dir.mkdir(parents=True, exist_ok=True)
-    status.update(profile=profile, notebooks_dir=str(notebooks_dir))
+
+def _run_locked(profile: str, notebooks: list[Path], discovered: list[Path], default_selection: list[Path],
+                parameters: dict[str, dict[str, Any]], status: dict[str, Any], status_path: Path, *,
+                only: str | None, force: bool, rerun_failed: bool, notebooks_dir: Path, reports_dir: Path,
+                results_root: str | Path | None, figures_root: str | Path | None, jobs: int) -> int:
+    """The body of :func:`run_suite`, with the profile's lock held."""
     total = len(notebooks)
     suite_t0, suite_started, code = time.perf_counter(), _now(), runs.git_state()
     lock = threading.Lock()
@@ -338,6 +487,8 @@ def run_suite(
                 err = record["error"]
                 first = err["evalue"].splitlines()[0][:200] if err["evalue"] else ""
                 line += f" (cell {err['cell_index']}, In [{err['exec_count']}]: {err['ename']}: {first})"
+                if record.get("log"):
+                    line += f"; full output: {reports_dir / record['log']}"
             print(line, flush=True)
 
     waiting = needs(notebooks)
@@ -346,24 +497,49 @@ def run_suite(
     pending = sorted(notebooks, key=lambda p: (-priority[p.stem], p.stem)) if jobs > 1 else list(notebooks)
     finished: set[str] = set()
     halted: list[str] = []  # the preflight's reason, and the notebooks it left unrun
-    with _kernel_threads(jobs), ThreadPoolExecutor(max_workers=jobs) as pool:
-        running: dict[Any, str] = {}
-        while pending or running:
-            for path in [p for p in pending if waiting[p.stem] <= finished][: jobs - len(running)]:
-                pending.remove(path)
-                running[pool.submit(run_notebook, path)] = path.stem
-            if not running:  # cannot happen with an acyclic NEEDS; fail loudly rather than hang
-                raise RuntimeError(f"notebooks {[p.stem for p in pending]} wait on each other: check NEEDS")
-            done, _ = wait(running, return_when=FIRST_COMPLETED)
-            for future in done:
-                future.result()
-                stem = running.pop(future)
+    ended: queue.Queue[tuple[str, BaseException | None]] = queue.Queue()
+
+    def worker(path: Path) -> None:
+        try:
+            run_notebook(path)
+            ended.put((path.stem, None))
+        except BaseException as exc:  # noqa: BLE001 - handed to the main thread, which raises it
+            ended.put((path.stem, exc))
+
+    running: set[str] = set()
+    try:
+        with _kernel_threads(jobs):
+            while pending or running:
+                for path in [p for p in pending if waiting[p.stem] <= finished][: jobs - len(running)]:
+                    pending.remove(path)
+                    running.add(path.stem)
+                    # daemon threads: a stopped run exits at once (its kernels follow, ipykernel's parent poller)
+                    threading.Thread(target=worker, args=(path,), name=f"suite-{path.stem}", daemon=True).start()
+                if not running:  # cannot happen with an acyclic NEEDS; fail loudly rather than hang
+                    raise RuntimeError(f"notebooks {[p.stem for p in pending]} wait on each other: check NEEDS")
+                stem, exc = ended.get()
+                running.discard(stem)
+                if exc is not None:
+                    raise exc
                 finished.add(stem)
                 reason = None if only else preflight_halt(profile, stem, results_root)
                 if reason and pending:
                     halted[:] = [reason, *(p.stem for p in pending)]
                     pending.clear()
                     print(f"[suite] STOPPING after {stem}: {reason}. Not run: {', '.join(halted[1:])}", flush=True)
+    except BaseException as exc:  # Ctrl-C, SIGTERM, a runner bug: status.json must not say "running"
+        with lock:
+            stopped = [stem for stem, rec in status["notebooks"].items() if rec.get("status") == "running"]
+            for stem in stopped:
+                status["notebooks"][stem].update(status="interrupted", ended=_now(),
+                                                 interrupted=f"the run stopped ({type(exc).__name__}: {exc})")
+            status["updated"] = _now()
+            _write_or_warn(runs.atomic_write_json, status_path, status)
+        print(f"[suite] STOPPED ({type(exc).__name__}{': ' + str(exc) if str(exc) else ''}): "
+              f"{', '.join(stopped) or 'no notebook'} marked interrupted in {status_path}; not run: "
+              f"{', '.join(p.stem for p in pending) or 'none'}. Rerun them with --rerun-failed / RERUN_FAILED=1",
+              file=sys.stderr, flush=True)
+        raise
 
     try:
         index = report.render_index(profile, reports_dir, status, results_root=results_root,
@@ -384,7 +560,9 @@ def run_suite(
     print(f"[suite] {total} notebook(s) run in {time.perf_counter() - suite_t0:.1f}s; "
           f"report: {index}", flush=True)
     if failed:
+        logs = [str(reports_dir / status["notebooks"][s]["log"]) for s in failed if status["notebooks"][s].get("log")]
         print(f"[suite] FAILED: {', '.join(failed)} (details in {status_path}; "
+              f"{'full output in ' + ', '.join(logs) + '; ' if logs else ''}"
               "rerun them with --rerun-failed / RERUN_FAILED=1)", flush=True)
         return 1
     return 0
@@ -449,15 +627,43 @@ class _QuietCellMarkers(logging.Filter):
         return True
 
 
-def _setup_logging() -> None:
-    # papermill's --log-output goes through the "papermill" logger at INFO.
-    handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    handler.addFilter(_QuietCellMarkers())
+class _NotebookLogs(logging.Handler):
+    """Write each record to the log file of the notebook the logging thread runs (``_CURRENT.log``)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        log = getattr(_CURRENT, "log", None)
+        if log is not None:
+            try:
+                log.write(self.format(record) + "\n")
+                log.flush()
+            except Exception:  # noqa: BLE001 - logging must not fail a notebook
+                self.handleError(record)
+
+
+@contextlib.contextmanager
+def _papermill_logs(verbose: bool):
+    """papermill's log of every cell (its ``log_output``, the "papermill" logger at INFO) goes to the
+    running notebook's file in ``reports/<profile>/logs/``, and with ``verbose`` to the console too; the
+    logger's previous set-up comes back afterwards."""
     logger = logging.getLogger("papermill")
-    logger.handlers[:] = [handler]
+    saved = (logger.handlers[:], logger.level, logger.propagate)
+    formatter = logging.Formatter("%(message)s")
+    handlers: list[logging.Handler] = [_NotebookLogs()]
+    if verbose:
+        handlers.append(logging.StreamHandler(sys.stdout))
+    for handler in handlers:
+        handler.setFormatter(formatter)
+    quiet = _QuietCellMarkers()  # on the logger: it rewrites each record once, whatever the handlers
+    logger.handlers[:] = handlers
+    logger.addFilter(quiet)
     logger.setLevel(logging.INFO)
     logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
+        logger.handlers[:], level, logger.propagate = saved[0], saved[1], saved[2]
+        logger.setLevel(level)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -473,8 +679,13 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--reports-dir", default=None, help="default: reports/<profile>/")
     run.add_argument("--jobs", type=int, default=1,
                      help="notebooks run at once, each after those it reads from (NEEDS); 1 = in number order")
-    rerender = sub.add_parser("report", help="render reports/<profile>/ (HTML + index) again from the executed "
-                              "notebooks and results there; runs nothing")
+    run.add_argument("--verbose", action="store_true",
+                     help="stream every notebook's output to the console (default: one line as each notebook "
+                     "starts and ends; the full output is in reports/<profile>/logs/<notebook>.log)")
+    run.add_argument("--wait", action="store_true",
+                     help="if another run of this profile is in progress, wait for it (default: refuse, naming it)")
+    rerender = sub.add_parser("report", help="render reports/<profile>/ (HTML + index) from the executed notebooks "
+                              "there, or from the committed results/<profile>/ and figures/<profile>/; runs nothing")
     rerender.add_argument("--profile", default="cpu", choices=config.PROFILES)
     validate = sub.add_parser("validate", help="check profiles/<profile>.yaml against every notebook")
     validate.add_argument("--profile", default="cpu", choices=config.PROFILES)
@@ -496,9 +707,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "report":
             print(f"report: {render_reports(args.profile)}")
             return 0
-        _setup_logging()
         return run_suite(args.profile, only=args.only, force=args.force, rerun_failed=args.rerun_failed,
-                         notebooks_dir=args.notebooks_dir, reports_dir=args.reports_dir, jobs=args.jobs)
+                         notebooks_dir=args.notebooks_dir, reports_dir=args.reports_dir, jobs=args.jobs,
+                         verbose=args.verbose, wait=args.wait)
+    except SuiteBusyError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
+    except Interrupted as exc:  # SIGTERM / SIGHUP: status.json already says which notebooks stopped
+        return 128 + exc.signum
+    except KeyboardInterrupt:
+        return 130
     except config.ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

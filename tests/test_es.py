@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import functools
 import math
-import shutil
-import tempfile
 
 import numpy as np
 import pytest
@@ -375,15 +373,13 @@ def test_es_run_bookkeeping_is_the_shared_one(tmp_path):
 
 # ----------------------------------------------------------------------------- ray
 def test_ray_backend_gives_the_same_update_as_sequential():
-    ray = pytest.importorskip("ray")
+    pytest.importorskip("ray")
     config = cfg(subspaces=2)
     seq_model, objective = toy_quadratic(9)
     seq_es = ES(seq_model, config)
-    # a fresh local cluster in its own short temp dir: never join another session's cluster
-    temp_dir = tempfile.mkdtemp(prefix="ray_es_", dir="/tmp")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             configure_logging=False, _temp_dir=temp_dir)
-    try:
+    from ray_local import isolated_ray
+
+    with isolated_ray(prefix="ray_es_"):  # a cluster of its own: never another Ray user's (tests/ray_local.py)
         ray_model, _ = toy_quadratic(9)
         ray_es = ES(ray_model, ESConfig(**{**config.to_dict(), "backend": "ray", "ray_workers": 2}))
         backend = make_backend(ray_es, worker_factory=functools.partial(toy_quadratic, 9))
@@ -392,9 +388,6 @@ def test_ray_backend_gives_the_same_update_as_sequential():
             b = es_step(ray_es, step, objective, backend)  # after_update checks the replicas' checksums
             assert np.array_equal(a.rewards, b.rewards)
         backend.close()
-    finally:
-        ray.shutdown()
-        shutil.rmtree(temp_dir, ignore_errors=True)
     assert torch.equal(flat(seq_model), flat(ray_model))
 
 

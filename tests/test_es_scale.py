@@ -6,9 +6,7 @@ from __future__ import annotations
 import copy
 import functools
 import os
-import shutil
 import sys
-import tempfile
 import types
 
 import pytest
@@ -184,15 +182,12 @@ def fake_ray_modules() -> dict[str, types.ModuleType]:
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    ray = pytest.importorskip("ray")
-    # a fresh local cluster in its own short temp dir: never join another session's cluster
-    temp_dir = tempfile.mkdtemp(prefix="ray_scale_", dir="/tmp")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             configure_logging=False, _temp_dir=temp_dir)
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests/
-    yield ray
-    ray.shutdown()
-    shutil.rmtree(temp_dir, ignore_errors=True)
+    pytest.importorskip("ray")
+    from ray_local import isolated_ray
+
+    with isolated_ray(prefix="ray_scale_") as ray:  # a cluster of its own: never another Ray user's
+        ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests/
+        yield ray
 
 
 def _config(**kw) -> ESConfig:

@@ -299,3 +299,120 @@ def test_only_with_no_notebook_named_is_an_error():
         with pytest.raises(config.ConfigError, match="names no notebook"):
             cli.select(notebooks, only)
     assert cli.select(notebooks, "02") == [notebooks[1]]
+
+
+# ----------------------------------------------------------------------------- one run per profile
+_HOLDER = """
+import sys
+from copes_lib import cli
+kwargs = dict(notebooks_dir=sys.argv[1], reports_dir=sys.argv[2], results_root=sys.argv[3], figures_root=sys.argv[4])
+try:
+    sys.exit(cli.run_suite("smoke", **kwargs))
+except cli.Interrupted as exc:
+    sys.exit(128 + exc.signum)
+"""
+
+
+def _slow_suite(tmp_path):
+    """A suite whose one notebook stages a result in .partial/ (as runs.Run does), says it is running, and
+    then waits for a flag file (at most 10 minutes), so that a test can stop or race it."""
+    notebooks, results = tmp_path / "notebooks", tmp_path / "results"
+    notebooks.mkdir()
+    partial = results / "smoke" / "01_slow" / ".partial"
+    _notebook(notebooks / "01_slow.ipynb",
+              f"import pathlib, time\npathlib.Path({str(partial)!r}).mkdir(parents=True, exist_ok=True)\n"
+              f"pathlib.Path({str(partial / 'metrics.jsonl')!r}).write_text('{{}}')\n"
+              "pathlib.Path('started.flag').touch()\n"
+              "for _ in range(6000):\n    if pathlib.Path('release.flag').exists():\n        break\n    time.sleep(0.1)")
+    kwargs = {"notebooks_dir": notebooks, "reports_dir": tmp_path / "reports", "results_root": results,
+              "figures_root": tmp_path / "figures"}
+    return kwargs, partial
+
+
+def _start_holder(kwargs):
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, *(str(kwargs[k]) for k in (
+        "notebooks_dir", "reports_dir", "results_root", "figures_root"))], cwd=config.REPO_ROOT,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while not (kwargs["notebooks_dir"] / "started.flag").exists():  # the notebook is running
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    return proc
+
+
+def test_a_second_run_of_the_profile_refuses_naming_the_holder_and_a_killed_one_blocks_nothing(tmp_path, capsys):
+    import signal
+
+    kwargs, partial = _slow_suite(tmp_path)
+    holder = _start_holder(kwargs)
+    try:
+        with pytest.raises(cli.SuiteBusyError) as refused:
+            cli.run_suite("smoke", **kwargs)
+        message = str(refused.value)
+        assert f"pid {holder.pid}" in message and "started 20" in message
+        assert "command: python" in message and "--wait" in message and str(kwargs["results_root"] / "smoke") in message
+        status = runs.read_json(kwargs["reports_dir"] / "status.json")["notebooks"]
+        assert status["01_slow"]["status"] == "running"  # the refused run touched nothing
+        assert partial.is_dir()
+        (partial / "left_by_the_killed_run").touch()
+    finally:
+        holder.send_signal(signal.SIGKILL)  # killed: no handler runs, the kernel drops its lock
+        holder.wait()
+    assert holder.returncode == -signal.SIGKILL
+    (kwargs["notebooks_dir"] / "release.flag").touch()  # the next run's notebook need not wait
+    capsys.readouterr()
+    assert cli.run_suite("smoke", **kwargs) == 0  # not blocked by the dead holder
+    out = capsys.readouterr().out
+    assert f"deleted {partial}" in out and "01_slow: status 'running' left by a run that was killed" in out
+    assert runs.read_json(kwargs["reports_dir"] / "status.json")["notebooks"]["01_slow"]["status"] == "ok"
+    assert not (partial / "left_by_the_killed_run").exists()  # (this run's notebook staged its own again)
+    assert (kwargs["results_root"] / "smoke" / cli.LOCK_NAME).read_text() == ""  # released: names nobody
+
+
+def test_a_stopped_run_marks_its_notebooks_interrupted_and_frees_the_profile(tmp_path):
+    import signal
+
+    kwargs, _ = _slow_suite(tmp_path)
+    holder = _start_holder(kwargs)
+    holder.send_signal(signal.SIGTERM)
+    out, err = holder.communicate()
+    assert holder.returncode == 128 + signal.SIGTERM, (out, err)
+    record = runs.read_json(kwargs["reports_dir"] / "status.json")["notebooks"]["01_slow"]
+    assert record["status"] == "interrupted" and "SIGTERM" in record["interrupted"]
+    assert "01_slow marked interrupted" in err and "RERUN_FAILED=1" in err
+    (kwargs["notebooks_dir"] / "release.flag").touch()
+    assert cli.run_suite("smoke", rerun_failed=True, **kwargs) == 0  # interrupted counts as failed; lock free
+    assert runs.read_json(kwargs["reports_dir"] / "status.json")["notebooks"]["01_slow"]["status"] == "ok"
+
+
+def test_wait_queues_behind_the_holder(tmp_path, capsys):
+    import threading
+
+    kwargs, _ = _slow_suite(tmp_path)
+    holder = _start_holder(kwargs)
+    threading.Timer(3.0, (kwargs["notebooks_dir"] / "release.flag").touch).start()  # the holder ends
+    try:
+        assert cli.run_suite("smoke", wait=True, **kwargs) == 0
+    finally:
+        holder.wait()
+    assert f"waiting for the run that holds {kwargs['results_root'] / 'smoke' / cli.LOCK_NAME} (pid {holder.pid}" in (
+        capsys.readouterr().out)
+    assert holder.returncode == 0
+
+
+def test_the_console_shows_one_line_per_notebook_and_the_log_holds_the_rest(suite, capsys):
+    _notebook(suite["notebooks_dir"] / "01_first.ipynb", "print('OUTPUT OF A CELL')")
+    assert cli.run_suite("smoke", **suite) == 1
+    out = capsys.readouterr().out
+    assert "OUTPUT OF A CELL" not in out and "-- cell" not in out and "Executing notebook" not in out
+    log = suite["reports_dir"] / "logs" / "02_broken.log"
+    assert "[suite 2/3] 02_broken failed in" in out and f"full output: {log}" in out
+    assert "deliberate failure" in log.read_text() and "OUTPUT OF A CELL" in (log.parent / "01_first.log").read_text()
+    assert [line for line in out.splitlines() if "01_first" in line and not line.startswith("[suite]")] == [
+        line for line in out.splitlines() if line.startswith("[suite 1/3] 01_first")]  # start and end only
+    assert runs.read_json(suite["reports_dir"] / "status.json")["notebooks"]["02_broken"]["log"] == "logs/02_broken.log"
+    assert cli.run_suite("smoke", only="01", verbose=True, **suite) == 0
+    out = capsys.readouterr().out
+    assert "OUTPUT OF A CELL" in out and "-- cell" in out
