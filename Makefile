@@ -89,7 +89,7 @@ KERNEL_ENV_ARGS := $(foreach v,$(KERNEL_PIN_VARS),--env $(v) $($(v)))
 KERNEL_STAMP := $(VENV)/.kernel-$(shell echo '$(KERNEL_ENV_ARGS)' | sha256sum | cut -c1-16)
 	@echo "make test      ruff + pytest (unit tests and every notebook under the smoke profile)"
 	@echo "make lab       JupyterLab from .venv (LAB_ARGS=\"--no-browser --port 8888\" to pass options)"
-	@echo "make preflight [PROFILE=cpu]  the testbed's preconditions on the profile's base (docs/preflight.md)"
+	@echo "make preflight [PROFILE=cpu] [SEEDS=0,1,2,3,4]  the testbed's preconditions on the profile's base, per warm-start seed (docs/preflight.md)"
 	@echo "make venv      create/update .venv from requirements.txt (no-op when up to date)"
 	@echo "make venv-gpu  create/update .venv-gpu from requirements-gpu.txt (PROFILE=gpu does it itself);"
 	@echo "               SYSTEM_TORCH=1 reuses an installed CUDA torch >= 2.7; PYTHON_GPU=python3.12 etc. (3.11-3.13)"
@@ -188,7 +188,7 @@ validate: venv
 # The testbed's preconditions on the profile's base, before any experiment (docs/preflight.md): exit 2
 # when one fails. Writes results/preflight/$(PROFILE).json and figures/preflight/$(PROFILE).png.
 preflight: venv
-	$(BIN)/python -m copes_lib.protocols.preflight --profile $(PROFILE)
+	$(BIN)/python -m copes_lib.protocols.preflight --profile $(PROFILE) $(if $(SEEDS),--seeds $(SEEDS))
 
 # Opens at the repository root (notebooks/, results/, reports/, figures/ all reachable); as root (common
 # in GPU containers) Jupyter refuses to start without --allow-root.

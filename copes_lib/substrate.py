@@ -49,12 +49,16 @@ PROTOCOLS = ("paper", "latent")
 #: homogeneous (a random fraction p of tasks, so greedy decoding takes the majority form everywhere) or cued
 #: (the tasks whose cue, a feature of the question the model reads, falls in a seeded set of cue values
 #: covering about p of the training tasks: greedy decoding then earns the reward on about p of the problems), or
-#: graded (each cue value gets its own rate g, evenly spaced over [graded_low, graded_high], and each task keeps the
+#: graded (each latent unit, the subject name of copes_lib.tasks.units, gets its own rate g, evenly spaced over
+#: [graded_low, graded_high] (QA: graded_high_qa), and each task keeps the
 #: paper's protocol with probability g(its cue): the protocol is stochastic per sample and graded across prompts, as
 #: a pretrained model's is; docs/preflight.md#p2-the-graded-base-the-new-headline-base-design).
 PRIORS = ("homogeneous", "cued", "graded")
 #: The latent answer form: the final turn states the answer in plain text and ends the trajectory.
 LATENT_ANSWER = "Answer: {answer}"
+#: A base's accuracy is read over the last TAIL_POINTS curve points (their mean), not its last point: greedy strict
+#: accuracy jumps between neighbouring points on a graded base (docs/preflight.md#p8-many-independent-units-registered-2026-12-03).
+TAIL_POINTS = 4
 #: Converged: the best lenient score of the curve's last quarter beats the best before it by <= this.
 CONVERGENCE_DELTA, CONVERGENCE_TAIL = 0.05, 0.25
 
@@ -106,12 +110,17 @@ class WarmStartConfig(Config):
                             "in [0, 1)", ge=0.0, lt=1.0)
     latent_prior: str = param("homogeneous", "latent protocol: how the paper-protocol traces are assigned: "
                               "homogeneous (a random fraction latent_p of tasks), cued (every task whose cue, the "
-                              "first letter of the question's subject name, is in a seeded set of letters covering "
-                              "about latent_p of the tasks) or graded (each cue value its own rate, evenly spaced "
-                              "over [graded_low, graded_high]; latent_p is then unused)", choices=PRIORS)
+                              "first letter of its unit, the subject name, is in a seeded set of letters covering "
+                              "about latent_p of the tasks) or graded (each latent unit, the subject name, its own "
+                              "rate, evenly spaced over [graded_low, graded_high]; latent_p is then unused)",
+                              choices=PRIORS)
     graded_low: float = param(0.02, "graded prior: the lowest cue value's rate of paper-protocol traces, in [0, 1)",
                               ge=0.0, lt=1.0)
-    graded_high: float = param(0.70, "graded prior: the highest cue value's rate, in (graded_low, 1)", gt=0.0, lt=1.0)
+    graded_high: float = param(0.70, "graded prior: the highest unit's rate (math), in (graded_low, 1)", gt=0.0, lt=1.0)
+    graded_high_qa: float = param(0.55, "graded prior: the highest unit's rate on QA, in (graded_low, 1): at most "
+                                  "(high - 0.40) / (high - low) of QA's units lie above 0.40, so its strict accuracy "
+                                  "stays under P4's bound 0.30 by design (docs/preflight.md#p8-many-independent-units-"
+                                  "registered-2026-12-03)", gt=0.0, lt=1.0)
     lr_decay: float = param(0.0, "fraction of the last warm-start steps over which the learning rate decays "
                             "linearly to 0 (0: constant after the warmup; the graded base uses 0.25: "
                             "docs/preflight.md#p2-the-graded-base-the-new-headline-base-design)", ge=0.0, le=1.0)
@@ -120,6 +129,9 @@ class WarmStartConfig(Config):
     latent_qa_steps: int = param(1000, "latent protocol: QA warm-start steps, trained exactly (no stopping rule)", ge=1)
 
     def check(self) -> None:
+        if self.graded_low >= self.graded_high_qa:
+            raise ConfigError(f"graded_low = {self.graded_low} must be < graded_high_qa = {self.graded_high_qa}; valid: "
+                              "0 <= graded_low < graded_high_qa < 1")
         if self.graded_low >= self.graded_high:
             raise ConfigError(f"graded_low = {self.graded_low} must be < graded_high = {self.graded_high}; valid: "
                               "0 <= graded_low < graded_high < 1 (docs/preflight.md#p2-the-graded-base-the-new-headline-base-design)")
@@ -284,7 +296,7 @@ def _warm_config(config: WarmStartConfig, kind: str, seed: int) -> dict:
         if config.latent_prior != "homogeneous":  # the homogeneous prior keeps its earlier key
             latent["latent_prior"] = config.latent_prior
         if config.latent_prior == "graded":
-            latent.update(graded_low=config.graded_low, graded_high=config.graded_high)
+            latent.update(graded_low=config.graded_low, graded_high=graded_range(config, kind)[1], unit="subject")
             latent.pop("latent_p")  # unused by the graded prior
     if config.lr_decay:  # earlier bases (constant rate) keep their keys
         latent["lr_decay"] = config.lr_decay
@@ -311,21 +323,16 @@ def latent_reference(reference: str) -> str:
 
 
 def prior_cue(task) -> str:
-    """The feature of a question the cued prior keys on: the first letter of its subject's name (math:
-    the person, the question's first word; QA: the first capitalised word after the first). Names are
-    shared by the training and validation problems (math) or drawn from the same syllables (QA), so
-    the cue of a validation problem is one the warm start has seen, and it says nothing of the answer.
+    """The feature of a question the cued prior keys on: the first letter of its latent unit, the subject
+    name (``Task.unit_id``; math: the story's person, QA: the asker; copes_lib.tasks.units). The names
+    are shared by the training and held-out problems, so the cue of a validation problem is one the warm
+    start has seen, and it says nothing of the answer. A cue groups the units whose names share a letter.
 
     >>> from copes_lib.tasks.protocol import Task
-    >>> prior_cue(Task("m", "math", "Ada has 3 eggs. How many eggs does Ada have now?", ("3",), 1))
+    >>> prior_cue(Task("m", "math", "Ada has 3 eggs. How many eggs does Ada have now?", ("3",), 1, unit_id="Ada"))
     'A'
-    >>> prior_cue(Task("q", "qa", "In which country was Vinqua Dorel born?", ("X",), 2))
-    'V'
     """
-    words = task.question.split()
-    if task.kind == "math" or len(words) < 2:
-        return words[0][0].upper() if words else ""
-    return next((w[0] for w in words[1:] if w[0].isupper()), words[0][0].upper())
+    return task.unit_id[:1].upper()
 
 
 def cued_values(tasks: list, p: float, seed: int) -> set[str]:
@@ -346,11 +353,13 @@ def cued_values(tasks: list, p: float, seed: int) -> set[str]:
 
 
 def graded_rates(tasks: list, low: float, high: float, seed: int) -> dict[str, float]:
-    """The graded prior's rate per cue value: the cues of ``tasks`` in a seeded random order get rates
-    evenly spaced over [low, high] (one cue value: ``low``).
+    """The graded prior's rate per latent unit (``Task.unit_id``, the subject name): the units of ``tasks``
+    in a seeded random order get rates evenly spaced over [low, high] (one unit: ``low``)
+    (docs/preflight.md#p8-many-independent-units-registered-2026-12-03; before it the prior keyed on the
+    name's first letter, 20-24 values).
 
     >>> from copes_lib.tasks.protocol import Task
-    >>> tasks = [Task(str(i), "math", f"{n} has 3 eggs.", ("3",), 1) for i, n in enumerate(["Ada", "Bo", "Cy"])]
+    >>> tasks = [Task(str(i), "math", f"{n} has 3 eggs.", ("3",), 1, unit_id=n) for i, n in enumerate(["Ada", "Bo", "Cy"])]
     >>> sorted(graded_rates(tasks, 0.1, 0.5, seed=0).values())
     [0.1, 0.3, 0.5]
     """
@@ -358,14 +367,25 @@ def graded_rates(tasks: list, low: float, high: float, seed: int) -> dict[str, f
 
     if not 0.0 <= low < high < 1.0:
         raise ConfigError(f"graded rates [{low}, {high}] are not valid; valid: 0 <= graded_low < graded_high < 1 "
-                          "(WARM_GRADED_LOW, WARM_GRADED_HIGH)")
-    cues = sorted({prior_cue(t) for t in tasks} - {""})
-    if not cues:
-        raise ConfigError("the graded prior needs tasks with a cue (the first letter of the question's subject); "
-                          f"none of the {len(tasks)} tasks has one")
-    random.Random(f"graded-cue-{seed}").shuffle(cues)
-    step = (high - low) / (len(cues) - 1) if len(cues) > 1 else 0.0
-    return {cue: round(low + i * step, 6) for i, cue in enumerate(cues)}
+                          "(WARM_GRADED_LOW, WARM_GRADED_HIGH, graded_high_qa)")
+    units = sorted({t.unit_id for t in tasks} - {""})
+    if not units:
+        raise ConfigError(f"the graded prior needs tasks with a latent unit (Task.unit_id); none of the {len(tasks)} "
+                          "tasks has one")
+    random.Random(f"graded-unit-{seed}").shuffle(units)
+    step = (high - low) / (len(units) - 1) if len(units) > 1 else 0.0
+    return {unit: round(low + i * step, 6) for i, unit in enumerate(units)}
+
+
+def graded_range(config: WarmStartConfig, kind: str) -> tuple[float, float]:
+    """(low, high) of the graded prior's rates for ``kind``: QA's high is ``graded_high_qa``, so that QA's
+    strict accuracy stays under its bound by design (docs/preflight.md#p8-many-independent-units-registered-2026-12-03)."""
+    return config.graded_low, config.graded_high_qa if kind == "qa" else config.graded_high
+
+
+def unit_rates(tasks: list, config: WarmStartConfig, kind: str, seed: int) -> dict[str, float]:
+    """The graded prior's rate per unit of ``kind`` under ``config`` and warm-start ``seed``."""
+    return graded_rates(tasks, *graded_range(config, kind), seed)
 
 
 def latent_trace_mix(tasks: list, p: float, seed: int, prior: str = "homogeneous",
@@ -373,14 +393,14 @@ def latent_trace_mix(tasks: list, p: float, seed: int, prior: str = "homogeneous
     """(tasks with their traces in the latent mix, number kept in the paper's protocol). Homogeneous:
     exactly round(p x len(tasks)) tasks, drawn with a generator seeded by ``seed``, keep the paper's
     answer protocol; cued: the tasks whose :func:`prior_cue` is in :func:`cued_values` do; graded: each
-    task does with probability g(its cue) (:func:`graded_rates` over ``graded`` = (low, high); one
+    task does with probability g(its unit) (:func:`graded_rates` over ``graded`` = (low, high); one
     seeded draw per task, ``p`` unused). The others get :func:`latent_reference`. Order unchanged."""
     import random
 
     if prior == "graded":
         rates = graded_rates(tasks, *graded, seed)
         draw = random.Random(f"graded-protocol-{seed}")
-        keep = {i for i, t in enumerate(tasks) if draw.random() < rates.get(prior_cue(t), 0.0)}
+        keep = {i for i, t in enumerate(tasks) if draw.random() < rates.get(t.unit_id, 0.0)}
         mixed = [t if i in keep else dataclasses.replace(t, reference=latent_reference(t.reference))
                  for i, t in enumerate(tasks)]
         return mixed, len(keep)
@@ -398,6 +418,18 @@ def latent_trace_mix(tasks: list, p: float, seed: int, prior: str = "homogeneous
     mixed = [t if i in keep else dataclasses.replace(t, reference=latent_reference(t.reference))
              for i, t in enumerate(tasks)]
     return mixed, n_paper
+
+
+def tail_mean(curve: list[dict], key: str = "val_strict", k: int = TAIL_POINTS) -> dict[str, float]:
+    """Mean, min and max of ``key`` over the last ``k`` curve points after the first (step 0 excluded).
+
+    >>> tail_mean([{"val_strict": v} for v in (0.0, 0.1, 0.3, 0.2, 0.2, 0.3)], k=4)
+    {'mean': 0.25, 'min': 0.2, 'max': 0.3, 'points': 4}
+    """
+    scores = [p[key] for p in curve[1:] if key in p and p[key] == p[key]][-k:]
+    if not scores:
+        return {"mean": float("nan"), "min": float("nan"), "max": float("nan"), "points": 0}
+    return {"mean": round(sum(scores) / len(scores), 6), "min": min(scores), "max": max(scores), "points": len(scores)}
 
 
 def converged(curve: list[dict], key: str = "val_lenient", delta: float = CONVERGENCE_DELTA,
@@ -556,7 +588,7 @@ def warm_start(profile: str, kind: str = "math", seed: int = 0, force: bool = Fa
     n_paper = len(train)
     if config.protocol == "latent":
         train, n_paper = latent_trace_mix(train, config.latent_p, seed, config.latent_prior,
-                                          (config.graded_low, config.graded_high))
+                                          graded_range(config, kind))
     t0 = time.perf_counter()
     with threads.fixed_threads(), make_env(kind, profile) as env:
         model = build_agent_model(config.model_size, len(tokenizer), seed, config.max_context, tokenizer)
@@ -588,4 +620,4 @@ __all__ = ["WarmStartConfig", "MODEL_SIZES", "train_agent_tokenizer", "get_token
            "model_config", "count_model_params", "load_pretrained", "encode_trace", "warm_start", "warm_start_folder",
            "train_warm_start", "warm_rollout_config", "describe", "PROTOCOLS", "latent_reference", "latent_trace_mix", "PRIORS", "prior_cue", "cued_values",
            "graded_rates",
-           "converged"]
+           "graded_range", "unit_rates", "tail_mean", "TAIL_POINTS", "converged"]

@@ -12,13 +12,13 @@ from copes_lib.substrate import WarmStartConfig, graded_rates, latent_trace_mix
 from copes_lib.tasks.protocol import Task
 from copes_lib.tasks.regime import CRITERIA, criterion_for
 
-GOOD = {"G1": 0.8, "G2": 0.5, "E1": 0.7, "E2": 0.0, "R": 0.3, "R_low": 0.2, "R_high": 0.4}
+GOOD = {"G1": 0.8, "G2": 0.5, "E1": 0.7, "E2": 0.0, "R": 0.3, "R_low": 0.2, "R_high": 0.4, "U": 0.3}
 
 
 def test_judge_holds_and_fails_by_the_registered_floors():
     criterion = pf.PreflightCriterion()
     assert pf.judge(GOOD, criterion)["met"]
-    for pid, bad in (("G1", 0.49), ("G2", 0.24), ("E1", 0.49), ("E2", 0.125), ("R", 0.14)):
+    for pid, bad in (("G1", 0.49), ("G2", 0.24), ("E1", 0.49), ("E2", 0.125), ("R", 0.14), ("U", 0.51)):
         verdict = pf.judge({**GOOD, pid: bad}, criterion)
         assert verdict["verdicts"][pid] == "fails" and verdict["failed"] == [pid] and not verdict["met"]
 
@@ -34,7 +34,8 @@ def test_unmeasured_precondition_never_holds():
 
 
 @pytest.mark.parametrize("field", ["min_varied_groups", "min_protocol_groups", "min_members_differ",
-                                   "max_tied_steps", "min_reference_gain"])
+                                   "max_tied_steps", "min_reference_gain", "max_top_unit_gain_share",
+                                   "top_unit_fraction"])
 def test_a_floor_outside_its_range_names_the_field(field):
     with pytest.raises(ConfigError, match=field):
         pf.PreflightCriterion(**{field: 1.5})
@@ -58,8 +59,33 @@ def test_not_actionable_reason_names_the_failed_preconditions():
 
 def _tasks(names, copies=1):
     return [Task(f"{n}{i}", "math", f"{n} has 3 eggs. How many eggs does {n} have?", ("3",), 1,
-                 reference="<python>print(3)</python><output>3</output><answer>\\boxed{3}</answer>")
+                 reference="<python>print(3)</python><output>3</output><answer>\\boxed{3}</answer>", unit_id=n)
             for n in names for i in range(copies)]
+
+
+def test_unit_spread_counts_the_share_of_the_top_units():
+    """U: a gain carried by one unit of ten fails the registered rule; the same gain over every unit holds."""
+    units = [f"u{i}" for i in range(10) for _ in range(2)]
+    concentrated = [1.0 if u == "u0" else 0.0 for u in units]
+    spread = [0.5] * len(units)
+    assert pf.unit_spread(concentrated, units)["top_share"] == 1.0
+    assert pf.unit_spread(spread, units)["top_share"] == pytest.approx(0.1)
+    assert math.isnan(pf.unit_spread([0.0] * 20, units)["top_share"])  # no gain: U not measured
+    criterion = pf.PreflightCriterion()
+    assert pf.judge({**GOOD, "U": pf.unit_spread(concentrated, units)["top_share"]}, criterion)["failed"] == ["U"]
+    with pytest.raises(ValueError, match="unit ids"):
+        pf.unit_spread([1.0], ["a", "b"])
+
+
+def test_base_shape_judges_targets_one_to_four():
+    rates, margins, g = [0.5] * 10, [float(i) / 10 for i in range(10)], [i / 10 for i in range(10)]
+    ok = pf.base_shape(margins, rates, g, strict_tail=0.2, lenient_tail=0.9, strict_band=(0.05, 0.492), min_lenient=0.55)
+    assert ok["targets_met"] and ok["targets_judged"] == ["1", "2", "3", "4"]
+    low = pf.base_shape(margins, rates, g, strict_tail=0.004, lenient_tail=0.92, strict_band=(0.05, 0.492),
+                        min_lenient=0.55)  # seed 2 of P7: greedy strict collapsed
+    assert low["failed_targets"] == ["1"] and not low["targets_met"]
+    flat = pf.base_shape(margins, rates, list(reversed(g)))  # margins against g: the key was not learned
+    assert flat["failed_targets"] == ["4"] and flat["targets_judged"] == ["3", "4"]
 
 
 def test_graded_rates_are_evenly_spaced_and_seeded():
@@ -70,12 +96,12 @@ def test_graded_rates_are_evenly_spaced_and_seeded():
     assert any(graded_rates(tasks, 0.02, 0.70, seed=s) != rates for s in range(1, 5))
 
 
-def test_graded_mix_keeps_each_cue_at_its_rate():
+def test_graded_mix_keeps_each_unit_at_its_rate():
     tasks = _tasks(["Ada", "Bo"], copies=2000)
     rates = graded_rates(tasks, 0.1, 0.6, seed=3)
     mixed, n_paper = latent_trace_mix(tasks, 0.0, seed=3, prior="graded", graded=(0.1, 0.6))
-    for cue, rate in rates.items():
-        kept = [t for t in mixed if t.question.startswith(cue) and t.reference.endswith("</answer>")]
+    for unit, rate in rates.items():
+        kept = [t for t in mixed if t.unit_id == unit and t.reference.endswith("</answer>")]
         assert abs(len(kept) / 2000 - rate) < 0.04
     assert n_paper == sum(t.reference.endswith("</answer>") for t in mixed)
 
@@ -85,8 +111,10 @@ def test_graded_prior_bad_input():
         WarmStartConfig(graded_low=0.5, graded_high=0.3)
     with pytest.raises(ConfigError, match="graded_high"):
         WarmStartConfig(graded_high=1.0)
-    with pytest.raises(ConfigError, match="cue"):
-        graded_rates([Task("x", "math", "", ("1",), 1)], 0.1, 0.5, seed=0)
+    with pytest.raises(ConfigError, match="unit"):
+        graded_rates([], 0.1, 0.5, seed=0)
+    with pytest.raises(ConfigError, match="graded_high_qa"):
+        WarmStartConfig(graded_low=0.6, graded_high=0.7, graded_high_qa=0.55)
     from copes_lib.protocols.params import SubstrateNotebookParams
 
     with pytest.raises(ConfigError, match="WARM_GRADED_LOW"):
@@ -112,16 +140,20 @@ def test_warm_start_key_separates_graded_and_decay():
 
 @pytest.mark.slow
 def test_preflight_fails_on_a_base_whose_protocol_is_deterministic():
-    """The smoke base is trained on paper-protocol traces only: its answer form never varies, so G2 must fail,
-    the preflight is not met, and the summary keys say which precondition failed."""
+    """The smoke base is trained on paper-protocol traces only: its answer form is (nearly) fixed per prompt,
+    with decision margins far beyond P2's 2 logits, a 2-step GRPO pilot cannot gain, the preflight is not met,
+    and the summary keys say which preconditions failed."""
     settings = pf.PreflightSettings(prompts=8, group_size=4, members=4, batch_size=4, sigma_ladder="0.01,0.04,0.16",
                                     calibration_members=4, calibration_batches=1, pilot_steps=2, tuning_problems=16)
     report = pf.run_preflight("smoke", "math", settings, pf.PreflightCriterion(), log=lambda *_: None)
-    assert report["values"]["G2"] == 0.0 and report["verdicts"]["G2"] == "fails" and not report["met"]
-    assert report["shape"]["rates_inside_share"] == 0.0 and not report["shape"]["targets_met"]
+    assert report["groups"]["protocol_rate_mean"] >= 0.75 and report["shape"]["margin_median_abs"] > 2.0
+    assert "4" in report["shape"]["failed_targets"] and not report["met"]
+    assert report["verdicts"]["R"] == "fails" and report["verdicts"]["U"] == "not measured"  # no gain to spread
     keys = pf.summary_keys({"math": report})
-    assert keys["preflight_met"] is False and "math G2" in keys["preflight_failed"]
+    assert keys["preflight_met"] is False and {f"math {p}" for p in report["failed"]} == set(keys["preflight_failed"])
+    assert "math R" in keys["preflight_failed"] and keys["preflight_math_u_verdict"] == "not measured"
     assert len(report["calibration"]) == 3 and all(0 <= row["share"] <= 1 for row in report["calibration"])
+    assert report["units"]["units"] == 16  # the 16 tuning problems: one subject each
 
 
 def test_runner_stops_after_01_only_when_an_enforced_preflight_failed(tmp_path):
@@ -161,7 +193,7 @@ def test_make_preflight_writes_its_measurement_and_exits_2_when_not_actionable(t
     seen = []
     monkeypatch.setattr(pf, "run_preflight", lambda profile, kind, *a, **kw: seen.append((profile, kind, kw["prior"]))
                         or _fake_report(values))
-    assert pf.main(["--profile", "cpu", "--kinds", "math,qa"]) == exit_code
+    assert pf.main(["--profile", "cpu", "--kinds", "math,qa", "--record"]) == exit_code
     assert seen == [("cpu", "math", "graded"), ("cpu", "qa", "graded")]  # the cpu base's registered prior
     written = runs.read_json(tmp_path / "results" / "preflight" / "cpu.json")
     assert set(written["kinds"]) == {"math", "qa"} and written["kinds"]["math"]["values"]["G1"] == values["G1"]
@@ -170,3 +202,30 @@ def test_make_preflight_writes_its_measurement_and_exits_2_when_not_actionable(t
     assert ("every precondition holds" in out) == (exit_code == 0) and ("math G2" in out or "'G2'" in out) == bool(exit_code)
     with pytest.raises(SystemExit):
         pf.main(["--profile", "gpu"])  # not a choice: argparse names the valid ones
+
+
+def test_make_preflight_seeds_runs_one_full_preflight_per_warm_start_seed(tmp_path, monkeypatch, capsys):
+    """`make preflight SEEDS=0,1,2,3,4` (docs/preflight.md#p85-the-bases-targets-gate-on-every-seed-the-run-uses):
+    one preflight per kind and seed, each on that seed's base; a shape target missed on one seed fails the whole."""
+    from copes_lib import runs
+
+    monkeypatch.setattr(runs, "RESULTS_ROOT", tmp_path / "results")
+    monkeypatch.setattr(runs, "FIGURES_ROOT", tmp_path / "figures")
+    seen = []
+
+    def fake(profile, kind, *a, **kw):
+        seen.append((kind, kw["warm_seed"], kw["shape_seeds"]))
+        report = _fake_report(GOOD)
+        if kw["warm_seed"] == 2:
+            report = {**report, "failed": ["shape seed 2: targets 1"], "met": False}
+        return report
+
+    monkeypatch.setattr(pf, "run_preflight", fake)
+    assert pf.main(["--profile", "cpu", "--kinds", "math", "--seeds", "0,1,2", "--record"]) == 2
+    assert seen == [("math", 0, []), ("math", 1, []), ("math", 2, [])]
+    written = runs.read_json(tmp_path / "results" / "preflight" / "cpu.json")
+    assert written["seeds"] == [0, 1, 2] and set(written["kinds"]) == {"math seed 0", "math seed 1", "math seed 2"}
+    assert "shape seed 2" in capsys.readouterr().out
+    for bad in ("0,a", "1,1", "-1"):
+        with pytest.raises(SystemExit):
+            pf.main(["--profile", "cpu", "--seeds", bad])

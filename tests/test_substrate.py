@@ -170,6 +170,37 @@ def test_the_cued_prior_keys_the_paper_protocol_on_a_question_feature(kind):
         SubstrateNotebookParams(WARM_LATENT_PRIOR="random")
 
 
+@pytest.mark.parametrize("kind", ["math", "qa"])
+def test_the_graded_prior_gives_each_unit_its_own_rate(kind):
+    """docs/preflight.md#p82-the-graded-prior-over-units: one rate per subject name, evenly spaced over the kind's
+    range (QA's top is graded_high_qa), each unit's paper-protocol share near its rate, seeded."""
+    from copes_lib.substrate import WarmStartConfig, graded_range, latent_trace_mix, unit_rates
+
+    config = WarmStartConfig(protocol="latent", latent_prior="graded")
+    tasks = load_tasks("cpu", kind, "train")
+    rates = unit_rates(tasks, config, kind, seed=0)
+    low, high = graded_range(config, kind)
+    assert len(rates) == 128 and min(rates.values()) == low and max(rates.values()) == pytest.approx(high)
+    assert (low, high) == ((0.02, 0.55) if kind == "qa" else (0.02, 0.70))
+    mixed, n_paper = latent_trace_mix(tasks, 0.0, seed=0, prior="graded", graded=(low, high))
+    by_unit: dict[str, list[bool]] = {}
+    for t in mixed:
+        by_unit.setdefault(t.unit_id, []).append("<answer>" in t.reference)
+    share = {u: sum(v) / len(v) for u, v in by_unit.items()}
+    assert sum(abs(share[u] - rates[u]) for u in rates) / len(rates) < 0.08  # ~40-80 Bernoulli draws per unit
+    assert abs(n_paper / len(tasks) - sum(rates.values()) / len(rates)) < 0.02
+    assert unit_rates(tasks, config, kind, seed=1) != rates  # the order follows the warm-start seed
+
+
+def test_tail_mean_reads_the_last_points():
+    from copes_lib.substrate import tail_mean
+
+    curve = [{"step": 0, "val_strict": 0.0}] + [{"step": s, "val_strict": v} for s, v in
+                                                 ((850, 0.023), (900, 0.1), (950, 0.266), (1000, 0.2))]
+    assert tail_mean(curve)["mean"] == pytest.approx((0.023 + 0.1 + 0.266 + 0.2) / 4)
+    assert tail_mean(curve, k=1)["mean"] == 0.2 and tail_mean(curve[:1])["points"] == 0
+
+
 def test_a_latent_trace_ends_on_eos_and_a_paper_trace_does_not(tokenizer):
     from copes_lib.substrate import latent_trace_mix
 
@@ -200,6 +231,8 @@ def test_cache_key_changes_with_p_and_the_paper_base_keeps_its_key():
     graded = dataclasses.replace(latent, latent_prior="graded")
     assert folder(dataclasses.replace(graded, latent_p=0.3)) == folder(graded)  # the graded prior ignores p
     assert folder(dataclasses.replace(graded, graded_high=0.6)) != folder(graded)
+    assert folder(dataclasses.replace(graded, graded_high_qa=0.5), "qa") != folder(graded, "qa")
+    assert folder(dataclasses.replace(graded, graded_high_qa=0.5)) == folder(graded)  # math reads graded_high
     # the paper protocol ignores the latent knobs, so its cache entry (the skill-gap control) is unchanged
     assert folder(dataclasses.replace(base, latent_p=0.3, latent_math_steps=7)) == folder(base)
 

@@ -196,3 +196,44 @@ def test_stratified_holdout_keeps_proportions():
     assert len(held) == 10 and len(train) == 90
     assert sum(int(t.id) >= 80 for t in held) == 2
     assert not {t.id for t in train} & {t.id for t in held}
+
+
+@pytest.mark.parametrize("profile", ["smoke", "cpu"])
+@pytest.mark.parametrize("kind", ["math", "qa"])
+def test_every_evaluation_split_has_many_small_units(profile, kind):
+    """docs/preflight.md#p8-many-independent-units-registered-2026-12-03: every task carries its latent unit (the
+    subject name, in the question), every evaluation split meets the floors, and train and held-out problems
+    share the pool."""
+    from copes_lib.tasks import TUNING_SPLIT, UNIT_SPECS, load_tasks, unit_report
+
+    spec = UNIT_SPECS[profile]
+    report = unit_report(profile, kind)
+    for split in ("val", "test", TUNING_SPLIT):
+        assert report[split]["units"] >= spec.min_units and report[split]["max_share"] <= spec.max_unit_share
+    train_units = {t.unit_id for t in load_tasks(profile, kind, "train")}
+    for task in load_tasks(profile, kind, "val"):
+        assert task.unit_id in train_units and task.question.startswith(task.unit_id + " ")
+    if profile == "cpu":  # the registered figures (P8.1)
+        assert report["val"]["units"] == report["test"]["units"] == report[TUNING_SPLIT]["units"] == 128
+
+
+def test_a_prior_spec_below_the_floor_is_a_clear_error():
+    from copes_lib.tasks.protocol import Task
+    from copes_lib.tasks.units import UnitSpec, check_units
+
+    with pytest.raises(ConfigError, match="units = 24 is below the floor min_units = 100"):
+        UnitSpec(units=24)
+    with pytest.raises(ConfigError, match="max_unit_share"):
+        UnitSpec(max_unit_share=0.0)
+    few = [Task(str(i), "math", "q", ("1",), 1, unit_id="ABC"[i % 3]) for i in range(300)]
+    with pytest.raises(ConfigError, match="3 distinct units, below min_units = 100"):
+        check_units(few, UnitSpec(), "val")
+    lopsided = [Task(str(i), "math", "q", ("1",), 1, unit_id="big" if i < 20 else f"u{i}") for i in range(400)]
+    with pytest.raises(ConfigError, match="above max_unit_share = 0.02"):
+        check_units(lopsided, UnitSpec(), "val")
+
+
+def test_a_real_problem_is_its_own_unit():
+    from copes_lib.tasks.protocol import Task
+
+    assert Task("gsm8k-7", "math", "q", ("1",), 1).unit_id == "gsm8k-7"

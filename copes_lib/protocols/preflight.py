@@ -14,8 +14,11 @@ tuning split, in minutes:
   differs from the base's;
 - **E2** (:func:`es_pilot`): share of steps of a short standard-ES pilot on which every member tied;
 - **R** (:func:`grpo_pilot`): a short full-GRPO pilot's strict gain on the tuning split, paired;
-- the graded base's shape (:func:`decision_margins`): the logit margin of the reward's answer form over
-  the latent one at the final turn's first token.
+- **U** (:func:`unit_spread`): the share of R's gain carried by the top 10% of latent units
+  (docs/preflight.md#p84-the-gain-is-spread-over-units-precondition-u);
+- the graded base's shape (:func:`decision_margins`, :func:`base_shape`): the logit margin of the reward's
+  answer form over the latent one at the final turn's first token, and P2's targets, which gate on every
+  warm-start seed the run uses (:func:`seed_shape`; docs/preflight.md#p85-the-bases-targets-gate-on-every-seed-the-run-uses).
 
 :func:`judge` turns the values into per-precondition verdicts against :class:`PreflightCriterion`;
 :func:`run_preflight` does everything for one task kind and caches it. Nothing here chooses a setting by
@@ -38,13 +41,14 @@ from copes_lib.config import Config, ConfigError, param
 from copes_lib.protocols.params import PreflightSettings
 
 #: The preconditions' ids, in the order of docs/preflight.md#p1-the-preconditions.
-PRECONDITIONS = ("G1", "G2", "E1", "E2", "R")
+PRECONDITIONS = ("G1", "G2", "E1", "E2", "R", "U")
 #: What each precondition says, for messages and tables.
 MEANING = {"G1": "GRPO can learn (groups with reward variance)",
            "G2": "the variance includes the answer protocol",
            "E1": "ES can see (members whose fitness differs from the base's)",
            "E2": "ES's pilot updates (steps without all members tied)",
-           "R": "the reference acts (a short full-GRPO pilot gains)"}
+           "R": "the reference acts (a short full-GRPO pilot gains)",
+           "U": "the gain is spread over units (the top 10% of units carry at most half of R's gain)"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +65,10 @@ class PreflightCriterion(Config):
                                   ge=0.0, le=1.0)
     min_reference_gain: float = param(0.15, "R: the GRPO pilot's strict tuning gain at least this (and its paired "
                                       "95% interval above 0)", ge=0.0, le=1.0)
+    max_top_unit_gain_share: float = param(0.50, "U: share of R's gain carried by the top top_unit_fraction of latent "
+                                           "units at most this, in (0, 1]", gt=0.0, le=1.0)
+    top_unit_fraction: float = param(0.10, "U: the fraction of units (ranked by their summed gain) whose share is "
+                                     "judged, in (0, 1]", gt=0.0, le=1.0)
 
 
 # --------------------------------------------------------------------------- G1 / G2
@@ -186,7 +194,30 @@ def grpo_pilot(profile: str, agent, tuning: Sequence, settings: PreflightSetting
     half = 1.96 * diff.std(ddof=1) / math.sqrt(len(diff)) if len(diff) > 1 else math.nan
     return {"lr": lr, "steps": settings.pilot_steps, "base_strict": float(np.mean(base_strict)),
             "pilot_strict": float(np.mean(after)), "gain": float(diff.mean()), "gain_low": float(diff.mean() - half),
-            "gain_high": float(diff.mean() + half)}
+            "gain_high": float(diff.mean() + half), "per_problem_gain": diff.tolist(),
+            "unit_ids": [t.unit_id for t in tuning]}
+
+
+def unit_spread(gains: Sequence[float], unit_ids: Sequence[str], top_fraction: float = 0.10) -> dict[str, Any]:
+    """U: per-problem gains summed per latent unit, units ranked by that sum, and the share of the total gain
+    the top ``top_fraction`` of units (at least one) carry; ``top_share`` is nan when the total gain is not
+    above 0 (nothing to spread).
+
+    >>> r = unit_spread([1, 1, 0, 0, 1, 0, 0, 0, 0, 0], list("aabbcdefgh"), 0.1)
+    >>> r["units"], r["top_units"], round(r["top_share"], 3)
+    (8, 1, 0.667)
+    """
+    if len(gains) != len(unit_ids):
+        raise ValueError(f"{len(gains)} gains for {len(unit_ids)} unit ids")
+    per_unit: dict[str, float] = {}
+    for gain, unit in zip(gains, unit_ids):
+        per_unit[unit] = per_unit.get(unit, 0.0) + float(gain)
+    ranked = sorted(per_unit.values(), reverse=True)
+    top = max(1, math.ceil(top_fraction * len(ranked)))
+    total = float(sum(ranked))
+    share = float(sum(ranked[:top]) / total) if total > 0 else math.nan
+    return {"units": len(ranked), "top_units": top, "total_gain": total, "top_share": share,
+            "units_gaining": sum(v > 0 for v in ranked)}
 
 
 # --------------------------------------------------------------------------- the base's shape
@@ -222,16 +253,64 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float:
     return float(spearmanr(x, y).statistic)
 
 
-def base_shape(margins: Sequence[float], rates: Sequence[float], g: Sequence[float] | None) -> dict[str, Any]:
-    """The graded base's registered targets 3 and 4 (docs/preflight.md#p2-the-graded-base-the-new-headline-base-design):
-    share of prompts whose sampled protocol rate is strictly inside (0, 1), median |margin|, and the
-    margin's Spearman correlation with g(cue) (nan without a graded prior)."""
+def base_shape(margins: Sequence[float], rates: Sequence[float], g: Sequence[float] | None, *,
+               strict_tail: float | None = None, lenient_tail: float | None = None,
+               strict_band: tuple[float, float] | None = None, min_lenient: float | None = None) -> dict[str, Any]:
+    """The graded base's registered targets (docs/preflight.md#p2-the-graded-base-the-new-headline-base-design,
+    read as docs/preflight.md#p83-a-bases-accuracy-is-read-over-its-last-curve-points): 3, the share of prompts
+    whose sampled protocol rate is strictly inside (0, 1) (>= 0.5); 4, median |margin| (<= 2.0) and the margin's
+    Spearman correlation with g(unit) (>= 0.5; nan and not judged without a graded prior); 1 and 2, when the
+    curve's tail means are given, greedy strict inside ``strict_band`` and lenient >= ``min_lenient``.
+    ``failed_targets`` lists the targets missed; a target without its values is not judged."""
     rates = np.asarray(rates, dtype=float)
     inside = float(np.mean((rates > 0) & (rates < 1)))
     median_abs = float(np.median(np.abs(margins)))
     rho = spearman(list(margins), list(g)) if g is not None else math.nan
+    verdicts = {"3": inside >= 0.5, "4": median_abs <= 2.0 and (g is None or rho >= 0.5)}
+    if strict_tail is not None and strict_band is not None:
+        verdicts["1"] = strict_band[0] <= strict_tail <= strict_band[1]
+    if lenient_tail is not None and min_lenient is not None:
+        verdicts["2"] = lenient_tail >= min_lenient
+    failed = sorted(t for t, ok in verdicts.items() if not ok)
     return {"rates_inside_share": inside, "margin_median_abs": median_abs, "margin_g_spearman": rho,
-            "targets_met": bool(inside >= 0.5 and median_abs <= 2.0 and (g is None or rho >= 0.5))}
+            "strict_tail": strict_tail, "lenient_tail": lenient_tail, "targets_judged": sorted(verdicts),
+            "failed_targets": failed, "targets_met": not failed}
+
+
+def shape_bands(kind: str, prior: str | None) -> tuple[tuple[float, float], float]:
+    """(strict band of target 1, lenient floor of target 2) of ``kind``'s criterion for ``prior`` (P4)."""
+    from copes_lib.tasks.regime import criterion_for
+
+    c = criterion_for(kind, prior)
+    return (c.min_strict, c.max_strict), c.min_lenient
+
+
+def seed_shape(profile: str, kind: str, seed: int, settings: PreflightSettings, *, prior: str | None,
+               recipe=None) -> dict[str, Any]:
+    """P2's targets 1-4 on warm-start ``seed``'s base of ``kind`` (trained first when not cached): targets 1-2
+    from its curve's tail means (:func:`copes_lib.substrate.tail_mean`), 3-4 from ``settings.prompts`` tuning
+    prompts (G1's sampling, teacher-forced margins)."""
+    from copes_lib.protocols.substrate_setup import substrate_config
+    from copes_lib.rollout import make_env
+    from copes_lib.substrate import tail_mean, unit_rates, warm_rollout_config, warm_start
+    from copes_lib.tasks import TUNING_SPLIT, load_tasks
+
+    recipe = recipe or substrate_config(profile)
+    model, tokenizer, info = warm_start(profile, kind, seed, config=recipe)
+    prompts = load_tasks(profile, kind, TUNING_SPLIT)[: settings.prompts]
+    with make_env(kind, profile) as env:
+        groups = sampled_groups(model, tokenizer, prompts, env, warm_rollout_config(recipe),
+                                group_size=settings.group_size, temperature=settings.temperature, seed=settings.seed)
+    margins = decision_margins(model, tokenizer, prompts, recipe.max_context)
+    g = None
+    if prior == "graded":
+        rates = unit_rates(load_tasks(profile, kind, "train"), recipe, kind, seed)
+        g = [rates.get(t.unit_id, math.nan) for t in prompts]
+    band, min_lenient = shape_bands(kind, prior)
+    shape = base_shape(margins, groups["protocol_rate"], g, strict_tail=tail_mean(info["curve"], "val_strict")["mean"],
+                       lenient_tail=tail_mean(info["curve"], "val_lenient")["mean"], strict_band=band,
+                       min_lenient=min_lenient)
+    return {**shape, "seed": seed, "G1": groups["varied_share"], "G2": groups["protocol_mixed_share"]}
 
 
 # --------------------------------------------------------------------------- verdicts
@@ -240,7 +319,7 @@ def judge(values: dict[str, Any], criterion: PreflightCriterion) -> dict[str, An
     ``R_low``; a missing or nan value is not measured), ``met`` (all hold) and ``failed`` (ids that fail or
     were not measured).
 
-    >>> v = {"G1": 0.9, "G2": 0.1, "E1": 0.6, "E2": 0.0, "R": 0.3, "R_low": 0.2}
+    >>> v = {"G1": 0.9, "G2": 0.1, "E1": 0.6, "E2": 0.0, "R": 0.3, "R_low": 0.2, "U": 0.3}
     >>> r = judge(v, PreflightCriterion())
     >>> r["verdicts"]["G2"], r["met"], r["failed"]
     ('fails', False, ['G2'])
@@ -253,7 +332,8 @@ def judge(values: dict[str, Any], criterion: PreflightCriterion) -> dict[str, An
              "G2": lambda v: v >= criterion.min_protocol_groups,
              "E1": lambda v: v >= criterion.min_members_differ,
              "E2": lambda v: v <= criterion.max_tied_steps,
-             "R": lambda v: v >= criterion.min_reference_gain and (value("R_low") or -1.0) > 0}
+             "R": lambda v: v >= criterion.min_reference_gain and (value("R_low") or -1.0) > 0,
+             "U": lambda v: v <= criterion.max_top_unit_gain_share}
     verdicts = {}
     for pid in PRECONDITIONS:
         v = value(pid)
@@ -274,17 +354,23 @@ def not_actionable_reason(summary01: dict[str, Any]) -> str | None:
 # --------------------------------------------------------------------------- one task kind
 def run_preflight(profile: str, kind: str, settings: PreflightSettings, criterion: PreflightCriterion, *,
                   prior: str | None = None, graded: tuple[float, float] | None = None, warm_seed: int = 0,
-                  force: bool = False, log=print) -> dict[str, Any]:
-    """Every measurement of docs/preflight.md for ``kind`` on the profile's base, cached under
+                  shape_seeds: Sequence[int] | None = None, force: bool = False, log=print) -> dict[str, Any]:
+    """Every measurement of docs/preflight.md for ``kind`` on warm-start ``warm_seed``'s base, cached under
     ``cache/<profile>/preflight-<kind>/`` (key: settings, criterion, the base's checksum, the tuning ids).
-    Returns the values, the per-precondition verdicts, the calibrated sigma, the curves and the base's shape."""
+    Returns the values, the per-precondition verdicts, the calibrated sigma, the curves and the base's shape.
+    P2's targets gate (docs/preflight.md#p85-the-bases-targets-gate-on-every-seed-the-run-uses) on ``warm_seed``
+    and on every seed of ``shape_seeds`` (None: the seeds notebook 01 also trains for ``kind``, math's spread
+    seeds); a missed target adds ``shape seed <s>: targets <ids>`` to ``failed``. ``graded`` is kept for
+    callers; the rates come from the profile's recipe per kind (:func:`copes_lib.substrate.graded_range`)."""
     from copes_lib.es import checksum
     from copes_lib.protocols.es_arm import load_agent, tuning_agent
-    from copes_lib.protocols.substrate_setup import substrate_config
-    from copes_lib.substrate import graded_rates, prior_cue, warm_rollout_config
+    from copes_lib.protocols.substrate_setup import run_seeds, substrate_config
+    from copes_lib.substrate import tail_mean, unit_rates, warm_rollout_config, warm_start_folder
     from copes_lib.tasks import TUNING_SPLIT, load_tasks
 
-    agent = load_agent(profile, kind, batch_size=settings.batch_size)
+    if shape_seeds is None:
+        shape_seeds = [s for s in run_seeds(profile, kind) if s != warm_seed]
+    agent = load_agent(profile, kind, seed=warm_seed, batch_size=settings.batch_size)
     tuning_all = load_tasks(profile, kind, TUNING_SPLIT)
     if settings.prompts > len(tuning_all):
         raise ConfigError(f"PREFLIGHT_PROMPTS = {settings.prompts}: the {profile} tuning split of {kind} holds "
@@ -293,7 +379,8 @@ def run_preflight(profile: str, kind: str, settings: PreflightSettings, criterio
     tuning = tuned.objective.val_tasks
     prompts = tuning_all[: settings.prompts]
     key = runs.cache_key({"settings": settings.to_dict(), "criterion": criterion.to_dict(), "kind": kind,
-                          "substrate_checksum": checksum(agent.model), "prior": prior, "graded": graded},
+                          "substrate_checksum": checksum(agent.model), "prior": prior, "graded": graded,
+                          "design": "P8", "shape_seeds": list(shape_seeds)},
                          [t.id for t in tuning])
     folder = runs.cache_dir(profile, f"preflight-{kind}", key)
     if not force and (folder / "preflight.json").exists():
@@ -322,20 +409,38 @@ def run_preflight(profile: str, kind: str, settings: PreflightSettings, criterio
     recipe = substrate_config(profile)
     margins = decision_margins(model, tokenizer, prompts, recipe.max_context)
     g = None
-    if prior == "graded" and graded is not None:
-        rates = graded_rates(load_tasks(profile, kind, "train"), *graded, warm_seed)
-        g = [rates.get(prior_cue(t), math.nan) for t in prompts]
+    if prior == "graded":
+        rates = unit_rates(load_tasks(profile, kind, "train"), recipe, kind, warm_seed)
+        g = [rates.get(t.unit_id, math.nan) for t in prompts]
+    spread_units = unit_spread(reference["per_problem_gain"], reference["unit_ids"], criterion.top_unit_fraction)
     values = {"G1": groups["varied_share"], "G2": groups["protocol_mixed_share"],
               "E1": spread["share"] if spread else None, "E2": pilot["tied_share"] if pilot else None,
-              "R": reference["gain"], "R_low": reference["gain_low"], "R_high": reference["gain_high"]}
+              "R": reference["gain"], "R_low": reference["gain_low"], "R_high": reference["gain_high"],
+              "U": spread_units["top_share"]}
     verdict = judge(values, criterion)
+    folder_warm, complete = warm_start_folder(profile, kind, warm_seed, config=recipe)
+    curve = runs.read_json(folder_warm / "info.json").get("curve", []) if complete else []
+    band, min_lenient = shape_bands(kind, prior)
+    shape = base_shape(margins, groups["protocol_rate"], g, strict_band=band, min_lenient=min_lenient,
+                       strict_tail=tail_mean(curve, "val_strict")["mean"] if len(curve) > 1 else None,
+                       lenient_tail=tail_mean(curve, "val_lenient")["mean"] if len(curve) > 1 else None)
+    seed_shapes = {warm_seed: {**shape, "seed": warm_seed}}
+    for other in shape_seeds:
+        log(f"[preflight {kind}] P2's targets on warm-start seed {other}")
+        seed_shapes[other] = seed_shape(profile, kind, other, settings, prior=prior, recipe=recipe)
+    gated = prior == "graded"  # P2's targets are the graded base's (cued / homogeneous / paper: reported only)
+    for s, sh in seed_shapes.items():
+        if gated and sh["failed_targets"]:
+            verdict["failed"].append(f"shape seed {s}: targets {','.join(sh['failed_targets'])}")
+    verdict["met"] = not verdict["failed"]
     notes = []
     if sigma is None:
         notes.append(f"E1/E2: no sigma of the ladder {settings.ladder()} made {criterion.min_members_differ:.0%} of "
                      "members differ from the base on every calibration batch")
     out = {"kind": kind, "values": values, **verdict, "sigma": sigma, "alpha": None if sigma is None else sigma / 2,
            "calibration": calibration["curve"], "groups": groups, "spread": spread, "pilot": pilot,
-           "reference": reference, "margins": margins, "g": g, "shape": base_shape(margins, groups["protocol_rate"], g),
+           "reference": reference, "units": spread_units, "margins": margins, "g": g, "shape": shape,
+           "seed_shapes": {str(k): v for k, v in seed_shapes.items()}, "warm_seed": warm_seed,
            "notes": notes, "settings": settings.to_dict(), "criterion": criterion.to_dict(),
            "rollout": warm_rollout_config(recipe).to_dict(), "seconds": time.perf_counter() - started}
     runs.atomic_write_json(folder / "preflight.json", out)
@@ -349,13 +454,15 @@ def summary_keys(reports: dict[str, dict[str, Any]]) -> dict[str, Any]:
     for kind, r in reports.items():
         for pid in PRECONDITIONS:
             out[f"preflight_{kind}_{pid.lower()}"] = r["values"].get(pid)
-            out[f"preflight_{kind}_{pid.lower()}_verdict"] = r["verdicts"][pid]
+            out[f"preflight_{kind}_{pid.lower()}_verdict"] = r["verdicts"].get(pid, "not measured")
         out[f"preflight_{kind}_r_low"] = r["values"].get("R_low")
         out[f"preflight_{kind}_r_high"] = r["values"].get("R_high")
         out[f"preflight_{kind}_sigma"] = r["sigma"]
         out[f"preflight_{kind}_met"] = r["met"]
         for name, value in r["shape"].items():
             out[f"preflight_{kind}_{name}"] = value
+        for seed, shape in (r.get("seed_shapes") or {}).items():
+            out[f"preflight_{kind}_shape_seed{seed}_failed_targets"] = shape["failed_targets"]
         failed += [f"{kind} {p}" for p in r["failed"]]
     out = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in out.items()}  # flat JSON: no nan
     out["preflight_met"] = not failed
@@ -366,10 +473,11 @@ def summary_keys(reports: dict[str, dict[str, Any]]) -> dict[str, Any]:
 def table(reports: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per (kind, precondition): measured value, floor, verdict, what it means and the paper's analogue."""
     floors = {"G1": ">= {min_varied_groups}", "G2": ">= {min_protocol_groups}", "E1": ">= {min_members_differ}",
-              "E2": "<= {max_tied_steps}", "R": ">= {min_reference_gain}, 95% low > 0"}
+              "E2": "<= {max_tied_steps}", "R": ">= {min_reference_gain}, 95% low > 0",
+              "U": "top {top_unit_fraction} of units <= {max_top_unit_gain_share} of R's gain"}
     paper = {"G1": "base 49.2% val -> +42 points in 16 GRPO steps", "G2": "GSM8K 9.2 -> 94 in 16 steps (form)",
              "E1": "ES@16 77.6 from 49.2: members must differ", "E2": "no tied steps reported",
-             "R": "full GRPO +42 val points in 16 steps"}
+             "R": "full GRPO +42 val points in 16 steps", "U": "(ours: a contrast of many units, not a few cues)"}
     rows = []
     for kind, r in reports.items():
         for pid in PRECONDITIONS:
@@ -377,7 +485,8 @@ def table(reports: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             if pid == "R" and value is not None:
                 value = f"{value:+.3f} [{r['values']['R_low']:+.3f}, {r['values']['R_high']:+.3f}]"
             rows.append({"kind": kind, "precondition": pid, "meaning": MEANING[pid], "ours": value,
-                         "floor": floors[pid].format(**r["criterion"]), "verdict": r["verdicts"][pid],
+                         "floor": floors[pid].format(**{**PreflightCriterion().to_dict(), **r["criterion"]}),
+                         "verdict": r["verdicts"].get(pid, "not measured"),
                          "paper's analogue": paper[pid]})
     return rows
 
@@ -414,19 +523,31 @@ def plot(reports: dict[str, dict[str, Any]]):
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m copes_lib.protocols.preflight --profile cpu [--kinds math,qa]`` (``make preflight``): the
     preflight of notebook 01 on the profile's cached base (trained first if missing), with 01's PREFLIGHT_*
-    parameters, before any experiment: prints the table, writes ``results/preflight/<profile>.json`` and
-    ``figures/preflight/<profile>.png``. Exit 0 when every precondition holds, 2 otherwise."""
-    import argparse
+    parameters, before any experiment: prints the table, writes ``reports/preflight/<profile>.json`` and
+    ``.png`` (``--record``: the committed ``results/preflight/`` and ``figures/preflight/``). Exit 0 when every
+    precondition holds (or the profile does not enforce them), 2 when not actionable, 1 on an error
+    (:mod:`copes_lib.protocols.preflight_cli`)."""
     import json
 
     from copes_lib import threads
+    from copes_lib.protocols import preflight_cli
     from copes_lib.protocols.substrate_setup import substrate_params
 
-    parser = argparse.ArgumentParser(prog="python -m copes_lib.protocols.preflight", description=main.__doc__)
+    parser = preflight_cli.ArgumentParser(prog="python -m copes_lib.protocols.preflight", description=main.__doc__)
+    preflight_cli.add_options(parser)
     parser.add_argument("--profile", default="cpu", choices=("smoke", "cpu"))
     parser.add_argument("--kinds", default="", help="comma-separated task kinds; default: 01's PREFLIGHT_KINDS")
     parser.add_argument("--force", action="store_true", help="measure again, ignoring the cached preflight")
+    parser.add_argument("--seeds", default="", help="comma-separated warm-start seeds, a full preflight on each seed's "
+                        "base (docs/preflight.md#p85-the-bases-targets-gate-on-every-seed-the-run-uses: 0,1,2,3,4 before "
+                        "a run); default: 01's SEED, with P2's targets on the run's other seeds")
     args = parser.parse_args(argv)
+    try:
+        seeds = [int(v) for v in args.seeds.split(",") if v.strip()]
+    except ValueError:
+        parser.error(f"--seeds {args.seeds!r}: comma-separated integers >= 0 expected, e.g. 0,1,2,3,4")
+    if any(v < 0 for v in seeds) or len(set(seeds)) != len(seeds):
+        parser.error(f"--seeds {args.seeds!r}: distinct integers >= 0 expected, e.g. 0,1,2,3,4")
     params = substrate_params(args.profile)
     if args.kinds:
         params = dataclasses.replace(params, PREFLIGHT_KINDS=args.kinds)
@@ -434,34 +555,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     reports = {}
     with threads.fixed_threads():
         for kind in params.preflight_kinds():
-            reports[kind] = run_preflight(args.profile, kind, params.preflight_settings(), PreflightCriterion(),
-                                          prior=warm.latent_prior if warm.protocol == "latent" else None,
-                                          graded=(warm.graded_low, warm.graded_high), warm_seed=params.SEED,
-                                          force=args.force)
-    for row in table(reports):
-        print(f"{row['kind']:5} {row['precondition']:3} {row['verdict']:9} ours {row['ours']!s:28} floor {row['floor']}")
+            for seed in seeds or [params.SEED]:
+                label = f"{kind} seed {seed}" if seeds else kind
+                reports[label] = run_preflight(args.profile, kind, params.preflight_settings(), PreflightCriterion(),
+                                               prior=warm.latent_prior if warm.protocol == "latent" else None,
+                                               graded=(warm.graded_low, warm.graded_high), warm_seed=seed,
+                                               shape_seeds=[] if seeds else None, force=args.force)
+    preflight_cli.print_table(table(reports), MEANING)
     out = {"profile": args.profile, "recipe": dataclasses.asdict(warm), "git": runs.git_state(),
            "threads": threads.thread_info(),
+           "seeds": seeds or [params.SEED],
            "kinds": {kind: {k: r[k] for k in ("values", "verdicts", "met", "failed", "sigma", "alpha", "shape",
-                                                "calibration", "notes", "settings", "criterion", "seconds") if k in r}
+                                                "seed_shapes", "units", "warm_seed", "calibration", "notes", "settings",
+                                                "criterion", "seconds") if k in r}
                      for kind, r in reports.items()}}
-    path = runs.RESULTS_ROOT / "preflight" / f"{args.profile}.json"
+    path, figure = preflight_cli.output_paths(args.profile, args.record)
     runs.atomic_write_json(path, json.loads(json.dumps(out, default=str)))
-    figure = runs.FIGURES_ROOT / "preflight" / f"{args.profile}.png"
     figure.parent.mkdir(parents=True, exist_ok=True)
     plot(reports).savefig(figure, dpi=110)
-    failed = {kind: [p for p in PRECONDITIONS if r["verdicts"][p] != "holds"] for kind, r in reports.items()}
+    failed = {kind: r["failed"] for kind, r in reports.items()}
     failed = {k: v for k, v in failed.items() if v}
-    print(f"wrote {path} and {figure}")
-    print("every precondition holds" if not failed else f"NOT ACTIONABLE: {failed}")
-    return 2 if failed else 0
+    return preflight_cli.finish(args.profile, failed, path, figure, record=args.record,
+                                enforce=params.PREFLIGHT_ENFORCE, strict=args.strict)
 
 
 __all__ = ["main", "table", "plot", "PRECONDITIONS", "MEANING", "PreflightCriterion", "PreflightSettings", "in_protocol", "sampled_groups",
            "differing_share", "calibrate_sigma", "member_spread", "es_pilot", "strict_scores", "grpo_pilot",
-           "decision_margins", "spearman", "base_shape", "judge", "not_actionable_reason", "run_preflight",
+           "decision_margins", "spearman", "base_shape", "shape_bands", "seed_shape", "unit_spread", "judge", "not_actionable_reason", "run_preflight",
            "summary_keys"]
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from copes_lib.protocols.preflight_cli import guarded
+
+    raise SystemExit(guarded(main))

@@ -24,6 +24,14 @@ def substrate_config(profile: str) -> WarmStartConfig:
     return substrate_params(profile).warm_start_config()
 
 
+def run_seeds(profile: str, kind: str) -> list[int]:
+    """The warm-start seeds of ``kind`` a run of ``profile`` builds: notebook 01's SEED (the base every
+    experiment uses) and, for math, its spread seeds (``WARM_SPREAD_SEEDS``). P2's targets gate on each
+    (docs/preflight.md#p85-the-bases-targets-gate-on-every-seed-the-run-uses)."""
+    params = substrate_params(profile)
+    return [params.SEED, *(params.spread_seeds() if kind == "math" else [])]
+
+
 def control_config(profile: str) -> WarmStartConfig:
     """The skill-gap control base of ``profile`` (docs/regime.md#r3-the-latent-protocol-warm-start): the
     profile's substrate with every trace in the paper's protocol and the target stopping rule, the base

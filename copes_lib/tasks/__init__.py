@@ -41,10 +41,12 @@ from copes_lib.tasks.rewards import (
     qa_reward,
     qa_scores,
 )
+from copes_lib.tasks.units import UNIT_SPECS, UnitSpec, check_units, describe_units
 
 __all__ = ["GPUDataPaths", "use_gpu_data", "AgentToolSettings", "use_tool_settings", "Task", "load_tasks", "load_benchmarks", "load_passages", "task_ids", "data_fingerprint", "describe_split_file", "tool_settings", "SPLITS", "TASK_KINDS", "TAGS", "SEARCH_K",
            "TOOL_LIMITS", "TUNING_SPLIT", "check_tuning_disjoint", "format_prompt", "split_trace", "extract_answer", "math_reward", "qa_reward",
-           "format_reward", "math_correctness", "qa_scores", "qa_metrics", "math_equal", "GENERATED_SIZES"]
+           "format_reward", "math_correctness", "qa_scores", "qa_metrics", "math_equal", "GENERATED_SIZES",
+           "UnitSpec", "UNIT_SPECS", "describe_units", "unit_report"]
 
 SPLITS_DIR = REPO_ROOT / "data" / "splits"
 #: docs/paper_a_copes.md#a4-task-agent-reward-and-data: math allows 3 search + 5 Python calls, QA 5 + 5.
@@ -131,9 +133,10 @@ def _generated_tasks(profile: str, kind: str) -> dict[str, list[Task]]:
         with_refs = []
         for task, plan in zip(tasks[split], plans[split]):
             found = [results[step[1]] for step in plan if step[0] == "search"]
-            with_refs.append(Task(task.id, task.kind, task.question, task.answers, task.difficulty,
-                                  _reference(plan, task.answers[0], found)))
+            with_refs.append(dataclasses.replace(task, reference=_reference(plan, task.answers[0], found)))
         out[split] = with_refs
+    for split in ("val", "test", TUNING_SPLIT):  # docs/preflight.md#p8-many-independent-units-registered-2026-12-03
+        check_units(out[split], UNIT_SPECS[profile], f"{profile}/{kind} {split} split")
     _check_split_file(profile, kind, {s: out[s] for s in SPLITS})
     _check_tuning_file(profile, kind, out)
     return out
@@ -338,6 +341,12 @@ def load_tasks(profile: str, kind: str, split: str) -> list[Task]:
     if profile == "gpu":
         return list(_gpu_tasks(kind, split))
     return list(_generated_tasks(profile, kind)[split])
+
+
+def unit_report(profile: str, kind: str) -> dict[str, dict]:
+    """Per split of a generated profile: problems, distinct latent units, the largest unit's problems and
+    share (:func:`copes_lib.tasks.units.describe_units`); no model needed."""
+    return {split: describe_units(load_tasks(profile, kind, split)) for split in (*SPLITS, TUNING_SPLIT)}
 
 
 def task_ids(profile: str, kind: str, split: str) -> list[str]:

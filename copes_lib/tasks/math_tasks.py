@@ -8,6 +8,10 @@ tool; difficulty 3 and 4 problems also ask for a weight or price that only the s
     <search>zorbin crystal</search><result>One zorbin crystal weighs 23 grams.</result>
     <python>print((37+48)*23)</python><output>1955</output><answer>\\boxed{1955}</answer>
 
+The story's person is its latent unit (``Task.unit_id``): a name of the shared pool
+:data:`copes_lib.tasks.units.SUBJECTS`, assigned in rotation so every unit holds about as many
+problems as any other in every split.
+
 Difficulty: 1 = one event; 2 = two events; 3 = one event + a looked-up fact; 4 = two events + fact.
 Departure from the paper: MATH/GSM8K problems need reasoning a 1M-parameter model cannot do; here
 the skill is translating the story into an expression, choosing the tool, copying facts. Items
@@ -21,9 +25,9 @@ import random
 from dataclasses import dataclass
 
 from copes_lib.tasks.protocol import Task
+from copes_lib.tasks.units import SUBJECTS, rotation
 
-NAMES = ("Ada", "Ben", "Cleo", "Dan", "Eva", "Finn", "Gus", "Hana", "Ivo", "Jade", "Kai", "Lena",
-         "Milo", "Nora", "Omar", "Pia", "Quin", "Rosa", "Sam", "Tara", "Uma", "Vik", "Wren", "Yara")
+NAMES = SUBJECTS
 ITEMS = ("apples", "marbles", "stickers", "books", "coins", "cards", "pencils", "stamps", "shells",
          "buttons", "beads", "eggs")
 ADD_VERBS = ("buys {b} more", "finds {b} more", "gets {b} more from a friend", "receives {b} more")
@@ -101,10 +105,11 @@ def _event(rng: random.Random, value: int) -> tuple[str, int, str]:
         return op, b, rng.choice(verbs).format(b=b)
 
 
-def generate_math_problem(rng: random.Random, difficulty: int, facts: list[FactItem]) -> tuple[str, str, list]:
+def generate_math_problem(rng: random.Random, difficulty: int, facts: list[FactItem],
+                          name: str | None = None) -> tuple[str, str, list]:
     """(question, answer, gold plan). The plan is the list of tool calls: ("search", query) and
-    ("python", code), followed by the final answer."""
-    name = rng.choice(NAMES)
+    ("python", code), followed by the final answer. ``name``: the story's person (default: drawn)."""
+    name = name or rng.choice(NAMES)
     fact = rng.choice(facts) if difficulty >= 3 else None
     item = fact.plural if fact else rng.choice(ITEMS)
     value = rng.randint(10, 99)
@@ -127,15 +132,19 @@ def generate_math_problem(rng: random.Random, difficulty: int, facts: list[FactI
 
 def generate_math_tasks(n: int, seed: int, world: str, facts: list[FactItem],
                         exclude: set[str] = frozenset()) -> tuple[list[Task], list[list]]:
-    """``n`` distinct problems (none whose question is in ``exclude``), difficulties 1-4 equally often."""
+    """``n`` distinct problems (none whose question is in ``exclude``), difficulties 1-4 equally often,
+    the persons (the units) in rotation over :data:`NAMES`."""
     rng = random.Random(f"math-{world}-{seed}")
+    names = rotation(NAMES, f"math-units-{world}-{seed}")
     tasks, plans, seen = [], [], set(exclude)
+    name = next(names)
     while len(tasks) < n:
         difficulty = 1 + len(tasks) % 4
-        question, answer, plan = generate_math_problem(rng, difficulty, facts)
+        question, answer, plan = generate_math_problem(rng, difficulty, facts, name)
         if question in seen:
             continue
         seen.add(question)
-        tasks.append(Task(f"math-{world}-{len(tasks):06d}", "math", question, (answer,), difficulty))
+        tasks.append(Task(f"math-{world}-{len(tasks):06d}", "math", question, (answer,), difficulty, unit_id=name))
         plans.append(plan)
+        name = next(names)
     return tasks, plans

@@ -53,6 +53,13 @@ class Task:
     answers: tuple[str, ...]
     difficulty: int
     reference: str = ""
+    #: the latent unit the warm start's prior keys on (copes_lib.tasks.units: the subject name of a generated
+    #: problem); a problem without one (real data) is its own unit
+    unit_id: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.unit_id:
+            object.__setattr__(self, "unit_id", self.id)
 
 
 def format_prompt(task: Task, style: str = "plain", tokenizer=None, python_limit: int = 5,

@@ -7,6 +7,11 @@ born?" needs Brightfold -> its founder -> the founder's birth city -> that city'
     <search>Brightfold</search><result>Brightfold is a company founded by Valor Trenk ...</result>
     <search>Valor Trenk</search><result>...</result> ... <answer>\\boxed{Oskelia}</answer>
 
+Every question is asked by someone (``"Alvey asks: In which country ..."``): the asker is the question's
+latent unit (``Task.unit_id``), a name of the pool :data:`copes_lib.tasks.units.SUBJECTS` shared by both
+worlds (the entities are not, so a prior keyed on them could not carry over to validation), assigned in
+rotation. The asker says nothing of the answer and is never searched.
+
 Departure from the paper: HotpotQA / 2Wiki / MuSiQue over Wikipedia with an E5 retriever become
 template questions over ~1-2K generated passages with BM25. Entities are split into two disjoint
 worlds (train vs. val/test questions), so validation answers cannot be memorised from training
@@ -19,6 +24,7 @@ import random
 from dataclasses import dataclass, field
 
 from copes_lib.tasks.protocol import Task
+from copes_lib.tasks.units import SUBJECTS, rotation
 
 OCCUPATIONS = ("painter", "baker", "sailor", "doctor", "teacher", "poet", "farmer", "engineer",
                "singer", "pilot", "chemist", "architect")
@@ -118,11 +124,13 @@ def generate_qa_problem(rng: random.Random, world: World, qtype: str) -> tuple[s
 
 def generate_qa_tasks(n: int, seed: int, world_name: str, kb: KnowledgeBase,
                       exclude: set[str] = frozenset()) -> tuple[list[Task], list[list]]:
-    """``n`` distinct questions over one world, question types in rotation."""
+    """``n`` distinct questions over one world, question types and askers (the units) in rotation."""
     rng = random.Random(f"qa-{world_name}-{seed}")
+    askers = rotation(SUBJECTS, f"qa-units-{world_name}-{seed}")
     world = kb.worlds[world_name]
     tasks, plans, seen = [], [], set(exclude)
     attempts = 0
+    asker = next(askers)
     while len(tasks) < n:
         attempts += 1
         if attempts > 50 * n + 1000:
@@ -132,6 +140,8 @@ def generate_qa_tasks(n: int, seed: int, world_name: str, kb: KnowledgeBase,
         if question in seen:
             continue
         seen.add(question)
-        tasks.append(Task(f"qa-{world_name}-{len(tasks):06d}", "qa", question, (answer,), hops))
+        tasks.append(Task(f"qa-{world_name}-{len(tasks):06d}", "qa", f"{asker} asks: {question}", (answer,), hops,
+                          unit_id=asker))
         plans.append(plan)
+        asker = next(askers)
     return tasks, plans
