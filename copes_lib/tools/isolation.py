@@ -1,16 +1,19 @@
-"""Kernel-enforced isolation for the Python sandbox: the first layer, under the audit hook.
+"""Kernel-enforced isolation for the Python sandbox: the boundary, under the audit hook.
 
-The audit hook of :mod:`copes_lib.tools.sandbox` runs inside the interpreter it guards, and CPython
-documents audit hooks as no security boundary. This module asks the kernel instead, through system
-calls made with ctypes (Python 3.11 has no wrappers for them), and works unprivileged as well as root.
+The audit hook of :mod:`copes_lib.tools.sandbox` runs inside the interpreter it guards. It is a
+convenience layer, not a boundary: it turns most forbidden actions into Python errors a model can
+learn from, but code that corrupts the interpreter's memory switches it off without any audit event.
+Pure Python is enough for that on CPython 3.11 (a use-after-free such as an ``io.RawIOBase.readinto``
+that keeps the memoryview ``io.BufferedReader`` lends it gives an arbitrary read/write; the attack
+catalogue, tests/sandbox_attacks.py, does it), and so is a preloaded package with native memory access.
+What confines the code is this module: the kernel, asked through system calls made with ctypes
+(Python 3.11 has no wrappers for them), unprivileged as well as root.
 
 ctypes is loaded only in a worker's set-up process, never in the interpreter that runs the model's
-code: once ``_ctypes`` is imported, its classes stay reachable through ``object.__subclasses__()``
-whatever references are dropped, and pointer indexing writes any memory without an audit event (issue
-33: the hook's rules emptied and a success forged). The set-up process therefore applies every layer
-to itself once per worker and then ``execve``s a fresh interpreter, the worker that forks the calls'
-children (see :mod:`copes_lib.tools.sandbox`). The layers are per worker, inherited by every child:
-
+code (its classes would stay reachable through ``object.__subclasses__()``, an even easier memory
+write). The set-up process applies every layer once per worker and then ``execve``s a fresh
+interpreter, the worker that forks the calls' children (see :mod:`copes_lib.tools.sandbox`). The layers
+are per worker, inherited by every child:
 
 - **Landlock** (Linux >= 5.13; the ABI version decides what it covers): the child may read only the
   Python installation, the preloaded packages and a few devices, and write only in its call's folder,
@@ -18,6 +21,12 @@ children (see :mod:`copes_lib.tools.sandbox`). The layers are per worker, inheri
   connect; ABI >= 6 denies signals to processes outside the sandbox and abstract unix sockets.
   Executing files is allowed only for the Python binary and its ELF interpreter (the one ``execve``
   of the set-up process); the shared-library folders become readable for the same reason.
+- **read-only view** (:func:`enter_read_only_view`), where Landlock is missing but mount namespaces
+  exist: the worker's root becomes a fresh tmpfs holding read-only bind mounts of exactly what
+  Landlock would let it read, the four devices, the call's folder (read-write) and a fresh procfs,
+  the way bubblewrap builds a sandbox; the host's root is unmounted from the namespace. Nothing else of
+  the host's file system exists for the code. (Unlike Landlock it lets the code execute any file it can
+  read, e.g. another program in the interpreter's folder; that program runs under the same layers.)
 - **seccomp** (x86_64 only: the filter names system calls by number): kills the process on socket(),
   fork/vfork/clone3, execveat, ptrace, memfd_create, io_uring, namespaces, mounts, keyrings, bpf and
   perf events. ``clone`` (the worker forks its children), ``execve`` (the set-up process's one exec;
@@ -27,11 +36,14 @@ children (see :mod:`copes_lib.tools.sandbox`). The layers are per worker, inheri
 - **namespaces**, once per worker: a network namespace without interfaces (with a user namespace when
   the host is not root), a mount namespace in which the worker's temp folder is a private tmpfs of
   ``temp_quota_mb`` (the total quota of a call's files, which vanish with the worker), and a pid
-  namespace in which the worker is process 1: its children cannot name, let alone signal, a process of
-  the host, and nothing they start outlives the worker.
+  namespace in which the worker is process 1 and ``/proc`` is a fresh procfs of that namespace: its
+  children cannot name, let alone signal, a process of the host, and nothing they start outlives the
+  worker.
 
-:func:`probe` says which of these the running kernel offers; the sandbox records the active ones, and
-warns (:class:`IsolationWarning`) naming what is missing and what the remaining layers still stop.
+:func:`probe` says which of these the running kernel offers; the sandbox records the active ones,
+refuses to start where neither Landlock nor the read-only view confines the file system (unless the
+caller opts in with ``CodeSandboxConfig.allow_unconfined_files``), and warns
+(:class:`IsolationWarning`) naming any other missing layer and what the remaining layers still stop.
 """
 
 from __future__ import annotations
@@ -46,21 +58,27 @@ import tempfile
 import warnings
 
 KERNEL_LAYERS = ("landlock", "seccomp", "no_new_privs", "network_namespace", "private_tmpfs", "pid_namespace")
+# Where Landlock is missing, the mount namespace's read-only view confines the file system instead.
+READ_ONLY_VIEW = "read_only_view"
+FILE_CONFINEMENT = ("landlock", READ_ONLY_VIEW)  # a sandbox refuses to start without one of these
 # CodeSandboxConfig.without: layer groups a test may switch off to simulate a host that lacks them
 SIMULATED_MISSING = {"landlock": ("landlock",), "seccomp": ("seccomp",),
                      "namespaces": ("network_namespace", "private_tmpfs", "pid_namespace")}
 # What a missing layer leaves to the layers above it (quoted in the warning).
 MISSING_MEANS = {
-    "landlock": "file reads and writes (including through dir_fd and descriptors) are checked only by "
-                "the audit hook",
+    "landlock": "nothing in the kernel confines file reads and writes (including through dir_fd and "
+                "descriptors) unless the read-only mount-namespace view replaces it; the audit hook alone "
+                "is no boundary (memory corruption from pure Python switches it off)",
     "seccomp": "sockets, ptrace, memfd, io_uring, fork and new namespaces are stopped only by the audit hook "
                "and, where present, Landlock, the namespaces and RLIMIT_NPROC",
     "no_new_privs": "seccomp and unprivileged Landlock cannot be used",
-    "network_namespace": "the network is closed only by the audit hook and, where present, seccomp",
+    "network_namespace": "the network is closed by seccomp where present (and by the audit hook, which is "
+                         "no boundary)",
     "private_tmpfs": "a call's storage is bounded by the audit hook's count of the bytes and entries it "
                      "creates (and RLIMIT_FSIZE per file), in the shared temp folder",
-    "pid_namespace": "signals to the host's processes are stopped only by Landlock (ABI >= 6) and the audit "
-                     "hook, and a process a call starts could outlive it where RLIMIT_NPROC does not bind",
+    "pid_namespace": "signals to the host's processes are stopped only by Landlock (ABI >= 6) (and the audit "
+                     "hook, which is no boundary), /proc is the host's, and a process a call starts could "
+                     "outlive it where RLIMIT_NPROC does not bind (root without the uid drop)",
 }
 
 # ---------------------------------------------------------------------------- kernel constants
@@ -80,7 +98,12 @@ _PR_SET_NO_NEW_PRIVS, _PR_GET_SECCOMP, _PR_SET_SECCOMP, _PR_CAP_AMBIENT = 38, 21
 _SECCOMP_MODE_FILTER = 2
 _CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWNET, _CLONE_NEWPID = 0x00020000, 0x10000000, 0x40000000, 0x20000000
 _PR_SET_PDEATHSIG = 1
-_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 2, 4, 8, 0x4000, 1 << 18
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 1, 2, 4, 8, 0x4000, 1 << 18
+_MS_REMOUNT, _MS_BIND, _MNT_DETACH = 32, 4096, 2
+# statvfs f_flag bits -> the mount flags a read-only remount must keep (a user namespace may not clear them)
+_KEEP_FLAGS = ((os.ST_NOEXEC, _MS_NOEXEC), (os.ST_NODEV, _MS_NODEV), (os.ST_NOATIME, 1024), (os.ST_NODIRATIME, 2048),
+               (os.ST_RELATIME, 1 << 21))
+_SYS_PIVOT_ROOT = 155
 _SYS_CAPSET, _CAPABILITY_VERSION_3 = 126, 0x20080522
 _AUDIT_ARCH_X86_64, _X32_BIT = 0xC000003E, 0x40000000
 _RET_KILL_PROCESS, _RET_ALLOW = 0x80000000, 0x7FFF0000
@@ -100,6 +123,10 @@ _DENIED_SYSCALLS_X86_64 = {
 
 class IsolationWarning(UserWarning):
     """A kernel isolation layer is unavailable: the sandbox runs with fewer layers (it says which)."""
+
+
+class ConfinementError(RuntimeError):
+    """The kernel cannot confine the sandboxed code's file access here, and the caller did not opt in."""
 
 
 _LIBC: tuple | None = None  # (ctypes, libc), made once per process (a worker's children inherit it)
@@ -192,6 +219,117 @@ def enter_namespaces(temp_dir: str, quota_mb: int, max_files: int) -> dict[str, 
     return active
 
 
+def _mount(source, target: str, fstype, flags: int, data=None) -> None:
+    ctypes, libc = _libc()
+    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+    encode = lambda value: None if value is None else os.fsencode(value)  # noqa: E731
+    if libc.mount(encode(source), encode(target), encode(fstype), flags, encode(data)) != 0:
+        raise _fail(ctypes, f"mount {target}")
+
+
+def _mirror(root: str, path: str, depth: int = 0) -> str:
+    """Make ``path`` resolve inside ``root`` as it does on the host: every symlink on the way is
+    recreated there (so /lib64/ld-linux-x86-64.so.2 finds the loader on a merged-/usr system).
+    Returns the host's resolved path, which the caller binds at ``root`` + that path."""
+    if depth > 40:
+        raise OSError(f"too many symlinks under {path}")
+    done = "/"
+    parts = [part for part in path.split("/") if part not in ("", ".")]
+    for index, part in enumerate(parts):
+        here = os.path.join(done, part)
+        if os.path.islink(here):
+            target = os.readlink(here)
+            inside = root + here
+            if not os.path.lexists(inside):
+                os.makedirs(os.path.dirname(inside), exist_ok=True)
+                os.symlink(target, inside)
+            rest = "/".join(parts[index + 1:])
+            resolved = os.path.normpath(os.path.join(done, target))
+            return _mirror(root, os.path.join(resolved, rest) if rest else resolved, depth + 1)
+        done = here
+    return done
+
+
+def _bind(root: str, path: str, writable: bool = False, device: bool = False) -> None:
+    """Bind the host's ``path`` (a folder or file) at the same path inside ``root``: read-only,
+    nosuid, nodev (except for ``device``), noexec where ``writable``."""
+    real = _mirror(root, path)
+    target = root + real
+    if os.path.isdir(real):
+        os.makedirs(target, exist_ok=True)
+    elif not os.path.exists(target):
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        os.close(os.open(target, os.O_CREAT | os.O_WRONLY, 0o644))
+    _mount(real, target, None, _MS_BIND | _MS_REC)
+    kept = os.statvfs(real).f_flag
+    flags = _MS_REMOUNT | _MS_BIND | _MS_NOSUID | sum(bit for st, bit in _KEEP_FLAGS if kept & st)
+    flags |= 0 if device else _MS_NODEV
+    flags |= _MS_NOEXEC if writable else 0
+    flags |= 0 if writable else _MS_RDONLY
+    _mount(None, target, None, flags)
+    if not writable and not device:  # mounts below the bound folder stay writable unless remounted too
+        for below in _mounts_below(target):
+            below_flags = os.statvfs(below).f_flag
+            _mount(None, below, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV
+                   | sum(bit for st, bit in _KEEP_FLAGS if below_flags & st))
+
+
+def _mounts_below(folder: str) -> list[str]:
+    found = []
+    with open("/proc/self/mountinfo") as handle:
+        for line in handle:
+            point = line.split()[4].encode().decode("unicode_escape")
+            if point.startswith(folder + "/"):
+                found.append(point)
+    return found
+
+
+def enter_read_only_view(view: str, reads, writable: str, devices=("/dev/urandom", "/dev/random", "/dev/zero"),
+                         writable_devices=("/dev/null",)) -> str:
+    """Make this process's root (in its own, private mount namespace) a fresh tmpfs at ``view`` that holds
+    read-only binds of ``reads`` (folders or files), the ``devices``, the folder ``writable``
+    (read-write, noexec) and an empty /proc for :func:`mount_private_proc`; then pivot into it and
+    unmount the host's root. Every path keeps its host name. The stand-in for Landlock where it is
+    missing (bubblewrap's approach). Returns the detail recorded for the layer."""
+    ctypes, libc = _libc()
+    os.makedirs(view, exist_ok=True)
+    _mount("copes-view", view, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,nr_inodes=16384,mode=0755")
+    bound: list[str] = []  # a path beneath one already bound is in the view already
+    for path in sorted(reads, key=lambda p: len(os.path.realpath(p))):
+        real = os.path.realpath(path)
+        if os.path.exists(path) and not any(real == b or real.startswith(b.rstrip("/") + "/") for b in bound):
+            _bind(view, path)
+            bound.append(real)
+        elif os.path.exists(path):
+            _mirror(view, path)  # (its symlinks, e.g. /lib64 -> usr/lib64, still have to exist)
+    for path in devices:
+        _bind(view, path, device=True)
+    for path in writable_devices:
+        _bind(view, path, writable=True, device=True)
+    _bind(view, writable, writable=True)
+    for folder in ("proc", ".old"):
+        os.makedirs(os.path.join(view, folder), exist_ok=True)
+    if libc.syscall(_SYS_PIVOT_ROOT, os.fsencode(view), os.fsencode(view + "/.old")) != 0:
+        raise _fail(ctypes, "pivot_root")
+    os.chdir("/")
+    if libc.umount2(b"/.old", _MNT_DETACH) != 0:
+        raise _fail(ctypes, "umount2 /.old")
+    os.rmdir("/.old")
+    _mount(None, "/", None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
+    return "read-only binds of the interpreter's files, a fresh root"
+
+
+def mount_private_proc() -> bool:
+    """Mount a fresh procfs on /proc (this process must be process 1 of its pid namespace, in a private
+    mount namespace): the code sees only its namespace's processes. False where the kernel refuses
+    (an unprivileged user namespace on a host whose /proc has parts hidden by other mounts)."""
+    try:
+        _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+    except OSError:
+        return False
+    return True
+
+
 def _probe_here() -> dict[str, str]:
     """{layer: detail} of the kernel layers, tried in THIS process (it changes its namespaces: run it
     only in a throwaway process, as :func:`probe` does). A process with threads (numpy's) cannot
@@ -244,13 +382,32 @@ def host_layers() -> dict[str, str]:
     return dict(_HOST_LAYERS)
 
 
-# What the warning promises of the hook; tests/test_sandbox.py runs the attack catalogue in the modes
-# that simulate these hosts (CodeSandboxConfig.without) and checks that it holds.
-HOOK_STILL = ("The audit hook still denies sockets, processes, signals, ctypes, files outside the allowed "
-              "folders and unlisted imports; it runs in an interpreter that never loaded ctypes, so the "
-              "code cannot switch it off or forge a result from Python, unless a preloaded package gives "
-              "native memory access (numpy does: then only the kernel layers bind). rlimits still bound "
-              "CPU, memory, file size and descriptors.")
+# What the warnings say of the hook (tests/test_sandbox.py checks every warning carries it).
+HOOK_STILL = ("The audit hook is a convenience layer, not a boundary: it turns most forbidden actions into "
+              "Python errors, but code that corrupts the interpreter's memory (a CPython use-after-free "
+              "reachable from pure Python, or a preloaded package with native memory access) switches it off "
+              "without an audit event, and then only the kernel layers confine it. rlimits still bound CPU, "
+              "memory, file size and descriptors.")
+
+# Why the sandbox refuses to start without file confinement (quoted in ConfinementError).
+UNCONFINED = ("Without it, nothing in the kernel keeps the sandboxed code off the host's files: pure Python "
+              "can switch the audit hook off (a CPython 3.11 use-after-free gives it a memory read/write) and "
+              "then read the user's files and the checkout, and write a .pth into a site-packages folder "
+              "(code that runs in every later Python of this user). Opt in with "
+              "CodeSandboxConfig(allow_unconfined_files=True) only where the code is trusted, or run the "
+              "workers in a container or under bubblewrap, nsjail or gVisor (docs/sandbox.md).")
+
+
+def file_confinement(active: dict[str, str]) -> str | None:
+    """The layer that confines the file system here ('landlock' or the read-only view), or None."""
+    return next((name for name in FILE_CONFINEMENT if name in active), None)
+
+
+def refusal(active: dict[str, str], why: str) -> ConfinementError:
+    """The error of a sandbox that will not start: ``why`` names what is missing and where."""
+    present = ", ".join(name for name in (*KERNEL_LAYERS, READ_ONLY_VIEW) if name in active) or "none"
+    return ConfinementError(f"the Python sandbox refuses to start: {why} (kernel layers present: {present}). "
+                            + UNCONFINED)
 
 
 def warn_native_access(packages: list[str], active: dict[str, str]) -> str:
@@ -267,8 +424,9 @@ def warn_native_access(packages: list[str], active: dict[str, str]) -> str:
 
 def describe(active: dict[str, str]) -> str:
     """One line for reports: the active layers, then the missing ones."""
-    layers = [f"{name} ({active[name]})" for name in KERNEL_LAYERS if name in active]
-    missing = [name for name in KERNEL_LAYERS if name not in active]
+    layers = [f"{name} ({active[name]})" for name in (*KERNEL_LAYERS, READ_ONLY_VIEW) if name in active]
+    missing = [name + (" (replaced by read_only_view)" if name == "landlock" and READ_ONLY_VIEW in active else "")
+               for name in KERNEL_LAYERS if name not in active]
     text = " + ".join(layers + ["rlimits", "audit hook"])
     return text + (f"; missing: {', '.join(missing)}" if missing else "")
 
@@ -282,7 +440,11 @@ def warn_missing(active: dict[str, str], wanted: tuple[str, ...] = KERNEL_LAYERS
         head = "the Python sandbox runs with its audit hook and rlimits only: no kernel isolation is available"
     else:
         head = f"the Python sandbox runs without {', '.join(missing)}"
-    message = (head + ". " + "; ".join(f"without {name}, {MISSING_MEANS[name]}" for name in missing)
+    means = {**MISSING_MEANS}
+    if READ_ONLY_VIEW in active:
+        means["landlock"] = ("the file system is confined by the read-only mount-namespace view instead (the "
+                             "code can also execute the programs it can read, under the same layers)")
+    message = (head + ". " + "; ".join(f"without {name}, {means[name]}" for name in missing)
                + ". " + HOOK_STILL)
     warnings.warn(message, IsolationWarning, stacklevel=3)
     return message

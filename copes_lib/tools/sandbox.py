@@ -103,6 +103,7 @@ import queue
 import re
 import select
 import signal
+import stat
 import struct
 import sys
 import tempfile
@@ -233,6 +234,11 @@ class CodeSandboxConfig(Config):
                         "before kernel isolation, for comparison); 'kernel-only' = the kernel layers without "
                         "the hook's rules (to test them alone; fails where any is missing)",
                         choices=("auto", "hook-only", "kernel-only"))
+    allow_unconfined_files: bool = param(False, "start even where the kernel cannot confine the code's file "
+                                         "access (no Landlock and no mount namespace for the read-only "
+                                         "view, or layers='hook-only'): only the audit hook, which is no "
+                                         "boundary, then guards the host's files. Only for trusted code "
+                                         "(docs/sandbox.md, per host type)")
     without: str = param("", "comma-separated kernel layers NOT to use even where the host offers them, to "
                          "test what a host without them gets (layers='auto' only): landlock, seccomp, namespaces")
 
@@ -310,6 +316,8 @@ class _Worker:
     def __init__(self, settings: dict):
         self.settings = settings
         self.proc = None
+        self.awaiting_ready = False  # True between a reply and the worker's report that it cleaned up
+        self.pidfd = None
         self.spawn()
 
     def spawn(self) -> None:
@@ -339,6 +347,7 @@ class _Worker:
         )
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:
+        self.awaiting_ready = False
         deadline = time.monotonic() + timeout_s
         reply = self._receive(deadline)
         if reply is not None and "server_pid" in reply:  # from the set-up process: the worker's pid
@@ -358,6 +367,16 @@ class _Worker:
             raise ConfigError(f"CodeSandboxConfig.preload: cannot import {reply['failed']} in the sandbox worker")
         self.layers = reply.get("layers", {})
         self.native_access = reply.get("native_access", [])
+        try:  # readable once the worker exits (even before its parent reaps it)
+            self.pidfd = os.pidfd_open(self.server_pid or self.proc.pid)
+        except (AttributeError, OSError):  # kernels before 5.3: the set-up process's exit status only
+            self.pidfd = None
+
+    def exited(self) -> bool:
+        """Whether the worker process has exited (a check of a few microseconds)."""
+        if self.pidfd is not None and select.select([self.pidfd], [], [], 0)[0]:
+            return True
+        return self.proc.poll() is not None
 
     def _send(self, code: str) -> None:
         data = code.encode("utf-8", "replace")
@@ -379,21 +398,37 @@ class _Worker:
             need -= len(chunk)
             if not need and header:
                 (need,), chunks, header = _HEADER.unpack(b"".join(chunks)), [], False
-        return json.loads(b"".join(chunks).decode("utf-8"))
+                if need > MAX_REPLY_BYTES:
+                    return None
+        try:
+            return json.loads(b"".join(chunks).decode("utf-8"))
+        except ValueError:  # (UnicodeDecodeError and JSONDecodeError are ValueErrors)
+            return None
 
     def call(self, code: str, timeout_s: float) -> dict:
-        if self.proc.poll() is not None:  # died between calls: start a fresh one
+        """Send ``code``; return the worker's reply, checked (a failed reply when it is missing or malformed).
+        A worker that died, or did not report its clean-up, is replaced before the code is sent."""
+        if self.awaiting_ready:  # the clean-up after the previous call: its "ready", or a replacement
+            message = self._receive(time.monotonic() + READY_TIMEOUT_S)
+            if not (isinstance(message, dict) and message.get("ready") is True) or self.exited():
+                self.restart()
+        elif self.exited():
             self.restart()
+        self.awaiting_ready = False
         try:
             self._send(code)
             reply = self._receive(time.monotonic() + timeout_s + 30.0)
-        except (BrokenPipeError, OSError, ValueError):
+        except (OSError, ValueError):  # (BrokenPipeError is an OSError)
             reply = None
         if reply is None:
             self.restart()
-            return {"ok": False, "output": "", "elapsed_s": 0.0,
-                    "error": "RuntimeError: the sandbox worker died or stopped responding; it was restarted"}
-        return reply
+            return _failed_reply("RuntimeError: the sandbox worker died or stopped responding; it was restarted")
+        checked = _checked_reply(reply)
+        if checked is None:
+            self.restart()
+            return _failed_reply("RuntimeError: the sandbox worker sent a malformed reply; it was restarted")
+        self.awaiting_ready = True
+        return checked
 
     def restart(self) -> None:
         self.kill()
@@ -401,8 +436,9 @@ class _Worker:
         self.wait_ready()
 
     def kill(self) -> None:
-        import shutil
-
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
         if self.proc is not None:
@@ -412,7 +448,7 @@ class _Worker:
                     stream.close()
                 except OSError:
                     pass
-            shutil.rmtree(self.base_dir, ignore_errors=True)
+            remove_tree(self.base_dir)  # (no recursion: the code may have nested folders 1,500 deep)
 
     def close(self, grace_s: float = 2.0) -> None:
         """Ask the zygote to exit (EOF on its stdin: it removes its temp dir), kill it if it does not."""
@@ -426,11 +462,36 @@ class _Worker:
         self.kill()
 
 
+READY_TIMEOUT_S = 30.0  # the longest a worker's clean-up after a call may take before it is replaced
+MAX_REPLY_BYTES = 1 << 24
+_REPLY_TYPES = {"ok": (bool,), "output": (str,), "error": (str,), "elapsed_s": (int, float)}
+
+
+def _failed_reply(error: str) -> dict:
+    return {"ok": False, "output": "", "error": error, "elapsed_s": 0.0}
+
+
+def _checked_reply(reply) -> dict | None:
+    """The worker's reply with exactly the expected keys and types, or None when it is malformed."""
+    if not isinstance(reply, dict):
+        return None
+    for key, types in _REPLY_TYPES.items():
+        value = reply.get(key)
+        if not isinstance(value, types) or (key == "elapsed_s" and isinstance(value, bool)):
+            return None
+    if not math.isfinite(reply["elapsed_s"]):
+        return None
+    return {key: reply[key] for key in _REPLY_TYPES}
+
+
 def _close_workers(workers: list[_Worker], executor: list, owner_pid: int) -> None:
     if os.getpid() != owner_pid:  # a forked copy of the host must not stop the host's workers
         return
     for worker in workers:
-        worker.close()
+        try:
+            worker.close()
+        except Exception:  # noqa: BLE001 - close() never raises; the worker's process group is gone anyway
+            pass
     workers.clear()
     for pool in executor:
         pool.shutdown(wait=False)
@@ -475,6 +536,9 @@ class PythonSandbox:
             if self._closed:
                 raise RuntimeError("PythonSandbox is closed")
             if not self._workers:
+                if self.config.layers == "hook-only" and not self.config.allow_unconfined_files:
+                    raise isolation.refusal({}, "layers='hook-only' runs without any kernel confinement of the "
+                                                "file system (Landlock or the read-only mount-namespace view)")
                 fresh = [_Worker(self._settings()) for _ in range(self.config.workers)]
                 try:
                     for worker in fresh:
@@ -494,6 +558,15 @@ class PythonSandbox:
                             worker.kill()
                         raise RuntimeError(f"CodeSandboxConfig.layers='kernel-only': this host lacks {missing}")
                 elif self.config.layers == "auto":
+                    if isolation.file_confinement(self.layers) is None and not self.config.allow_unconfined_files:
+                        for worker in fresh:
+                            worker.kill()
+                        simulated = f" (CodeSandboxConfig.without={self.config.without!r})" if self.config.without \
+                            else ""
+                        raise isolation.refusal(self.layers, (
+                            f"this host{simulated} offers neither Landlock (Linux >= 5.13, not blocked by a "
+                            "container's seccomp profile) nor a mount and pid namespace for the read-only view "
+                            "(user namespaces are disabled here, or the view could not be built)"))
                     isolation.warn_missing(self.layers)
                 self._workers.extend(fresh)
                 for worker in fresh:
@@ -541,9 +614,11 @@ class PythonSandbox:
         worker = self._idle.get()
         try:
             reply = worker.call(code, self.config.timeout_s)
+        except Exception as exc:  # noqa: BLE001 - e.g. a replacement worker that failed to start
+            reply = _failed_reply(f"RuntimeError: the sandbox worker could not be replaced: {python_error(exc)}")
         finally:
-            self._idle.put(worker)
-        result = SandboxResult(ok=bool(reply["ok"]), output=reply["output"], error=reply["error"],
+            self._idle.put(worker)  # (a dead one is replaced on its next call)
+        result = SandboxResult(ok=reply["ok"], output=reply["output"], error=reply["error"],
                                elapsed_s=float(reply["elapsed_s"]))
         if result.ok:
             self._memo_put(code, result)
@@ -767,6 +842,8 @@ def _make_audit_hook(tmp_dir: str, read_roots: tuple[str, ...], importable: froz
         if real is None:
             deny(f"{event}: relative paths with '..' or an unknown dir_fd are not allowed, got {path!r}")
         mine = inside(real, (tmp_dir,))
+        if writing and real == tmp_dir and event in ("os.rmdir", "os.rename", "os.remove"):
+            deny(f"{event}: the working directory itself may not be removed or renamed")
         if writing:
             if not (mine or real == "/dev/null"):
                 deny(f"writing {path!r} is not allowed; write only inside the working directory")
@@ -1004,14 +1081,50 @@ def _make_call_dir(base_dir: str, uid: int | None, gid: int | None) -> str:
 
 
 def _empty_dir(path: str) -> None:
-    """Remove everything inside ``path`` (folders the code made unreadable are opened up first)."""
-    for entry in os.scandir(path):
-        if entry.is_dir(follow_symlinks=False):
-            os.chmod(entry.path, 0o700)
-            _empty_dir(entry.path)
-            os.rmdir(entry.path)
-        else:
-            os.unlink(entry.path)
+    """Remove everything inside ``path``, however deep the code nested it, with neither recursion nor long
+    paths: a subfolder's entries are first renamed up into ``path`` under fresh short names, then the
+    emptied subfolder is removed. At most two folder descriptors are open; each entry moves at most once.
+    (Runs only when no process of the call is left, so nothing changes the tree meanwhile.) Folders the
+    code made unreadable are opened up first."""
+    top = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    counter = 0
+    try:
+        while names := os.listdir(top):
+            for name in names:
+                if not stat.S_ISDIR(os.stat(name, dir_fd=top, follow_symlinks=False).st_mode):
+                    os.unlink(name, dir_fd=top)
+                    continue
+                os.chmod(name, 0o700, dir_fd=top)  # (a folder, checked above: no link is followed)
+                sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=top)
+                try:
+                    for entry in os.listdir(sub):
+                        while True:
+                            counter += 1
+                            fresh = f".{counter}"
+                            try:
+                                os.stat(fresh, dir_fd=top, follow_symlinks=False)
+                            except FileNotFoundError:
+                                break
+                        os.rename(entry, fresh, src_dir_fd=sub, dst_dir_fd=top)
+                finally:
+                    os.close(sub)
+                os.rmdir(name, dir_fd=top)
+    finally:
+        os.close(top)
+
+
+def remove_tree(path: str) -> None:
+    """Remove ``path`` and everything in it like :func:`_empty_dir` (no recursion, no long paths); never
+    raises (what cannot be removed stays)."""
+    try:
+        if os.path.isdir(path) and not os.path.islink(path):
+            os.chmod(path, 0o700)
+            _empty_dir(path)
+            os.rmdir(path)
+        elif os.path.lexists(path):
+            os.unlink(path)
+    except (OSError, ValueError, RecursionError):
+        pass
 
 
 def _fork_spare(settings: dict, state: dict) -> dict:
@@ -1175,6 +1288,8 @@ def _clean_up(child: dict, state: dict) -> None:
                 break
     call_dir = state["call_dir"]
     info = os.lstat(call_dir)
+    if not stat.S_ISDIR(info.st_mode):  # (the hook and the kernel layers keep it; if not, this worker ends)
+        raise OSError(f"the working folder {call_dir} is no longer a folder")
     if info.st_mode & 0o7777 != 0o700:
         os.chmod(call_dir, 0o700)
     if os.listdir(call_dir):
@@ -1197,12 +1312,35 @@ def _library_paths() -> tuple[list[str], list[str]]:
     executable = os.path.realpath(sys.executable)
     mapped.add(executable)  # (not a .so; its folder holds the interpreter's shared library on some builds)
     loaders = [path for path in mapped if os.path.basename(path).startswith(("ld-linux", "ld-musl", "ld64.so"))]
+    interpreter = _elf_interpreter(executable)  # the path the kernel opens (maybe through symlinks)
+    if interpreter and interpreter not in loaders:
+        loaders.append(interpreter)
     folders = {os.path.dirname(path) for path in mapped} | {"/lib", "/lib64", "/usr/lib", "/usr/lib64",
                                                             "/usr/local/lib", "/etc/ld.so.cache"}
     broad = {"/", "/usr", "/etc", "/home", "/root", "/tmp", "/var", "/dev", "/dev/shm", "/proc", "/sys", "/run",
              "/opt", "/srv", "/mnt"}
     reads = sorted(path for path in folders if path not in broad and os.path.exists(path))
     return reads, [executable] + sorted(loaders)
+
+
+def _elf_interpreter(path: str) -> str | None:
+    """The PT_INTERP path of an ELF64 little-endian executable (None when it has none or is no such file)."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(64)
+            if head[:6] != b"\x7fELF\x02\x01":
+                return None
+            phoff, = struct.unpack_from("<Q", head, 32)
+            phentsize, phnum = struct.unpack_from("<HH", head, 54)
+            for index in range(phnum):
+                handle.seek(phoff + index * phentsize)
+                kind, _flags, offset, _vaddr, _paddr, size = struct.unpack("<IIQQQQ", handle.read(40))
+                if kind == 3:  # PT_INTERP
+                    handle.seek(offset)
+                    return handle.read(size).rstrip(b"\0").decode()
+    except (OSError, struct.error, UnicodeDecodeError):
+        return None
+    return None
 
 
 def _read_roots(settings: dict, parents: list | None = None) -> tuple[str, ...]:
@@ -1256,6 +1394,15 @@ def _setup_main(settings: dict) -> None:
     call_dir = _make_call_dir(settings["base_dir"], uid, gid)
     parents: list[str] = []
     read_roots = _read_roots(settings, parents)
+    libraries, executables = _library_paths()  # (reads /proc/self/maps: before the view replaces the root)
+    # (this file too: the worker runs it; the rest of copes_lib stays unreadable)
+    reads = read_roots + tuple(libraries) + (os.path.abspath(__file__),)
+    if "landlock" not in active and "private_tmpfs" in active and "pid_namespace" in active:
+        try:  # no Landlock: the mount namespace's read-only view confines the file system instead
+            active[iso.READ_ONLY_VIEW] = iso.enter_read_only_view(
+                os.path.join(settings["base_dir"], ".view"), reads + tuple(executables), call_dir)
+        except OSError as exc:  # the host then refuses to start without allow_unconfined_files
+            os.write(2, f"sandbox: the read-only view could not be built: {exc}\n".encode())
     served = {**settings, "active": active, "read_roots": read_roots, "call_dir": call_dir}
     release_r, release_w = os.pipe()
     pid = os.fork()
@@ -1266,16 +1413,18 @@ def _setup_main(settings: dict) -> None:
             os.read(release_r, 1)  # the set-up process has told the host this process's pid
             os.close(release_r)
             iso.die_with_parent()
+            if "pid_namespace" in active and "private_tmpfs" in active:  # process 1, private mounts
+                if iso.mount_private_proc():
+                    active["pid_namespace"] = "the worker is process 1, a private /proc"
+                elif iso.READ_ONLY_VIEW in active:
+                    raise OSError("the read-only view needs a private /proc, and the kernel refused to mount it")
             statm = os.open("/proc/self/statm", os.O_RDONLY)  # the worker's own (same pid after exec)
             os.set_inheritable(statm, True)
             served["statm_fd"] = statm
             # a root worker needs setuid() and cleanup rights; its children lose them at their setuid()
             iso.harden(keep_capabilities=drop)
             if "landlock" in active:
-                libraries, executables = _library_paths()
                 fds = lambda paths: [fd for _, fd in iso.open_rule_paths(paths)]  # noqa: E731
-                # (this file too: the worker runs it; the rest of copes_lib stays unreadable)
-                reads = read_roots + tuple(libraries) + (os.path.abspath(__file__),)
                 iso.landlock_restrict(abi, fds(reads), fds([call_dir]),
                                       fds(("/dev/urandom", "/dev/random", "/dev/zero")), fds(("/dev/null",)),
                                       fds(executables), fds(sorted(set(parents) - {"/"})))
@@ -1382,9 +1531,12 @@ def _zygote_main(settings: dict) -> None:
                 break
             reply, child = _run_one(code, settings, state)
             _write_message(proto_out, reply)
-            # after the reply, while the host works: reap this child and fork the next one
+            # after the reply, while the host works: reap this child, empty the folder, fork the next
+            # child, then say so; the host sends the next call only after this (a worker that dies in
+            # between is replaced first, so no call ever sees the state a previous one left)
             _clean_up(child, state)
             state["spare"] = _fork_spare(settings, state)
+            _write_message(proto_out, {"ready": True})
     except BrokenPipeError:
         pass
     finally:
@@ -1394,9 +1546,7 @@ def _zygote_main(settings: dict) -> None:
             _kill_group(spare["pid"])
             os.waitpid(spare["pid"], 0)
         if not state["layers"]:  # (under Landlock the worker cannot; the host removes the folder)
-            import shutil
-
-            shutil.rmtree(state["base_dir"], ignore_errors=True)
+            remove_tree(state["base_dir"])
 
 
 if __name__ == "__main__":
