@@ -1,0 +1,119 @@
+"""What ``make preflight`` (``python -m copes_lib.protocols.preflight``) shows and returns, apart from the
+measurement itself (:func:`copes_lib.protocols.preflight.main`): the table with its header and legend, where
+the files go, the exit status and the one-line errors.
+
+Exit status: 0 every precondition holds (or the profile does not enforce them: smoke, whose bases are too
+small to act, says so and exits 0 unless ``--strict``); 2 not actionable on a profile that enforces the
+preflight (``PREFLIGHT_ENFORCE``, as ``make reproduce`` would stop after notebook 01), or with ``--strict``;
+1 anything else: a bad option, a bad parameter, a crash (one line; the traceback goes to a file).
+
+Files: by default ``reports/preflight/<profile>.json`` and ``.png`` (not tracked by git), so a preflight never
+silently replaces the committed measurement ``results/preflight/cpu.json`` / ``figures/preflight/cpu.png``;
+``--record`` (``make preflight RECORD=1``) writes there, and says that it did.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from copes_lib import runs
+from copes_lib.config import REPO_ROOT, ConfigError
+
+#: where a preflight that is not recorded writes its JSON, figure and crash log (git ignores reports/)
+REPORTS_ROOT = REPO_ROOT / "reports"
+
+EXIT_HOLDS, EXIT_ERROR, EXIT_NOT_ACTIONABLE = 0, 1, 2
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse exits 2 on a bad option, the status that means "not actionable" here: exit 1 instead."""
+
+    def error(self, message: str):
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_ERROR, f"{self.prog}: error: {message}\n")
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """The options of this module: --record and --strict."""
+    parser.add_argument("--record", action="store_true",
+                        help="write results/preflight/<profile>.json and figures/preflight/<profile>.png (the "
+                             "committed measurement, tracked by git) instead of reports/preflight/")
+    parser.add_argument("--strict", action="store_true",
+                        help="exit 2 when not actionable even on a profile that does not enforce the preflight "
+                             "(smoke)")
+
+
+def output_paths(profile: str, record: bool) -> tuple[Path, Path]:
+    """The JSON and the figure of this preflight (see the module docstring)."""
+    if record:
+        return runs.RESULTS_ROOT / "preflight" / f"{profile}.json", runs.FIGURES_ROOT / "preflight" / f"{profile}.png"
+    return REPORTS_ROOT / "preflight" / f"{profile}.json", REPORTS_ROOT / "preflight" / f"{profile}.png"
+
+
+def print_table(rows: list[dict[str, Any]], meaning: dict[str, str]) -> None:
+    """The preconditions, one per line under a header row, then what each id means."""
+    columns = [("kind", "kind"), ("precondition", "id"), ("verdict", "verdict"), ("ours", "ours"),
+               ("floor", "floor")]
+    cells = [[str(row[key]) for key, _ in columns] for row in rows]
+    widths = [max([len(title)] + [len(line[i]) for line in cells]) for i, (_, title) in enumerate(columns)]
+    print("  ".join(title.ljust(w) for (_, title), w in zip(columns, widths)).rstrip())
+    print("  ".join("-" * w for w in widths))
+    for line in cells:
+        print("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip())
+    print("ids (docs/preflight.md#p1-the-preconditions): " +
+          "; ".join(f"{pid} {text}" for pid, text in meaning.items()))
+
+
+def finish(profile: str, failed: dict[str, list[str]], path: Path, figure: Path, *, record: bool, enforce: bool,
+           strict: bool) -> int:
+    """Say where the files went and what the verdict means; return the exit status."""
+    shown = [str(p.relative_to(REPO_ROOT)) if p.is_relative_to(REPO_ROOT) else str(p) for p in (path, figure)]
+    if record:
+        print(f"recorded: wrote {shown[0]} and {shown[1]} (replacing what was there; `git diff` shows the change)")
+    else:
+        print(f"wrote {shown[0]} and {shown[1]} (the committed results/preflight/ is untouched; RECORD=1 / --record "
+              "writes there)")
+    if not failed:
+        print("every precondition holds")
+        return EXIT_HOLDS
+    where = "; ".join(f"{kind} {', '.join(ids)}" for kind, ids in failed.items())
+    if not enforce and not strict:
+        print(f"not actionable: {where}. Expected on the {profile} profile, whose bases are too small for the methods "
+              f"to act; it runs the preflight to exercise the code and does not enforce it (PREFLIGHT_ENFORCE false), "
+              "so `make reproduce` would go on. Exit 0 (--strict: 2).")
+        return EXIT_HOLDS
+    print(f"NOT ACTIONABLE: {where}. `make reproduce PROFILE={profile}` would stop after notebook 01; see "
+          "docs/preflight.md for what each precondition needs. Exit 2.")
+    return EXIT_NOT_ACTIONABLE
+
+
+def guarded(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None) -> int:
+    """``main(argv)``, with every error as one line on stderr and exit 1 (a crash's traceback goes to
+    ``reports/preflight/error.txt``, named in that line)."""
+    try:
+        return main(argv)
+    except KeyboardInterrupt:
+        print("preflight: interrupted", file=sys.stderr)
+        return 130
+    except ConfigError as error:
+        print(f"preflight: error: {error}", file=sys.stderr)
+        return EXIT_ERROR
+    except Exception as error:  # noqa: BLE001 - a crash is reported, not shown as a traceback
+        log = REPORTS_ROOT / "preflight" / "error.txt"
+        try:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            log.write_text(traceback.format_exc())
+            where = f"traceback in {log.relative_to(REPO_ROOT) if log.is_relative_to(REPO_ROOT) else log}"
+        except OSError:
+            where = "traceback could not be written"
+        print(f"preflight: crashed: {type(error).__name__}: {error} ({where})", file=sys.stderr)
+        return EXIT_ERROR
+
+
+__all__ = ["ArgumentParser", "add_options", "output_paths", "print_table", "finish", "guarded", "REPORTS_ROOT",
+           "EXIT_HOLDS", "EXIT_ERROR", "EXIT_NOT_ACTIONABLE"]

@@ -1,0 +1,110 @@
+"""`make preflight` as a reader and a script see it: a table with a header row and what each id means, exit
+0 / 2 / 1 for holds / not actionable / error, smoke explaining its expected "not actionable", and the
+committed results/preflight/cpu.json never rewritten without --record."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from copes_lib import runs
+from copes_lib.config import REPO_ROOT, ConfigError
+from copes_lib.protocols import preflight as pf
+from copes_lib.protocols import preflight_cli
+
+GOOD = {"G1": 0.8, "G2": 0.6, "E1": 0.7, "E2": 0.0, "R": 0.3, "R_low": 0.1, "R_high": 0.5, "U": 0.3}
+
+
+def _fake_report(values):
+    verdict = pf.judge(values, pf.PreflightCriterion())
+    return {"values": values, **verdict, "sigma": 0.01, "alpha": 0.005, "shape": {"targets_met": True},
+            "calibration": [{"sigma": 0.005, "share": 0.3}, {"sigma": 0.01, "share": 0.6}], "notes": [],
+            "groups": {"protocol_rate": [0.1, 0.5, 0.9]}, "settings": {"group_size": 8, "temperature": 1.0},
+            "criterion": pf.PreflightCriterion().to_dict(), "seconds": 1.0, "cached": False}
+
+
+@pytest.fixture
+def roots(tmp_path, monkeypatch):
+    monkeypatch.setattr(runs, "RESULTS_ROOT", tmp_path / "results")
+    monkeypatch.setattr(runs, "FIGURES_ROOT", tmp_path / "figures")
+    monkeypatch.setattr(preflight_cli, "REPORTS_ROOT", tmp_path / "reports")
+    return tmp_path
+
+
+def _measured(monkeypatch, values):
+    monkeypatch.setattr(pf, "run_preflight", lambda profile, kind, *a, **kw: _fake_report(values))
+
+
+def test_the_table_has_a_header_row_and_says_what_each_id_means(roots, monkeypatch, capsys):
+    _measured(monkeypatch, GOOD)
+    assert pf.main(["--profile", "cpu", "--kinds", "math"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["kind", "id", "verdict", "ours", "floor"] and set(lines[1]) <= {"-", " "}
+    assert [line.split()[1] for line in lines[2:2 + len(pf.PRECONDITIONS)]] == list(pf.PRECONDITIONS)
+    legend = next(line for line in lines if line.startswith("ids "))
+    assert all(f"{pid} {text}" in legend for pid, text in pf.MEANING.items())
+
+
+def test_a_preflight_does_not_touch_the_committed_measurement_unless_recorded(roots, monkeypatch, capsys):
+    _measured(monkeypatch, GOOD)
+    assert pf.main(["--profile", "cpu", "--kinds", "math"]) == 0
+    assert (roots / "reports" / "preflight" / "cpu.json").exists() and (roots / "reports" / "preflight" / "cpu.png").exists()
+    assert not (roots / "results").exists() and not (roots / "figures").exists()
+    assert "results/preflight/ is untouched" in capsys.readouterr().out
+    assert pf.main(["--profile", "cpu", "--kinds", "math", "--record"]) == 0
+    assert (roots / "results" / "preflight" / "cpu.json").exists() and (roots / "figures" / "preflight" / "cpu.png").exists()
+    assert "recorded: wrote" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("profile", "extra", "status", "said"), [
+    ("cpu", [], 2, "NOT ACTIONABLE: math G2. `make reproduce PROFILE=cpu` would stop after notebook 01"),
+    ("smoke", [], 0, "not actionable: math G2. Expected on the smoke profile"),
+    ("smoke", ["--strict"], 2, "NOT ACTIONABLE: math G2."),
+])
+def test_not_actionable_exits_2_where_the_profile_enforces_it(roots, monkeypatch, capsys, profile, extra, status, said):
+    _measured(monkeypatch, {**GOOD, "G2": 0.0})
+    assert pf.main(["--profile", profile, "--kinds", "math", *extra]) == status
+    out = capsys.readouterr().out
+    assert said in out and out.rstrip().endswith(f"Exit {status}." if status == 2 else "Exit 0 (--strict: 2).")
+
+
+def test_bad_options_exit_1_not_2(capsys):
+    with pytest.raises(SystemExit) as stop:
+        pf.main(["--profile", "gpu"])
+    assert stop.value.code == 1 and "invalid choice: 'gpu'" in capsys.readouterr().err
+
+
+def test_errors_are_one_line_and_exit_1(roots, monkeypatch, capsys):
+    def bad(argv):
+        raise ConfigError("PREFLIGHT_KINDS = 'maths': valid kinds: ['math', 'qa']")
+
+    assert preflight_cli.guarded(bad) == 1
+    assert capsys.readouterr().err == "preflight: error: PREFLIGHT_KINDS = 'maths': valid kinds: ['math', 'qa']\n"
+
+    def crash(argv):
+        raise RuntimeError("out of memory")
+
+    assert preflight_cli.guarded(crash) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("preflight: crashed: RuntimeError: out of memory (traceback in ")
+    assert "RuntimeError: out of memory" in (roots / "reports" / "preflight" / "error.txt").read_text()
+
+
+def test_a_bad_kind_from_the_command_line_is_one_line():
+    """End to end through `python -m copes_lib.protocols.preflight` (what `make preflight` runs)."""
+    done = subprocess.run([sys.executable, "-m", "copes_lib.protocols.preflight", "--profile", "smoke", "--kinds",
+                           "maths"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith("preflight: error: "), done.stderr
+    assert "maths" in done.stderr and "Traceback" not in done.stderr + done.stdout
+
+
+def test_make_preflight_passes_record_and_strict():
+    def dry(*args):
+        return subprocess.run(["make", "-n", "preflight", *args], cwd=REPO_ROOT, capture_output=True, text=True,
+                              check=True).stdout
+
+    assert "--record" not in dry() and "--strict" not in dry("PROFILE=smoke")
+    assert "--record" in dry("RECORD=1") and "--strict" in dry("STRICT=1")
