@@ -89,7 +89,8 @@ KERNEL_ENV_ARGS := $(foreach v,$(KERNEL_PIN_VARS),--env $(v) $($(v)))
 KERNEL_STAMP := $(VENV)/.kernel-$(shell echo '$(KERNEL_ENV_ARGS)' | sha256sum | cut -c1-16)
 	@echo "make test      ruff + pytest (unit tests and every notebook under the smoke profile)"
 	@echo "make lab       JupyterLab from .venv (LAB_ARGS=\"--no-browser --port 8888\" to pass options)"
-	@echo "make preflight [PROFILE=cpu] [SEEDS=0,1,2,3,4]  the testbed's preconditions on the profile's base, per warm-start seed (docs/preflight.md)"
+	@echo "make preflight [PROFILE=cpu] [SEEDS=0,1,2,3,4] [RECORD=1] [STRICT=1]  the testbed's preconditions on the profile's base,"
+	@echo "               per warm-start seed; exit 0 holds, 2 not actionable, 1 error (docs/preflight.md)"
 	@echo "make venv      create/update .venv from requirements.txt (no-op when up to date)"
 	@echo "make venv-gpu  create/update .venv-gpu from requirements-gpu.txt (PROFILE=gpu does it itself);"
 	@echo "               SYSTEM_TORCH=1 reuses an installed CUDA torch >= 2.7; PYTHON_GPU=python3.12 etc. (3.11-3.13)"
@@ -185,10 +186,15 @@ report: venv
 validate: venv
 	$(BIN)/python -m copes_lib.cli validate --profile $(PROFILE)
 
-# The testbed's preconditions on the profile's base, before any experiment (docs/preflight.md): exit 2
-# when one fails. Writes results/preflight/$(PROFILE).json and figures/preflight/$(PROFILE).png.
+# The testbed's preconditions on the profile's base, before any experiment (docs/preflight.md). Exit 0: every
+# precondition holds, or the profile does not enforce them (smoke: says that "not actionable" is expected there);
+# 2: not actionable (STRICT=1: on smoke too); 1: an error, in one line. Writes reports/preflight/$(PROFILE).json
+# and .png; RECORD=1 writes the committed results/preflight/ and figures/preflight/ instead.
+RECORD ?=
+STRICT ?=
 preflight: venv
-	$(BIN)/python -m copes_lib.protocols.preflight --profile $(PROFILE) $(if $(SEEDS),--seeds $(SEEDS))
+	$(BIN)/python -m copes_lib.protocols.preflight --profile $(PROFILE) $(if $(SEEDS),--seeds $(SEEDS)) \
+		$(if $(call truthy,$(RECORD)),--record) $(if $(call truthy,$(STRICT)),--strict)
 
 # Opens at the repository root (notebooks/, results/, reports/, figures/ all reachable); as root (common
 # in GPU containers) Jupyter refuses to start without --allow-root.
