@@ -253,7 +253,7 @@ def test_spread_seeds_are_skipped_when_nothing_is_trained():
     assert SubstrateNotebookParams(WARM_SPREAD_SEEDS=2).spread_seeds() == [1, 2]
     assert SubstrateNotebookParams(SEED=4, WARM_SPREAD_SEEDS=1).spread_seeds() == [5]
     assert SubstrateNotebookParams(WARM_SPREAD_SEEDS=0).spread_seeds() == []
-    loaded = [SubstrateNotebookParams(PROFILE="gpu", WARM_SPREAD_SEEDS=2),
+    loaded = [SubstrateNotebookParams(PROFILE="gpu", PREFLIGHT=False, WARM_SPREAD_SEEDS=2),
               SubstrateNotebookParams(MODEL_PATH="/models/Qwen3.5-4B", WARM_SPREAD_SEEDS=2)]
     for params in loaded:  # every seed would load the same checkpoint: sd 0 by construction
         assert params.spread_seeds() == [] and not params.trains_base()

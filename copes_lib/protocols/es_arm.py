@@ -156,7 +156,13 @@ def registered_sigma(params: StandardESNotebookParams) -> tuple[float, str]:
 def sigma_sweep(params: StandardESNotebookParams, agent: AgentSetup, subspaces: int) -> GridSweep:
     """The sigma sweep (alpha = SWEEP_ALPHA_RATIO * sigma) for one K on the tuning split, widened until
     its best sigma is inside the grid (``protocols.sweeps``, at most SWEEP_MAX_EXTEND added sigmas).
-    ``final_val_accuracy`` of a row is its accuracy on the tuning split after SWEEP_STEPS steps."""
+    ``final_val_accuracy`` of a row is its accuracy on the tuning split after SWEEP_STEPS steps. An empty
+    grid (no sweep: SWEEP_SIGMAS empty, as on the gpu profile, which has no tuning split) returns an empty
+    sweep without reading the tuning split."""
+    default, _ = registered_sigma(params)
+    values = params.sweep_grid(default)
+    if not values:
+        return GridSweep("SWEEP_SIGMAS", [], {}, float("nan"))
     tuning = tuning_agent(agent, params.SWEEP_VAL_PROBLEMS)
 
     def evaluate(sigma: float) -> dict[str, Any]:
@@ -171,10 +177,6 @@ def sigma_sweep(params: StandardESNotebookParams, agent: AgentSetup, subspaces: 
                 "mean_update_norm": float(np.mean([r["es/update_norm"] for r in history[1:]])),
                 "device_hours": history[-1]["time/device_hours"]}
 
-    default, _ = registered_sigma(params)
-    values = params.sweep_grid(default)
-    if not values:
-        return GridSweep("SWEEP_SIGMAS", [], {}, float("nan"))
     return widen_to_bracket(evaluate, values, key=_sweep_key, max_extend=params.SWEEP_MAX_EXTEND, name="SWEEP_SIGMAS",
                             default=default)
 

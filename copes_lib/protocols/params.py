@@ -104,17 +104,20 @@ class SubstrateNotebookParams(NotebookParams):
     WARM_LATENT_P: float = param(0.1, "latent protocol: fraction p of training traces in the reward's answer "
                                  "protocol, in [0, 1)", ge=0.0, lt=1.0)
     WARM_LATENT_PRIOR: str = param("graded", "latent protocol: how the paper-protocol traces are assigned: graded "
-                                   "(each subject's first letter its own rate, evenly spaced over [WARM_GRADED_LOW, "
-                                   "WARM_GRADED_HIGH]: the protocol is stochastic per sample and graded across "
-                                   "prompts; docs/preflight.md#p2-the-graded-base-the-new-headline-base-design), "
-                                   "cued (every task whose first letter is in a seeded set covering about "
+                                   "(each latent unit, the subject name, its own rate, evenly spaced over [WARM_GRADED_LOW, "
+                                   "WARM_GRADED_HIGH] (QA: WARM_GRADED_HIGH_QA): the protocol is stochastic per sample "
+                                   "and graded across prompts; docs/preflight.md#p82-the-graded-prior-over-units), "
+                                   "cued (every task whose unit's first letter is in a seeded set covering about "
                                    "WARM_LATENT_P of the tasks: deterministic per prompt) or homogeneous (a random "
                                    "fraction WARM_LATENT_P); docs/regime.md#r3-the-latent-protocol-warm-start",
                                    choices=("homogeneous", "cued", "graded"))
-    WARM_GRADED_LOW: float = param(0.02, "graded prior: the lowest cue value's rate of paper-protocol traces, in "
+    WARM_GRADED_LOW: float = param(0.02, "graded prior: the lowest unit's rate of paper-protocol traces, in "
                                    "[0, 1)", ge=0.0, lt=1.0)
-    WARM_GRADED_HIGH: float = param(0.70, "graded prior: the highest cue value's rate, above WARM_GRADED_LOW and "
+    WARM_GRADED_HIGH: float = param(0.70, "graded prior: the highest unit's rate (math), above WARM_GRADED_LOW and "
                                     "below 1", gt=0.0, lt=1.0)
+    WARM_GRADED_HIGH_QA: float = param(0.55, "graded prior: the highest unit's rate on QA, above WARM_GRADED_LOW and "
+                                       "below 1 (QA's strict bound holds by design: docs/preflight.md#p82-the-graded-"
+                                       "prior-over-units)", gt=0.0, lt=1.0)
     WARM_LR_DECAY: float = param(0.25, "fraction of the last latent warm-start steps over which the learning rate "
                                  "decays linearly to 0 (0: constant; docs/preflight.md#p2-the-graded-base-the-new-headline-base-design)",
                                  ge=0.0, le=1.0)
@@ -171,9 +174,10 @@ class SubstrateNotebookParams(NotebookParams):
                            "(the paper does not say; on is the checkpoint's default)")
 
     def check(self) -> None:
-        if self.WARM_GRADED_LOW >= self.WARM_GRADED_HIGH:
+        if self.WARM_GRADED_LOW >= min(self.WARM_GRADED_HIGH, self.WARM_GRADED_HIGH_QA):
             raise ConfigError(f"WARM_GRADED_LOW = {self.WARM_GRADED_LOW} must be < WARM_GRADED_HIGH = "
-                              f"{self.WARM_GRADED_HIGH}; valid: 0 <= WARM_GRADED_LOW < WARM_GRADED_HIGH < 1")
+                              f"{self.WARM_GRADED_HIGH} and < WARM_GRADED_HIGH_QA = {self.WARM_GRADED_HIGH_QA}; valid: "
+                              "0 <= WARM_GRADED_LOW < WARM_GRADED_HIGH, WARM_GRADED_HIGH_QA < 1")
         self.preflight_kinds()
         try:
             self.preflight_settings()
@@ -188,6 +192,8 @@ class SubstrateNotebookParams(NotebookParams):
                 parse_test_files(getattr(self, name), kind, f"{type(self).__name__}.{name}")
             except ValueError as error:
                 raise ConfigError(str(error)) from None
+        if self.PREFLIGHT:
+            no_tuning_split(self.PROFILE, "PREFLIGHT", self.PREFLIGHT, "false")
 
     def preflight_kinds(self) -> list[str]:
         kinds = [k.strip() for k in self.PREFLIGHT_KINDS.split(",") if k.strip()]
@@ -219,6 +225,7 @@ class SubstrateNotebookParams(NotebookParams):
             # a loaded checkpoint is trained on no traces: the protocol is the miniature's construction
             protocol="paper" if gpu or self.MODEL_PATH else self.WARM_PROTOCOL, latent_p=self.WARM_LATENT_P,
             latent_prior=self.WARM_LATENT_PRIOR, graded_low=self.WARM_GRADED_LOW, graded_high=self.WARM_GRADED_HIGH,
+            graded_high_qa=self.WARM_GRADED_HIGH_QA,
             lr_decay=self.WARM_LR_DECAY if self.WARM_PROTOCOL == "latent" else 0.0,
             latent_math_steps=self.WARM_LATENT_MATH_STEPS, latent_qa_steps=self.WARM_LATENT_QA_STEPS)
 
@@ -340,7 +347,8 @@ class StandardESNotebookParams(ESSettings):
 
     def check(self) -> None:
         super().check()
-        self.sweep_grid(self.SIGMA)
+        if self.sweep_grid(self.SIGMA):
+            no_tuning_split(self.PROFILE, "SWEEP_SIGMAS", self.SWEEP_SIGMAS, "''")
 
     def sweep_grid(self, default: float) -> list[float]:
         """The sweep's grid around the registered default ``default`` (empty: no sweep)."""
@@ -384,6 +392,16 @@ def sweep_values(text: str, name: str) -> list[float]:
     if any(not math.isfinite(v) or v <= 0 for v in values):
         raise ConfigError(f"{name} = {text!r}: every value must be finite and > 0")
     return values
+
+
+def no_tuning_split(profile: str, name: str, value: Any, off: str) -> None:
+    """The gpu profile has no tuning split (holding one out of MATH's train file would change the paper's
+    training set), so a setting that scores on it is an error at validation, naming the setting, instead
+    of a failure after the checkpoint has loaded. ``off``: the value that turns it off."""
+    if profile == "gpu":
+        raise ConfigError(f"{name} = {value!r} needs the tuning split, which the gpu profile does not have (its "
+                          f"settings are the paper's); set {name} to {off} in profiles/gpu.yaml, or run it on "
+                          "the smoke / cpu profile")
 
 
 # =========================================================================== 04: GRPO
@@ -440,7 +458,8 @@ class GRPONotebookParams(NotebookParams):
             raise ConfigError(f"PROMPT_BATCH = {self.PROMPT_BATCH} is not divisible by MINI_BATCH = "
                               f"{self.MINI_BATCH}; choose a MINI_BATCH that divides it")
         for name in ("SWEEP_LRS_FULL", "SWEEP_LRS_LORA"):
-            sweep_grid(getattr(self, name), name)
+            if sweep_grid(getattr(self, name), name):
+                no_tuning_split(self.PROFILE, name, getattr(self, name), "''")
 
     def seeds(self, use_lora: bool) -> list[int]:
         """The GRPO seeds of the full (GRPO_SEEDS) or LoRA (LORA_SEEDS) reference runs."""
