@@ -65,8 +65,9 @@ def print_table(rows: list[dict[str, Any]], meaning: dict[str, str]) -> None:
     print("  ".join("-" * w for w in widths))
     for line in cells:
         print("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip())
-    print("ids (docs/preflight.md#p1-the-preconditions): " +
-          "; ".join(f"{pid} {text}" for pid, text in meaning.items()))
+    print("what the ids mean (docs/preflight.md#p1-the-preconditions):")
+    for pid, text in meaning.items():
+        print(f"  {pid:<3} {text}")
 
 
 def finish(profile: str, failed: dict[str, list[str]], path: Path, figure: Path, *, record: bool, enforce: bool,
