@@ -288,9 +288,9 @@ def enter_read_only_view(view: str, reads, writable: str, devices=("/dev/urandom
                          writable_devices=("/dev/null",)) -> str:
     """Make this process's root (in its own, private mount namespace) a fresh tmpfs at ``view`` that holds
     read-only binds of ``reads`` (folders or files), the ``devices``, the folder ``writable``
-    (read-write, noexec) and an empty /proc for :func:`mount_private_proc`; then pivot into it and
-    unmount the host's root. Every path keeps its host name. The stand-in for Landlock where it is
-    missing (bubblewrap's approach). Returns the detail recorded for the layer."""
+    (read-write, noexec) and a fresh procfs (this process must be process 1 of its pid namespace); then
+    pivot into it and unmount the host's root. Every path keeps its host name. The stand-in for Landlock
+    where it is missing (bubblewrap's approach). Returns the detail recorded for the layer."""
     ctypes, libc = _libc()
     os.makedirs(view, exist_ok=True)
     _mount("copes-view", view, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,nr_inodes=16384,mode=0755")
@@ -309,6 +309,9 @@ def enter_read_only_view(view: str, reads, writable: str, devices=("/dev/urandom
     _bind(view, writable, writable=True)
     for folder in ("proc", ".old"):
         os.makedirs(os.path.join(view, folder), exist_ok=True)
+    # the fresh procfs, before the host's root (and its /proc) leaves the namespace: a user namespace may
+    # mount procfs only while an instance of it is fully visible there (the kernel's mnt_already_visible)
+    _mount("proc", view + "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
     if libc.syscall(_SYS_PIVOT_ROOT, os.fsencode(view), os.fsencode(view + "/.old")) != 0:
         raise _fail(ctypes, "pivot_root")
     os.chdir("/")

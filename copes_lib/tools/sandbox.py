@@ -1,5 +1,12 @@
 """A Python sandbox for model-generated code: warm fork servers, kernel isolation, rlimits and an audit hook.
 
+The kernel layers are the boundary; the audit hook is a convenience layer on top (Python errors a model
+can learn from), not a boundary: pure Python can switch it off on CPython 3.11 (a use-after-free gives
+a memory read/write without an audit event; tests/sandbox_attacks.py does it). The sandbox therefore
+fails closed: it refuses to start where the kernel cannot confine the code's file access (neither
+Landlock nor a mount namespace for the read-only view), unless the caller opts in with
+``CodeSandboxConfig.allow_unconfined_files`` for trusted code.
+
 The CoPES agent calls a Python tool (up to 5 calls per math trajectory; an ES step runs 40 members x
 64 prompts, so thousands of short calls). The paper's agent stack runs it in Docker; this sandbox is
 built for many short calls on any Linux host, as root or not, without a container.
@@ -22,14 +29,18 @@ Why two processes (issue 33): once ``_ctypes`` is imported, its classes stay rea
 ``object.__subclasses__()`` whatever references are dropped, and indexing a ctypes pointer writes any
 memory without an audit event -- from there the code emptied the hook's rules and forged a success.
 The kernel layers are therefore applied once per worker, before an exec into a clean interpreter, and
-inherited by every child. ``layers='hook-only'`` starts the worker directly.
+inherited by every child. (This removes the easiest memory write, not every one: see above.)
+``layers='hook-only'`` starts the worker directly, and only with ``allow_unconfined_files``.
 
 The worker forks the next child right after replying, while the host is busy, so a call does not pay
 for starting an interpreter (tens of ms) nor, mostly, for the fork (under 1 ms); the kernel set-up is
 paid once per worker. ``benchmarks/bench_sandbox.py`` measures calls/s against
 ``subprocess.run([python, "-c", code])`` and against main's sandbox. Every call starts from the same
 worker state in the same, emptied working folder: calls cannot see each other's variables, files or
-module changes, and one bad call cannot damage the next.
+module changes, and one bad call cannot damage the next. The folder is emptied without recursion or
+long paths (a subfolder's entries are renamed up before it is removed; a 1,500-deep chain costs
+milliseconds), the worker reports "ready" only after that, and the host replaces a worker that did not
+(or has exited) before it sends the next call; the host checks every reply's keys and types.
 
 Layers (``CodeSandboxConfig.layers``; :mod:`copes_lib.tools.isolation` probes which the kernel
 offers, the sandbox records them in ``PythonSandbox.layers`` and warns naming any that is missing;
@@ -37,16 +48,18 @@ offers, the sandbox records them in ``PythonSandbox.layers`` and warns naming an
 table of which layer stops which attack, and which hosts lack which layer):
 
 1. kernel, per worker: Landlock (file reads and writes, whatever path, ``dir_fd`` or descriptor
-   trick; executing anything but the interpreter; TCP and signals on ABI >= 4 / 6), seccomp (sockets,
+   trick; executing anything but the interpreter; TCP and signals on ABI >= 4 / 6) or, where Landlock is
+   missing, a read-only view of the interpreter's files as the mount namespace's root, seccomp (sockets,
    fork/vfork/clone3, execveat, ptrace, memfd, io_uring, namespaces, mounts: the process is killed),
    no_new_privs and no capabilities, a network namespace without interfaces, a private tmpfs of
-   ``temp_quota_mb``, a pid namespace (the children cannot name a host process; nothing outlives the
-   call). Unprivileged hosts get the namespaces through a user namespace that maps only their own uid.
+   ``temp_quota_mb``, a pid namespace with its own /proc (the children cannot name a host process;
+   nothing outlives the call). Unprivileged hosts get the namespaces through a user namespace that maps
+   only their own uid.
 2. rlimits: wall-clock timeout (the worker kills the child's process group), RLIMIT_CPU, RLIMIT_AS
    (``memory_mb`` on top of the warm interpreter), RLIMIT_NPROC = 0, RLIMIT_FSIZE, RLIMIT_NOFILE, no
    core files, and a hard stop after ``max_printed_chars`` printed characters (counted by the worker).
-3. the audit hook (``sys.addaudithook``; it cannot be removed), which gives Python-level errors a small
-   model can learn from and covers what the kernel layers leave open: it denies sockets, subprocesses,
+3. the audit hook (``sys.addaudithook``), a convenience layer and no boundary: it gives Python-level
+   errors a small model can learn from, until memory corruption switches it off. It denies sockets, subprocesses,
    exec/spawn/fork, signals, ctypes, rlimit changes, tracing, gc introspection, a second audit hook,
    code objects built by hand and marshal (unchecked memory access in CPython), traceback / generator
    frames (the ways to the hook's own state), reads outside the Python installation and the call's
@@ -59,12 +72,12 @@ table of which layer stops which attack, and which hosts lack which layer):
    code cannot catch it). The frames below the code (the worker's) are reachable with
    ``sys._getframe``; they hold no ctypes, no secret and no descriptor to the host.
 
-Results the code cannot forge: the worker reads the code's prints from the child's stdout pipe (text,
+Results the code cannot forge (while the hook holds): the worker reads the code's prints from the child's stdout pipe (text,
 never parsed), and the verdict from the exit status plus a per-call secret that only the audit hook
 holds (the child reads it in a frame that ends before the code runs) and writes after exec() returned.
 A success needs both, so a forged record, an ``os._exit(0)`` or a caught denial is a failure, and
-failures are never memoised. This holds while the code has no native memory access: see below for
-when it has, and what a forged success then can and cannot do. Errors come back as Python's last
+failures are never memoised. This holds while the hook holds, i.e. until the code corrupts memory:
+see below for what a forged success then can and cannot do. Errors come back as Python's last
 traceback line (``NameError: name 'x' is not defined``).
 
 Determinism: PYTHONHASHSEED=0, ``random`` (and numpy's global RNG when preloaded) are reseeded with 0
@@ -79,18 +92,19 @@ The value of a final expression is NOT printed (unlike a REPL): the agent protoc
 ``print`` what it wants to see, and an empty output is reported as ``(no output)``.
 
 What this does not protect against (the table is in docs/sandbox.md#layers-and-what-they-stop). The
-kernel layers confine what the process can reach, not what it computes. Code with native memory access
--- a preloaded package that gives it (sympy loads ctypes, numpy's ``as_strided`` takes any stride; the
-sandbox warns naming them, :func:`copes_lib.tools.isolation.warn_native_access`), or an interpreter bug
--- can switch the hook off and forge a success: ``ok=True`` with any output for that call, which the
-memo then reuses for the same code. Nothing else depends on ``ok``: it is the reward signal of that one
+kernel layers confine what the process can reach, not what it computes. Code that corrupts memory --
+pure Python through a CPython 3.11 use-after-free, or a preloaded package with native memory access
+(sympy loads ctypes, numpy's ``as_strided`` takes any stride; the sandbox warns naming them,
+:func:`copes_lib.tools.isolation.warn_native_access`) -- can switch the hook off and may forge a
+success: ``ok=True`` with any output for that call, which the memo then reuses for the same code. Nothing else depends on ``ok``: it is the reward signal of that one
 call, never a permission. Even then it cannot read or write outside the allowed folders, open a socket,
 start a process or signal the host where the kernel layers are present. ``os.stat`` and friends have no
-audit event, and Landlock does not restrict them: the code can learn whether a path exists. With
-``layers='hook-only'`` or on a kernel without these features, only the audit hook and the rlimits remain
-(still unbreakable from pure Python, but CPython documents audit hooks as no security boundary): there,
-run the workers in a container (``--network none``, read-only root, unprivileged user, seccomp, cgroup
-limits) or under gVisor, nsjail or bubblewrap.
+audit event, and Landlock does not restrict them: the code can learn whether a path exists (in the
+read-only view, only paths of the view exist). With ``layers='hook-only'``, or on a host with neither
+Landlock nor namespaces, nothing in the kernel confines the code's files: the sandbox refuses to start
+unless ``allow_unconfined_files=True``, and with it, code that switches the hook off reads and writes
+whatever the host's user can. There, run the workers in a container (``--network none``, read-only
+root, unprivileged user, seccomp, cgroup limits) or under gVisor, nsjail or bubblewrap.
 """
 
 from __future__ import annotations
@@ -228,10 +242,11 @@ class CodeSandboxConfig(Config):
                                   "kernel enforces RLIMIT_NPROC and file permissions")
     temp_quota_mb: int = param(64, "total MiB of files a call may keep in its working directory (a private "
                                "tmpfs of this size where mount namespaces are available)", ge=1)
-    layers: str = param("auto", "isolation: 'auto' = every kernel layer this host offers (Landlock, seccomp, "
-                        "no_new_privs, network namespace, private tmpfs) under the audit hook, with a warning "
-                        "naming any that is missing; 'hook-only' = audit hook and rlimits only (the sandbox "
-                        "before kernel isolation, for comparison); 'kernel-only' = the kernel layers without "
+    layers: str = param("auto", "isolation: 'auto' = every kernel layer this host offers (Landlock or the "
+                        "read-only view, seccomp, no_new_privs, network namespace, private tmpfs) under the audit "
+                        "hook, with a warning naming any that is missing and a refusal where the file system is "
+                        "not confined; 'hook-only' = audit hook and rlimits only (for comparison; needs "
+                        "allow_unconfined_files); 'kernel-only' = the kernel layers without "
                         "the hook's rules (to test them alone; fails where any is missing)",
                         choices=("auto", "hook-only", "kernel-only"))
     allow_unconfined_files: bool = param(False, "start even where the kernel cannot confine the code's file "
@@ -559,8 +574,8 @@ class PythonSandbox:
                         raise RuntimeError(f"CodeSandboxConfig.layers='kernel-only': this host lacks {missing}")
                 elif self.config.layers == "auto":
                     if isolation.file_confinement(self.layers) is None and not self.config.allow_unconfined_files:
-                        for worker in fresh:
-                            worker.kill()
+                        for worker in fresh:  # (an orderly exit: a killed set-up process would orphan its worker)
+                            worker.close()
                         simulated = f" (CodeSandboxConfig.without={self.config.without!r})" if self.config.without \
                             else ""
                         raise isolation.refusal(self.layers, (
@@ -724,7 +739,8 @@ def _make_audit_hook(tmp_dir: str, read_roots: tuple[str, ...], importable: froz
     so rebinding module attributes (``os.path.realpath = ...``) cannot change its decisions.
 
     It also holds the call's secret (the first TOKEN_BYTES of ``call``, wiped there): its closure is the
-    one place the code cannot reach from Python (frames of the hook are closed, gc is denied). Only the
+    one place the code cannot reach from Python without corrupting memory (frames of the hook are
+    closed, gc is denied; a use-after-free reaches it, see the module doc). Only the
     hook writes the secret to the status pipe, on ``DONE_EVENT`` from :func:`_run_code` called by the
     child's frame; the zygote accepts a success only with it. A denied action ends the process at once,
     from inside the hook, with exit status ``DENIED_EXIT``: no line of the code runs after it.
@@ -953,7 +969,8 @@ def _child(settings: dict, state: dict, tmp_dir: str, code_fd: int, out_fd: int,
     busy). The code's prints go to ``out_fd`` (fd 1), which the zygote reads and limits; the child's
     own records (the error, or the secret on success, written by the audit hook) go to ``status_fd``
     (fd 2), each after a NUL. The code can write to both descriptors; what it cannot do is write the
-    secret, so it can print anything but cannot turn a failure, a denial or an early exit into a success.
+    secret, so it can print anything but cannot turn a failure, a denial or an early exit into a success
+    (unless it corrupts memory: the hook is no boundary).
     """
     status = FAILED_EXIT
     try:
@@ -1397,12 +1414,9 @@ def _setup_main(settings: dict) -> None:
     libraries, executables = _library_paths()  # (reads /proc/self/maps: before the view replaces the root)
     # (this file too: the worker runs it; the rest of copes_lib stays unreadable)
     reads = read_roots + tuple(libraries) + (os.path.abspath(__file__),)
-    if "landlock" not in active and "private_tmpfs" in active and "pid_namespace" in active:
-        try:  # no Landlock: the mount namespace's read-only view confines the file system instead
-            active[iso.READ_ONLY_VIEW] = iso.enter_read_only_view(
-                os.path.join(settings["base_dir"], ".view"), reads + tuple(executables), call_dir)
-        except OSError as exc:  # the host then refuses to start without allow_unconfined_files
-            os.write(2, f"sandbox: the read-only view could not be built: {exc}\n".encode())
+    # no Landlock: the mount namespace's read-only view confines the file system instead (built by the
+    # worker: a fresh /proc can be mounted only by a process of the pid namespace, before the pivot)
+    view = "landlock" not in active and "private_tmpfs" in active and "pid_namespace" in active
     served = {**settings, "active": active, "read_roots": read_roots, "call_dir": call_dir}
     release_r, release_w = os.pipe()
     pid = os.fork()
@@ -1413,11 +1427,16 @@ def _setup_main(settings: dict) -> None:
             os.read(release_r, 1)  # the set-up process has told the host this process's pid
             os.close(release_r)
             iso.die_with_parent()
-            if "pid_namespace" in active and "private_tmpfs" in active:  # process 1, private mounts
-                if iso.mount_private_proc():
+            if view:
+                try:
+                    active[iso.READ_ONLY_VIEW] = iso.enter_read_only_view(
+                        os.path.join(settings["base_dir"], ".view"), reads + tuple(executables), call_dir)
                     active["pid_namespace"] = "the worker is process 1, a private /proc"
-                elif iso.READ_ONLY_VIEW in active:
-                    raise OSError("the read-only view needs a private /proc, and the kernel refused to mount it")
+                except OSError as exc:  # the host then refuses to start without allow_unconfined_files
+                    os.write(2, f"sandbox: the read-only view could not be built: {exc}\n".encode())
+            if "pid_namespace" in active and "private_tmpfs" in active and iso.READ_ONLY_VIEW not in active:
+                if iso.mount_private_proc():  # process 1 of the pid namespace, in a private mount namespace
+                    active["pid_namespace"] = "the worker is process 1, a private /proc"
             statm = os.open("/proc/self/statm", os.O_RDONLY)  # the worker's own (same pid after exec)
             os.set_inheritable(statm, True)
             served["statm_fd"] = statm
