@@ -23,6 +23,12 @@ profile's tiny model (what compiling removes), mostly compute for the cpu profil
 greedy and sampled rollouts of ``--batch`` prompts, medians over repeats after a warm-up (the
 engines take turns within each repeat). Saved to ``results/bench/rollout_host_overhead_<profile>.json``.
 
+``--stop-matcher``: host cost of the stop check per generated token (``StopMatcher.check`` on each
+token of a turn, ``trim`` where it stops) now against ``copes_lib/rollout.py`` at ``--stop-before``
+(the 8-token window), on two tokenizers whose closing tags are several tokens (a byte-level BPE trained
+on protocol text; one token per byte), over turns of free text that end with a tool tag; and how many
+tags each one finds. Saved to ``results/bench/rollout_stop_matcher.json``.
+
 ``--check-compiled``: the compiled ``static`` engine against the loop on the CPU (too slow to
 compile for ``make test``): the smoke Qwen3 and a tiny random Qwen3.5, tool calls forced, greedy
 and sampled; saved to ``results/bench/rollout_compiled_equality.json``.
@@ -187,6 +193,68 @@ def check_compiled() -> dict:
     return result
 
 
+def _protocol_tokenizers() -> dict:
+    """Tokenizers whose closing tags are several tokens: a byte-level BPE trained on protocol text (its
+    merges join a tag's ``>`` with what follows, as real BPEs do) and one with a token per byte."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    def wrap(tok):
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        tok.decoder = decoders.ByteLevel()
+        return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", padding_side="left")
+
+    texts = [f"Question {k}? <python>print({k})</python><output>{k}</output><search>river {k}</search>"
+             f"<result>the city</result><answer>\\boxed{{{k}}}</answer>." for k in range(200)]
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    bpe.train_from_iterator(texts, trainer=trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<pad>", "<eos>"], min_frequency=2,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    vocab = {"<pad>": 0, "<eos>": 1, **{c: k + 2 for k, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}}
+    byte = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    byte.add_special_tokens(["<pad>", "<eos>"])
+    return {"bpe": wrap(bpe), "byte": wrap(byte)}
+
+
+def stop_matcher_cost(args) -> dict:
+    """Microseconds of stop check per generated token, now and at ``args.stop_before``; tags found."""
+    from copes_lib.rollout import encode
+
+    before = rollout_at(args.stop_before)
+    words = "the city river was founded by its council in year north station museum 3 > 2 and x < 7".split()
+    turns = []
+    for k in range(args.batch):
+        free = " ".join(words[(k + 3 * i) % len(words)] for i in range(args.max_new_tokens // 2))
+        tag = ("<python>print(1)</python>", "<search>river</search>", "<answer>\\boxed{2}</answer>")[k % 3]
+        turns.append(free + " " + tag)
+    result = {"stop_before": args.stop_before, "turns": len(turns), "repeats": args.repeats, "tokenizers": {}}
+    for name, tokenizer in _protocol_tokenizers().items():
+        ids = [encode(tokenizer, t) for t in turns]
+        row = {"tokens_per_turn": statistics.mean(len(i) for i in ids),
+               "tag_tokens": {t: len(encode(tokenizer, t)) for t in ("</python>", "</search>", "</answer>")}}
+        for label, matcher_class in (("before", before.StopMatcher), ("now", StopMatcher)):
+            matcher = matcher_class(tokenizer)  # built outside the timing (now: the closing-token table)
+            times, found = [], 0
+            for _ in range(args.repeats + 1):  # the first round is a warm-up
+                found, count = 0, 0
+                t0 = time.perf_counter()
+                for turn in ids:
+                    segment = []
+                    for token in turn:
+                        segment.append(token)
+                        count += 1
+                        if matcher.check(segment) is not None:
+                            matcher.trim(segment)
+                            found += 1
+                            break
+                times.append((time.perf_counter() - t0) / count * 1e6)
+            row[label] = {"us_per_token": statistics.median(times[1:]), "tags_found": found}
+        row["ratio_now_over_before"] = row["now"]["us_per_token"] / row["before"]["us_per_token"]
+        result["tokenizers"][name] = row
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--profile", default="cpu", choices=["smoke", "cpu"])
@@ -197,7 +265,14 @@ def main() -> None:
     parser.add_argument("--host-overhead", action="store_true", help="host ms per decoded token, before vs now")
     parser.add_argument("--before", default="863d599", help="git revision of the rollout before the fast path")
     parser.add_argument("--check-compiled", action="store_true", help="compiled static engine == loop (CPU)")
+    parser.add_argument("--stop-matcher", action="store_true", help="host cost of the stop check, before vs now")
+    parser.add_argument("--stop-before", default="26bebfd", help="git revision of the 8-token stop window")
     args = parser.parse_args()
+    if args.stop_matcher:
+        result = {"threads": torch.get_num_threads(), **stop_matcher_cost(args)}
+        runs.atomic_write_json(runs.RESULTS_ROOT / "bench" / "rollout_stop_matcher.json", result)
+        print(result)
+        return
     if args.check_compiled:
         result = {"threads": torch.get_num_threads(), **check_compiled()}
         runs.atomic_write_json(runs.RESULTS_ROOT / "bench" / "rollout_compiled_equality.json", result)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import time
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -206,17 +207,64 @@ def make_env(kind: str, profile: str, sandbox_config=None, cache_tool_results: b
 
 
 # --------------------------------------------------------------------------- stop detection
-class StopMatcher:
-    """Finds where a row's current turn ends. Fast path: every closing tag is one token of the
-    vocabulary (the miniature's tokenizer); otherwise the last few decoded tokens are searched."""
+_CLOSERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
-    def __init__(self, tokenizer):
+
+def closing_tokens(tokenizer, tags) -> frozenset[int]:
+    """Ids of the tokens at which one of ``tags`` can become complete: those whose own text holds a
+    tag's last character, plus, to be safe, those whose own text is empty or an incomplete character
+    (byte-level pieces). A tag completes at the token whose text holds its last character, so every
+    other token skips the decode. Built once per tokenizer (one batched decode of the vocabulary) and
+    rebuilt when tokens are added."""
+    key = (len(tokenizer), frozenset(tags))
+    try:
+        cached = _CLOSERS.setdefault(tokenizer, {})
+    except TypeError:  # a tokenizer that cannot be weakly referenced: no cache
+        cached = {}
+    if key not in cached:
+        last = {tag[-1] for tag in tags}
+        texts = tokenizer.decode([[i] for i in range(len(tokenizer))], skip_special_tokens=False)
+        cached[key] = frozenset(i for i, text in enumerate(texts)
+                                if not text or "\ufffd" in text or not last.isdisjoint(text))
+    return cached[key]
+
+
+class StopMatcher:
+    """Finds where a row's current turn ends: at the token where the turn's text first holds a closing
+    tag, whatever the tokens that spell it (one token, a BPE split, one token per character or byte,
+    tokens that decode to nothing). Fast path: every closing tag is one token of the vocabulary (the
+    miniature's tokenizer). Otherwise a token that can complete a tag (:func:`closing_tokens`) is
+    checked on the text of the fewest last tokens whose text before it holds at least the longest
+    tag's characters (:meth:`window`): the tag was not complete one token earlier (the check runs at
+    every token), so it ends inside the newest token and starts inside that text. Cost per token: a
+    set lookup, and for a closing token two decodes of about a tag's length of tokens (never the whole
+    turn, unless its tokens decode to almost nothing)."""
+
+    def __init__(self, tokenizer, tags: dict[str, str] | None = None):
         self.tokenizer = tokenizer
+        self.tags = dict(_STOP_TAGS if tags is None else tags)
         vocab = tokenizer.get_vocab()
-        self.by_id = {vocab[tag]: kind for tag, kind in _STOP_TAGS.items() if tag in vocab}
-        self.single_token = len(self.by_id) == len(_STOP_TAGS)
+        self.by_id = {vocab[tag]: kind for tag, kind in self.tags.items() if tag in vocab}
+        self.single_token = len(self.by_id) == len(self.tags)
         self.eos_ids = {i for i in _as_list(tokenizer.eos_token_id)}
         self.ids = torch.tensor(sorted(set(self.by_id) | self.eos_ids)) if self.single_token else None
+        self.longest = max(len(tag) for tag in self.tags)
+        self.closers = frozenset() if self.single_token else closing_tokens(tokenizer, self.tags)
+
+    def window(self, segment: list[int]) -> tuple[str, str]:
+        """(text of the window, text of the window without its newest token) for the fewest last tokens
+        of ``segment`` (a tag's length of tokens, doubled while too short) whose text before the
+        newest token holds at least ``longest`` characters, or the whole segment. Why that suffices: a
+        tag that ends inside the newest token has at most ``longest - 1`` characters before it, and the
+        window's first token, cut from what precedes it, can only lose characters that are not the
+        tag's (an incomplete byte sequence, a leading space)."""
+        k = self.longest + 1
+        while True:
+            window = segment[-k:]
+            before = self.tokenizer.decode(window[:-1], skip_special_tokens=False)
+            if len(before) >= self.longest or k >= len(segment):
+                return self.tokenizer.decode(window, skip_special_tokens=False), before
+            k *= 2
 
     def check(self, segment: list[int]) -> str | None:
         token = segment[-1]
@@ -224,9 +272,11 @@ class StopMatcher:
             return "eos"
         if self.single_token:
             return self.by_id.get(token)
-        tail = self.tokenizer.decode(segment[-8:], skip_special_tokens=False)
-        for tag, kind in _STOP_TAGS.items():
-            if tag in tail:
+        if token not in self.closers:
+            return None
+        text, _ = self.window(segment)
+        for tag, kind in self.tags.items():
+            if tag in text:
                 return kind
         return None
 
@@ -239,13 +289,11 @@ class StopMatcher:
         and the tokens before it are already in the KV cache."""
         if self.single_token or not segment:
             return None
-        window = segment[-8:]
-        text = self.tokenizer.decode(window, skip_special_tokens=False)
-        before = self.tokenizer.decode(window[:-1], skip_special_tokens=False)
+        text, before = self.window(segment)
         if not text.startswith(before):  # a multi-byte character split across tokens: keep the token
             return None
-        ends = [text.find(tag, max(0, len(before) - len(tag) + 1)) for tag in _STOP_TAGS]
-        ends = [i + len(tag) for i, tag in zip(ends, _STOP_TAGS) if i >= 0]
+        ends = [text.find(tag, max(0, len(before) - len(tag) + 1)) for tag in self.tags]
+        ends = [i + len(tag) for i, tag in zip(ends, self.tags) if i >= 0]
         end = min(ends, default=len(text))
         if end >= len(text):
             return None
