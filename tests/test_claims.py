@@ -326,7 +326,7 @@ def test_results_pages_get_the_short_and_the_full_table(tmp_path):
                                                                                    claims.RESULTS_PAGE: True}
     readme, full = (tmp_path / "README.md").read_text(), (tmp_path / claims.RESULTS_PAGE).read_text()
     assert "STALE-TABLE" not in readme + full and "hand-written" in readme and readme.endswith("tail\n")
-    assert "| claim | paper | ours | verdict |" in readme and "| reason |" not in readme
+    assert "| claim | paper | what our data show | gate | verdict |" in readme and "| reason |" not in readme
     for claim in claims.CLAIMS:
         assert f"| {claim.claim_id}: " in readme and f"| {claim.claim_id} |" in full
     ours = [r["claim"] for r in rows if r["paper"] == claims.OURS]
@@ -336,12 +336,29 @@ def test_results_pages_get_the_short_and_the_full_table(tmp_path):
     assert "Every significant result" in full and "Every significant result" not in readme
 
 
-def test_readme_table_cuts_long_values_at_a_word():
+def test_readme_table_keeps_every_cell_whole_with_a_glossary_first():
     rows = [{"claim": "A1", "paper": "A", "statement": "s", "paper_figure": "1", "ours": "word " * 40,
              "verdict": claims.AGREES, "reason": "r", "power": "", "notebook": "05_fixed_budget_math"}]
-    line = claims.readme_markdown(rows, "cpu").splitlines()[4]
-    ours = line.split(" | ")[2]
-    assert ours.endswith("word ...") and len(ours) <= 115
+    md = claims.readme_markdown(rows, "cpu")
+    assert "word " * 39 + "word" in md and "..." not in md
+    glossary, header = md.index("**strict accuracy**"), md.index("| claim | paper | what our data show | gate | verdict |")
+    assert glossary < header
+    for term in ("strict accuracy", "lenient accuracy", "gain recovery", "s*", "gate", "units"):
+        assert f"**{term}**" in md
+
+
+def test_the_readme_says_what_the_data_show_and_the_gate_apart():
+    rows = {r["claim"]: r for r in _gated_rows()}
+    a1, a8, a9 = rows["A1"], rows["A8"], rows["A9"]
+    assert a1["data"].startswith("effect: CoPES - ES +") and "600 problems as independent units" in a1["data"]
+    assert a1["gate"] == "open: math's criterion and preflight met" and a1["verdict"] == claims.AGREES
+    # A8's data show an effect, but its gate (QA's criterion) is closed: both are said, apart
+    assert a8["data"].startswith("effect: CoPES - ES +") and a8["gate"] == "closed: qa's regime criterion not met"
+    assert a8["verdict"] == claims.NOT_IN_REGIME and a9["gate"] == "none"
+    md = claims.readme_markdown(list(rows.values()), "cpu")
+    line = next(x for x in md.splitlines() if x.startswith("| A8: "))
+    assert "| effect: CoPES - ES" in line and "| closed: qa's regime criterion not met | not in regime |" in line
+    assert "..." not in md
 
 
 def test_markdown_lists_every_claim_with_a_link_and_power():
@@ -356,7 +373,7 @@ def test_markdown_rows_never_break_the_table():
     rows = [{"claim": "X", "paper": "A", "statement": "a | b", "paper_figure": "1", "ours": "|x|",
              "verdict": claims.AGREES, "reason": "r|s", "power": "p|q", "notebook": "05_fixed_budget_math"}]
     line = claims.to_markdown(rows, "cpu").splitlines()[-1]
-    assert line.count("|") == 9
+    assert line.count("|") == 10
 
 
 def test_load_summaries_attaches_scores(tmp_path):
@@ -488,6 +505,10 @@ def _gated(math=None, qa=None, combined=None, **extra):
                                  "prediction_R8_high": 0.05, claims.SCORES: _a1_effect(rng)},
         "07_multihop_qa": {"f1_copes": 0.7, "f1_es": 0.6,
                            claims.SCORES: _scores("test_f1", copes=_binary(rng, 0.7), es=_binary(rng, 0.5))}})}
+
+
+def _gated_rows():
+    return list(_gated(math=True, qa=False, combined=False).values())
 
 
 def test_each_claim_is_gated_by_its_own_tasks_criterion():

@@ -27,6 +27,7 @@ from copes_lib.claims.verdicts import (
     _stat,
     _tested,
     _why,
+    plain_reading,
 )
 
 A2_MIN_LONG_SEEDS = 3  # A2 reads a crossing only from the mean curve of at least this many long ES seeds
@@ -131,7 +132,8 @@ def _judge_k_sweep(ctx: Context) -> Judgement:
     text = f"{figure}; K4-K1 {_stat(tests[0], 100, ' pts')}; K4-K8 {_stat(tests[1], 100, ' pts')}"
     why = "; ".join(f"K4-{n[-2:].upper()}: {_why(c, 100, ' pts')}{_shared_note(ctx, n)}"
                     for n, c in zip(names, tests, strict=True))
-    return Judgement(verdict, text, " | ".join(_power(c, 100, " pts") for c in tests), why)
+    plain = "; ".join(f"against K={n[-1]}, {plain_reading(c)}" for n, c in zip(names, tests, strict=True))
+    return Judgement(verdict, text, " | ".join(_power(c, 100, " pts") for c in tests), why, plain)
 
 
 def _judge_memory(ctx: Context) -> Judgement:

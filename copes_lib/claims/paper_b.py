@@ -58,11 +58,11 @@ def _judge_sandbox_grid(ctx: Context) -> Judgement:
     elsewhere = [r for r in regimes[1:] if tests[r].verdict == stats.EFFECT]
     verdict = (INCONCLUSIVE if pre == stats.INCONCLUSIVE else DISAGREES if pre != stats.EFFECT
                else PARTLY if elsewhere else AGREES)
-    text = f"{figure}; pre-aligned {_stat(tests['prealigned'], 1, '')}; elsewhere: " + ", ".join(
+    text = f"{figure}; pre-aligned {_stat(tests['prealigned'], 1, '', latent=False)}; elsewhere: " + ", ".join(
         tests[r].verdict for r in regimes[1:])
     why = f"at the grid point: pre-aligned {_why(tests['prealigned'])}" + (
         f"; evolution also wins {', '.join(elsewhere)}" if elsewhere else "")
-    return Judgement(verdict, text, _power(tests["prealigned"], 1, ""), why)
+    return Judgement(verdict, text, _power(tests["prealigned"], 1, "", latent=False), why)
 
 
 def _cells_text(cells: list[dict[str, Any]]) -> str:
@@ -108,7 +108,7 @@ def _judge_sandbox(ctx: Context) -> Judgement:
     return Judgement(AGREES, text, power, f"evolution wins in every pre-aligned cell and in no other ({len(cells)} cells)")
 
 
-_NATS = {"scale": 1.0, "unit": " nats"}
+_NATS = {"scale": 1.0, "unit": " nats", "latent": False}  # windows of text: no latent units
 
 
 PAPER_B_CLAIMS: tuple[Claim, ...] = (

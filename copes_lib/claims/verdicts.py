@@ -68,6 +68,7 @@ class Judgement:
     ours: str
     power: str = ""
     reason: str = ""
+    plain: str = ""  # what the data show in plain words (effect / no effect / undecided, interval, units)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,18 +232,21 @@ def _scales(ctx: Context, contrast: Contrast) -> tuple[float | None, float | Non
     return None, None
 
 
-def units_text(c: stats.Comparison) -> str:
+def units_text(c: stats.Comparison, latent: bool = True) -> str:
     """How many independent units an interval rests on: the latent units (and Kish's effective number where
-    unit sizes differ), or the problems, said to be treated as independent, where no unit ids were saved."""
+    unit sizes differ), or the problems, said to be treated as independent, where no unit ids were saved
+    (``latent``: the testbed has latent units; paper B's windows have none, so they are simply counted)."""
     if c.n_units is None:
-        return f"{c.n_problems} problems as independent units (no unit ids saved)"
+        return (f"{c.n_problems} problems as independent units (no unit ids saved)" if latent
+                else f"{c.n_problems} scored items")
     eff = c.n_units_effective
     return f"{c.n_units} units" + (f" (effective {eff:.0f})" if eff is not None and round(eff) < c.n_units else "")
 
 
-def _power(c: stats.Comparison, scale: float, unit: str) -> str:
+def _power(c: stats.Comparison, scale: float, unit: str, latent: bool = True) -> str:
     text = (f"MDE {c.mde * scale:.2g}{unit} at {c.power:.0%} power (alpha {c.alpha}/{c.family_size}); "
-            f"{c.n_seeds[0]}/{c.n_seeds[1]} seeds x {c.n_problems} problems in {units_text(c)}")
+            f"{c.n_seeds[0]}/{c.n_seeds[1]} seeds x {c.n_problems} problems"
+            + (f" in {units_text(c)}" if latent else ""))
     if c.paper_effect is not None:
         text += f"; paper's effect here {c.paper_effect * scale:.2g}{unit}"
     if c.margin is not None:
@@ -250,9 +254,42 @@ def _power(c: stats.Comparison, scale: float, unit: str) -> str:
     return text
 
 
-def _stat(c: stats.Comparison, scale: float, unit: str) -> str:
+def _stat(c: stats.Comparison, scale: float, unit: str, latent: bool = True) -> str:
     f = lambda x: f"{x * scale:+.2g}{unit}"  # noqa: E731
-    return f"{f(c.estimate)} [{f(c.low)}, {f(c.high)}] over {units_text(c)}, Holm p = {c.p_holm:.2g} -> {c.verdict}"
+    return (f"{f(c.estimate)} [{f(c.low)}, {f(c.high)}] over {units_text(c, latent)}, Holm p = {c.p_holm:.2g} -> "
+            f"{c.verdict}")
+
+
+_ARM_WORDS = {"copes": "CoPES", "es": "ES", "lora_grpo": "LoRA-GRPO", "full_grpo": "full GRPO", "k1": "K=1",
+              "k2": "K=2", "k4": "K=4", "k8": "K=8", "indep_z": "independent z", "es_2sigma": "ES with 2 sigma",
+              "es_sqrtk_alpha": "ES with sqrt(K) x alpha", "copes_matched_step": "CoPES at ES's step",
+              "evolution": "evolution", "gradient": "gradient"}
+
+
+def _contrast_words(name: str) -> str:
+    """'CoPES - ES' for a family's contrast (its arms in words), else its name."""
+    for contrasts in FAMILIES.values():
+        for contrast in contrasts:
+            if contrast.name == name:
+                return f"{_ARM_WORDS.get(contrast.a, contrast.a)} - {_ARM_WORDS.get(contrast.b, contrast.b)}"
+    return name
+
+
+def plain_reading(c: stats.Comparison, scale: float = 100.0, unit: str = " pts", latent: bool = True) -> str:
+    """What a test's data show, in plain words: ``effect`` (the interval excludes 0 the predicted way, Holm),
+    ``effect, the other way``, ``no effect`` (inside the declared margin) or ``undecided``, then the
+    contrast, its estimate and 95% interval and the units it rests on.
+
+    >>> c = stats.compare([[1, 1, 0, 1] * 10] * 3, [[0, 1, 0, 0] * 10] * 3, name="copes_vs_es", units=list("abcd") * 10)
+    >>> plain_reading(c).split(":")[0], "over 4 units" in plain_reading(c)  # two of 4 units carry it all
+    ('undecided', True)
+    """
+    f = lambda x: f"{x * scale:+.2g}{unit}"  # noqa: E731
+    word = ("effect, the other way" if _significant_opposite(c) else "effect" if c.verdict == stats.EFFECT
+            else f"no effect (within +-{abs(c.margin) * scale:.2g}{unit})" if c.verdict == stats.EQUIVALENT
+            else "undecided")
+    text = f"{word}: {_contrast_words(c.name)} {f(c.estimate)} [{f(c.low)}, {f(c.high)}] over {units_text(c, latent)}"
+    return text + ("" if c.seed_noise_counted else "; an arm has 1 seed")
 
 
 def _significant_opposite(c: stats.Comparison) -> bool:
@@ -304,14 +341,14 @@ def _shared_note(ctx: Context, contrast: str) -> str:
 
 
 def _tested(contrast: str, figure: Callable[[Context], str], rule: Callable[[stats.Comparison], str] = _beats,
-            scale: float = 100.0, unit: str = " pts") -> Callable[[Context], Judgement]:
+            scale: float = 100.0, unit: str = " pts", latent: bool = True) -> Callable[[Context], Judgement]:
     def judge(ctx: Context) -> Judgement:
         c = ctx.family().get(contrast)
         if c is None:
             return Judgement(INCONCLUSIVE, f"{figure(ctx)}; {NO_SCORES}", "no per-problem scores: no power",
                              "no per-problem scores (scores.npz) to test")
-        return Judgement(rule(c), f"{figure(ctx)}; {_stat(c, scale, unit)}", _power(c, scale, unit),
-                         _why(c, scale, unit) + _shared_note(ctx, contrast))
+        return Judgement(rule(c), f"{figure(ctx)}; {_stat(c, scale, unit, latent)}", _power(c, scale, unit, latent),
+                         _why(c, scale, unit) + _shared_note(ctx, contrast), plain_reading(c, scale, unit, latent))
     judge.__doc__ = rule.__doc__
     return judge
 

@@ -1,0 +1,53 @@
+"""The committed cpu run's A1 and A8 re-read with cluster-aware intervals (docs/statistics.md S6): the run saved
+no unit ids, so the units are the cue of each problem rebuilt from the run's own commit
+(tests/data/committed_cues_6180831.json). Nothing under results/ is written."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from copes_lib import stats
+from copes_lib.config import REPO_ROOT
+
+CUES = Path(__file__).parent / "data" / "committed_cues_6180831.json"
+RESULTS = REPO_ROOT / "results" / "cpu"
+
+
+def _scores(notebook, metric):
+    loaded = stats.load_scores(RESULTS / notebook)
+    if not loaded or metric not in loaded:
+        pytest.skip(f"results/cpu/{notebook} holds no {metric} scores")
+    return loaded[metric]
+
+
+def _committed_run_is_6180831():
+    summary = json.loads((RESULTS / "05_fixed_budget_math" / "summary.json").read_text())
+    return str(summary.get("git_sha", "")).startswith("ba2d9ce")  # 6180831 committed the run of ba2d9ce
+
+
+def test_a1_on_the_committed_run_widens_when_its_24_cues_are_resampled():
+    if not _committed_run_is_6180831():
+        pytest.skip("results/cpu is no longer the run these cues were rebuilt for")
+    cues = json.loads(CUES.read_text())["math_val"]["cues"]
+    ss = _scores("05_fixed_budget_math", "val_accuracy_at_budget")
+    assert ss.units is None and len(cues) == ss.arms["copes"].shape[1] == 512
+    problems = ss.compare("copes", "es")
+    units = ss.compare("copes", "es", units=cues)
+    boot = ss.compare("copes", "es", units=cues, method="bootstrap")
+    assert units.n_units == 24 and units.estimate == pytest.approx(problems.estimate)
+    width = lambda c: c.high - c.low  # noqa: E731
+    # three of the 24 cues carry the contrast: the interval over cues is far wider than over problems
+    assert width(units) > 2 * width(problems) and width(boot) > 2 * width(problems)
+    print(f"A1 CoPES - ES {100 * problems.estimate:+.1f} pts: over 512 problems [{100 * problems.low:+.1f}, "
+          f"{100 * problems.high:+.1f}], over 24 cues [{100 * units.low:+.1f}, {100 * units.high:+.1f}] "
+          f"(bootstrap [{100 * boot.low:+.1f}, {100 * boot.high:+.1f}])")
+
+
+def test_a8_on_the_committed_run_holds_over_its_20_cues():
+    if not _committed_run_is_6180831():
+        pytest.skip("results/cpu is no longer the run these cues were rebuilt for")
+    f1 = _scores("07_multihop_qa", "test_f1")
+    cues = json.loads(CUES.read_text())["qa_test"]["cues"][: f1.arms["copes"].shape[1]]
+    units = f1.compare("copes", "es", units=cues)
+    assert units.n_units == 20 and units.low > 0  # spread across the cues: it holds either way
