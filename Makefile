@@ -24,7 +24,10 @@ WHEELHOUSE ?=
 PIP_OFFLINE = $(if $(WHEELHOUSE),--no-index --find-links $(WHEELHOUSE))
 GPU_SYSTEM = $(filter-out 0 no false False,$(SYSTEM_TORCH))
 GPU_REQ = $(if $(GPU_SYSTEM),requirements-system-torch.txt,requirements-gpu.txt)
-GPU_HASH = $(shell (cat requirements.txt requirements-gpu.txt requirements-system-torch.txt; \
+# SYSTEM_TORCH=1: the pins that depend on torch (peft, accelerate), installed and downloaded with --no-deps
+GPU_NODEPS = $(if $(GPU_SYSTEM),requirements-system-torch-nodeps.txt)
+GPU_HASH = $(shell (cat requirements.txt requirements-gpu.txt requirements-system-torch.txt \
+	requirements-system-torch-nodeps.txt; \
 	echo "system-torch=$(if $(GPU_SYSTEM),1,0)") 2>/dev/null | sha256sum | cut -c1-16)
 GPU_STAMP = $(VENV_GPU)/.installed-$(GPU_HASH)
 PYTHON_GPU ?= $(shell for p in python3 python3.12 python3.11 python3.13; do \
@@ -118,7 +121,7 @@ $(STAMP): requirements.txt
 
 venv-gpu: $(GPU_STAMP)
 
-$(GPU_STAMP): requirements.txt requirements-gpu.txt requirements-system-torch.txt
+$(GPU_STAMP): requirements.txt requirements-gpu.txt requirements-system-torch.txt requirements-system-torch-nodeps.txt
 	@if [ -z "$(PYTHON_GPU)" ]; then \
 		echo "error: .venv-gpu needs Python 3.11-3.13 (python3, python3.12, python3.11 or python3.13 on PATH, or PYTHON_GPU=/path/to/python); none found" >&2; \
 		exit 1; fi
@@ -140,6 +143,7 @@ $(KERNEL_STAMP): $(STAMP)
 	$(if $(GPU_SYSTEM),@$(PYTHON_GPU) copes_lib/install_check.py parent-site $(VENV_GPU))
 	@$(VENV_GPU)/bin/python copes_lib/install_check.py venv $(if $(GPU_SYSTEM),--system-torch)
 	$(VENV_GPU)/bin/python -m pip install -r $(GPU_REQ) $(PIP_OFFLINE)
+	$(if $(GPU_NODEPS),$(VENV_GPU)/bin/python -m pip install --no-deps -r $(GPU_NODEPS) $(PIP_OFFLINE))
 	$(VENV_GPU)/bin/python -m pip install --no-deps -e . $(PIP_OFFLINE)
 	$(VENV_GPU)/bin/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (copes_lib, gpu)"
 	$(if $(GPU_SYSTEM),@$(VENV_GPU)/bin/python copes_lib/install_check.py torch-in-venv)
@@ -154,6 +158,7 @@ $(KERNEL_STAMP): $(STAMP)
 gpu-wheelhouse:
 	@if [ -z "$(PYTHON_GPU)" ]; then echo "error: no Python 3.11-3.13 found; set PYTHON_GPU=/path/to/python" >&2; exit 1; fi
 	$(PYTHON_GPU) -m pip download -d $(or $(WHEELHOUSE),wheelhouse) -r $(GPU_REQ) "setuptools>=68" wheel
+	$(if $(GPU_NODEPS),$(PYTHON_GPU) -m pip download --no-deps -d $(or $(WHEELHOUSE),wheelhouse) -r $(GPU_NODEPS))
 	@du -sh $(or $(WHEELHOUSE),wheelhouse)
 
 # cp312 wheels for a GPU machine with Python 3.12 (PY_TAG=311 etc. for another), no network there

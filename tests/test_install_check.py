@@ -3,11 +3,12 @@ torch >= 2.7 (clear messages when there is none), the CPU `make venv` path untou
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
 import pytest
-from test_env_pins import _pins, requirements_pins
+from test_env_pins import _canonical, _pins, requirements_pins
 
 from copes_lib import install_check as ic
 from copes_lib.config import REPO_ROOT
@@ -127,8 +128,81 @@ def test_registered_kernel_gets_the_kernel_pin():
 
 
 def test_system_torch_requirements_are_the_pins_without_torch():
-    system = _pins((REPO_ROOT / "requirements-system-torch.txt").read_text().splitlines(), "system-torch")
-    gpu_lines = [line for line in (REPO_ROOT / "requirements-gpu.txt").read_text().splitlines()
-                 if not line.startswith("-r")]
+    """requirements-system-torch.txt and its --no-deps part hold every pin but torch, each once."""
+    system = _pins(_lines("requirements-system-torch.txt"), "system-torch")
+    nodeps = _pins(_lines("requirements-system-torch-nodeps.txt"), "system-torch-nodeps")
+    assert not set(system) & set(nodeps)
+    gpu_lines = [line for line in _lines("requirements-gpu.txt") if not line.startswith("-r")]
     expected = {k: v for k, v in requirements_pins().items() if k != "torch"} | _pins(gpu_lines, "gpu")
-    assert system == expected
+    assert {k: v for k, v in (system | nodeps).items() if k in expected} == expected
+    assert set(nodeps) - set(expected) == {"accelerate"}  # peft's dependency, pinned for --no-deps
+
+
+TORCH_FAMILY = re.compile(r"^(torch|triton|nvidia-.*|cuda-.*)$")
+
+
+def _lines(name: str) -> list[str]:
+    return (REPO_ROOT / name).read_text().splitlines()
+
+
+def _requires(name: str) -> set[str] | None:
+    """The names a distribution installed here needs (extras left out, markers judged here), None when
+    it is not installed here (.venv lacks the GPU extras)."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    try:
+        lines = metadata.requires(name) or []
+    except metadata.PackageNotFoundError:
+        return None
+    needs = set()
+    for line in lines:
+        requirement = Requirement(line)
+        if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+            needs.add(_canonical(requirement.name))
+    return needs
+
+
+def _closure(names) -> dict[str, str]:
+    """Every distribution ``names`` pull in, each with the one that asked for it first (a pin: itself)."""
+    via = {name: name for name in names}
+    todo = list(names)
+    while todo:
+        name = todo.pop()
+        for need in (_requires(name) or set()) - set(via):
+            via[need] = name
+            todo.append(need)
+    return via
+
+
+def test_system_torch_install_pulls_no_torch_or_cuda_wheel():
+    """What pip installs with dependencies for SYSTEM_TORCH=1 reaches no torch, triton, nvidia-* or cuda-*
+    package (judged on the metadata of the distributions installed here, the same pins), and what the
+    --no-deps file leaves out (torch aside) comes with the rest. A pin that starts to need torch fails here
+    until it moves to requirements-system-torch-nodeps.txt."""
+    system = _pins(_lines("requirements-system-torch.txt"), "system-torch")
+    nodeps = _pins(_lines("requirements-system-torch-nodeps.txt"), "system-torch-nodeps")
+    pulled = _closure(system)
+    assert len(pulled) > 2 * len(system)  # the metadata was read (.venv has these pins installed)
+    torchy = {name: via for name, via in pulled.items() if TORCH_FAMILY.match(name)}
+    assert not torchy, f"pulled in by (first asker): {torchy}; move those pins to requirements-system-torch-nodeps.txt"
+    for name in nodeps:
+        needs = _requires(name)
+        assert needs is not None and "torch" in needs, f"{name} no longer needs torch: move it back"
+        missing = {n for n in needs if not TORCH_FAMILY.match(n)} - set(pulled) - set(nodeps)
+        assert not missing, f"{name} needs {missing}, which nothing else installs: pin them in requirements-system-torch.txt"
+
+
+def test_system_torch_wheelhouse_and_venv_use_no_deps_for_the_torch_dependents():
+    """make -n: with SYSTEM_TORCH=1 both the wheelhouse and the venv take requirements-system-torch-nodeps.txt
+    with --no-deps (offline too); without it, requirements-gpu.txt alone, as before."""
+    python = f"PYTHON_GPU={sys.executable}"
+    wheelhouse = _make_n("gpu-wheelhouse", "SYSTEM_TORCH=1", "WHEELHOUSE=/tmp/wh", python)
+    assert "pip download -d /tmp/wh -r requirements-system-torch.txt" in wheelhouse
+    assert "pip download --no-deps -d /tmp/wh -r requirements-system-torch-nodeps.txt" in wheelhouse
+    venv = _make_n("venv-gpu", "SYSTEM_TORCH=1", "WHEELHOUSE=/tmp/wh", python)
+    pip_calls = [line for line in venv.splitlines() if " -m pip install" in line]
+    assert len(pip_calls) == 3 and all("--no-index --find-links /tmp/wh" in c for c in pip_calls)
+    assert any("install --no-deps -r requirements-system-torch-nodeps.txt" in c for c in pip_calls)
+    assert "nodeps" not in _make_n("gpu-wheelhouse", python) + _make_n("venv-gpu", python)
