@@ -60,18 +60,20 @@ def ablation_budget(params: AblationParams) -> tuple[int, str]:
     return budget, budget_text(params, s_star, budget) + " (notebook 04's full GRPO run, 05's rule)"
 
 
-def ablation_family(scores: dict[str, np.ndarray], seeds: list[int] | None = None) -> dict[str, stats.Comparison]:
+def ablation_family(scores: dict[str, np.ndarray], seeds: list[int] | None = None,
+                    units: list[str] | tuple[str, ...] | None = None) -> dict[str, stats.Comparison]:
     """k4 vs each other arm that was run (``claims.FAMILIES``'s order), Holm-corrected together.
 
     ``scores``: arm -> (seeds, problems) correctness at the budget, the same seeds (paired rows) and
     problems for every arm; an arm with fewer seeds (ARM_SEEDS) is paired with the other's first rows. The
-    predicted sign is +1 (k4 higher) for every contrast, as in the claims."""
+    predicted sign is +1 (k4 higher) for every contrast, as in the claims. ``units``: each problem's latent
+    unit (``fixed_budget.problem_units``), for cluster-aware intervals (docs/statistics.md S6)."""
     tests = []
     for contrast in claims.FAMILIES["06_copes_ablations"]:
         if contrast.a in scores and contrast.b in scores:
             n = min(len(scores[contrast.a]), len(scores[contrast.b]))
             tests.append(stats.compare(scores[contrast.a][:n], scores[contrast.b][:n], name=contrast.name,
-                                       expected_sign=contrast.sign, paired_seeds=True))
+                                       expected_sign=contrast.sign, paired_seeds=True, units=units))
     return {c.name.removeprefix("k4_vs_"): c for c in stats.holm_family(tests)}
 
 
