@@ -667,11 +667,11 @@ def units_needed(components: VarianceComponents, margin: float, *, seeds: int, p
 def power_plan(components: VarianceComponents, margin: float, *, seeds: Sequence[int] = (3, 5, 8),
                problems_per_unit: Sequence[int] = (2, 4, 8), power: float = POWER, alpha: float = ALPHA,
                max_units: int = 100_000) -> list[DesignPlan]:
-    """:func:`units_needed` over a grid of seeds x problems per unit, cheapest first (fewest seed x problem
-    evaluations; designs no number of units can rescue last)."""
+    """:func:`units_needed` over a grid of seeds x problems per unit, fewest seeds first (a seed is a training
+    run, a problem one evaluation), then fewest problems; designs no number of units can rescue last."""
     plans = [units_needed(components, margin, seeds=s, problems_per_unit=m, power=power, alpha=alpha,
                           max_units=max_units) for s in seeds for m in problems_per_unit]
-    return sorted(plans, key=lambda d: (d.units is None, (d.problems or 0) * d.seeds, d.seeds))
+    return sorted(plans, key=lambda d: (d.units is None, d.seeds, d.problems or 0))
 
 
 @dataclasses.dataclass(frozen=True)

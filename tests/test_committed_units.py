@@ -51,3 +51,20 @@ def test_a8_on_the_committed_run_holds_over_its_20_cues():
     cues = json.loads(CUES.read_text())["qa_test"]["cues"][: f1.arms["copes"].shape[1]]
     units = f1.compare("copes", "es", units=cues)
     assert units.n_units == 20 and units.low > 0  # spread across the cues: it holds either way
+
+
+def test_the_committed_run_as_a_pilot_plans_a1s_units():
+    if not _committed_run_is_6180831():
+        pytest.skip("results/cpu is no longer the run these cues were rebuilt for")
+    from copes_lib import paper
+
+    cues = json.loads(CUES.read_text())["math_val"]["cues"]
+    ss = _scores("05_fixed_budget_math", "val_accuracy_at_budget")
+    summary = json.loads((RESULTS / "05_fixed_budget_math" / "summary.json").read_text())
+    margin = (paper.EQUIVALENCE_FRACTION * paper.EFFECT_SHARE_A["copes_vs_es"]
+              * (summary["full_grpo_best_val_accuracy"] - summary["base_val_accuracy"]))
+    vc = stats.variance_components(ss.arms["copes"], ss.arms["es"], cues)
+    assert vc.between_unit > vc.within_unit > vc.seed  # the units, not the seeds, carry the noise
+    five = stats.units_needed(vc, margin, seeds=5, problems_per_unit=4)
+    three = stats.units_needed(vc, margin, seeds=3, problems_per_unit=4)
+    assert five.units < three.units <= 128 and five.mde <= margin  # docs/statistics.md S6's worked example
