@@ -7,7 +7,9 @@ everything). Progress bars and library warnings are left out of the HTML; ``np.f
 read ``0.5``.
 
 ``reports/<profile>/index.html`` (:func:`render_index`) has one row per notebook: status and
-duration (from ``status.json``, written by :mod:`copes_lib.cli`), the headline numbers of its
+duration (from ``status.json``, written by :mod:`copes_lib.cli`; for a notebook it does not list, from
+the results themselves, :func:`status_from_results`: so ``python -m copes_lib.cli report --profile cpu``
+shows the committed run as it ended), the headline numbers of its
 ``results/<profile>/<NN_topic>/summary.json`` beside the paper's with verdicts, figure thumbnails
 (``figures/<profile>/<NN>_*.png``) and links. Plain HTML with inline CSS, no template engine, so the
 pages open from disk anywhere.
@@ -208,6 +210,50 @@ def _read_result(path: Path, profile: str, stem: str, problems: list[str]) -> di
         return None
 
 
+def suite_run_record(profile: str, results_root: str | Path | None = None) -> dict[str, Any] | None:
+    """``results/<profile>/suite_run.json`` (the profile's last complete run, :func:`copes_lib.cli.record_suite_run`),
+    or None when there is none or it cannot be read."""
+    path = Path(results_root or runs.RESULTS_ROOT) / profile / "suite_run.json"
+    try:
+        record = runs.read_json(path)
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("notebooks"), dict) else None
+
+
+def status_from_results(profile: str, stem: str, results_root: str | Path | None = None,
+                        suite_run: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """A status record for a notebook that ``reports/<profile>/status.json`` does not list (no run in this
+    checkout: the committed results), from what the results say, or None when they say nothing:
+
+    - its row of ``suite_run`` (``suite_run.json``: status, start, end and duration in the last complete
+      run), when its ``summary.json`` is there;
+    - else ``ok`` from its own ``summary.json`` and ``manifest.json`` (a notebook's run writes them last,
+      when it finishes: a run that failed leaves none), with the duration and end the manifest records.
+
+    ``source`` names the file the status comes from; ``older_than_suite_run`` is set when the results
+    predate the profile's last complete run (a notebook run on its own earlier, e.g. one with a budget of
+    its own)."""
+    folder = Path(results_root or runs.RESULTS_ROOT) / profile
+    if not (folder / stem / "summary.json").exists():
+        return None
+    row = (suite_run or {}).get("notebooks", {}).get(stem)
+    if isinstance(row, dict) and row.get("status"):
+        return {**row, "source": f"results/{profile}/suite_run.json", "source_path": str(folder / "suite_run.json")}
+    try:
+        manifest = runs.read_json(folder / stem / "manifest.json")
+    except (OSError, ValueError):
+        manifest = {}
+    manifest = manifest if isinstance(manifest, dict) else {}
+    record = {"status": "ok", "source": f"results/{profile}/{stem}/summary.json",
+              "source_path": str(folder / stem / "summary.json"),
+              "ended": manifest.get("ended"), "duration_s": manifest.get("wall_time_s")}
+    started = (suite_run or {}).get("started")
+    if started and record["ended"] and str(record["ended"])[:19] < str(started)[:19]:
+        record["older_than_suite_run"] = True
+    return record
+
+
 def _problems_html(problems: list[str]) -> str:
     return "".join(f"<p class='stale'>{html.escape(m)}</p>" for m in problems)
 
@@ -239,7 +285,8 @@ def _figures(figures_root: Path, profile: str, stem: str) -> list[Path]:
 
 _VERDICT_CLASS = {claims.AGREES: "agrees", claims.PARTLY: "partly", claims.DISAGREES: "disagrees",
                   claims.OPPOSITE: "opposite", claims.INCONCLUSIVE: "inconclusive",
-                  claims.NOT_IN_REGIME: "notinregime", claims.NOT_ACTIONABLE: "notinregime", claims.MISSING: "missing"}
+                  claims.NOT_IN_REGIME: "notinregime", claims.NOT_ACTIONABLE: "notinregime", claims.MISSING: "missing",
+                  "stale": "missing"}  # claims.STALE: results older than a notebook they build on
 
 _CSS = """
 body.cr { font-family: system-ui, sans-serif; margin: 0 auto; padding: 1.5em 2em; max-width: 1500px; color: #222;
@@ -249,8 +296,10 @@ body.cr { font-family: system-ui, sans-serif; margin: 0 auto; padding: 1.5em 2em
 .cr table.headline { width: 100%; }
 .cr th, .cr td { border-bottom: 1px solid #e3e3e3; padding: 5px 10px; vertical-align: top; text-align: left; }
 .cr th { background: #f5f5f5; font-weight: 600; }
-.cr .ok { color: #11691b; font-weight: 600; } .cr .failed, .cr .running { color: #b00020; font-weight: 600; }
+.cr .ok { color: #11691b; font-weight: 600; }
+.cr .failed, .cr .running, .cr .interrupted { color: #b00020; font-weight: 600; }
 .cr .notrun { color: #888; }
+.cr .src { color: #555; font-size: 85%; font-weight: normal; overflow-wrap: anywhere; }
 .cr .err { font-family: monospace; font-size: 85%; white-space: pre-wrap; color: #b00020; }
 .cr .what { color: #555; font-size: 90%; }
 .cr .num { font-variant-numeric: tabular-nums; white-space: nowrap; }
@@ -305,13 +354,20 @@ def render_index(
 ) -> Path:
     """Write ``reports_dir/index.html`` from ``status`` (as in status.json) and the run store.
 
-    ``notebooks`` (stems; default: those in ``status``) are the rows, so notebooks without a status
-    yet show as "not run" and records of deleted notebooks are left out.
+    ``notebooks`` (stems; default: those in ``status``) are the rows, so records of deleted notebooks are
+    left out; a notebook that ``status`` does not list takes its status from the results
+    (:func:`status_from_results`), or shows as "not run" when there are none.
     """
     reports_dir = Path(reports_dir)
     results_root = Path(results_root or runs.RESULTS_ROOT)
     figures_root = Path(figures_root or runs.FIGURES_ROOT)
-    records = status.get("notebooks", {})
+    suite_run = suite_run_record(profile, results_root)
+    records = dict(status.get("notebooks", {}))
+    from_results = []
+    for stem in (notebooks if notebooks is not None else []):
+        if stem not in records and (derived := status_from_results(profile, stem, results_root, suite_run)):
+            records[stem] = derived
+            from_results.append(stem)
     stems = sorted(notebooks if notebooks is not None else records)
     problems: list[str] = []
     claim_rows = _load_claims(profile, results_root, problems)
@@ -346,6 +402,15 @@ def render_index(
             err_html = (f'<div class="err">cell {err.get("cell_index")} (In [{err.get("exec_count")}]): '
                         f'{html.escape(str(err.get("ename")))}: {html.escape(first[0] if first else "")}</div>')
         duration = rec.get("duration_s")
+        source = ""
+        if rec.get("source"):
+            where = Path(rec.get("source_path") or rec["source"])
+            name = Path(rec["source"]).name  # the column is narrow: the file's name, its path in the link
+            source = (f"<div class='src'>from {_link(where, reports_dir, name)}" if where.exists()
+                      else f"<div class='src'>from {html.escape(name)}")
+            if rec.get("older_than_suite_run"):
+                source += " (an earlier run than the suite run)"
+            source += "</div>"
         has_report = bool(rec.get("html")) and (reports_dir / rec["html"]).exists()
         title = _link(reports_dir / rec["html"], reports_dir, stem) if has_report else html.escape(stem)
         unreadable = [m for m in problems if str(results_root / profile / stem) + os.sep in m]
@@ -357,7 +422,7 @@ def render_index(
             f"<div class='what'>paper {html.escape(paper_name.split(':')[0])}</div>"
             f"<div class='what'>{' &middot; '.join(links)}</div></td>"
             f"<td class='{state.replace(' ', '')}'>{html.escape(state)}{err_html}"
-            f"<div class='num note'>{'' if duration is None else f'{duration:.1f} s'}</div></td>"
+            f"<div class='num note'>{'' if duration is None else f'{duration:.1f} s'}</div>{source}</td>"
             f"<td>{numbers}</td><td class='thumbs'>{thumbs or '&mdash;'}</td>"
             "</tr>"
         )
@@ -366,19 +431,29 @@ def render_index(
     verdict_text = ", ".join(f"<span class='verdict {_VERDICT_CLASS.get(v, '')}'>{n} {html.escape(v)}</span>"
                              for v, n in sorted(verdicts.items(),
                                                 key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)))
+    status_file = reports_dir / "status.json"
+    provenance = ("raw status in <a href=\"status.json\">status.json</a>" if status_file.exists() else
+                  "no run of this profile in this checkout's reports/ yet")
+    if from_results:
+        run_file = results_root / profile / "suite_run.json"
+        last_run = (f"{_link(run_file, reports_dir, f'results/{profile}/suite_run.json')} (the last complete run"
+                    f"{', commit ' + html.escape(str(suite_run.get('git_sha', ''))[:10]) if suite_run else ''}"
+                    f"{', ended ' + html.escape(str(suite_run.get('ended', ''))[:16]) if suite_run else ''})"
+                    if suite_run and run_file.exists() else "")
+        provenance += (f"; {len(from_results)} notebook(s) take their status from their results"
+                       f"{': ' + last_run + ', else their own summary.json' if last_run else ' (summary.json)'}")
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>reports/{html.escape(profile)}</title>
 <style>{_CSS}</style></head><body class="cr">
 <h1>Reproducibility suite: profile <code>{html.escape(profile)}</code></h1>
-<p>{counts.get('ok', 0)} ok, {counts.get('failed', 0) + counts.get('running', 0)} failed or interrupted,
+<p>{counts.get('ok', 0)} ok, {counts.get('failed', 0) + counts.get('running', 0) + counts.get('interrupted', 0)} failed or interrupted,
 of {len(stems)} notebook(s). Claims: {verdict_text or 'none judged yet'}.</p>
 {_problems_html(problems)}
 <p class="note">Ours = this profile's <code>results/{html.escape(profile)}/*/summary.json</code>; paper = the
 papers' own figures (docs/paper_a_copes.md, docs/paper_b_molora.md). Our models are about 1000x smaller
 than the papers', so verdicts judge the direction and significance of an effect, not its size.
-Generated {generated} by <code>python -m copes_lib.cli run</code>; raw status in
-<a href="status.json">status.json</a>.</p>
-<table class="index"><colgroup><col style="width:19%"><col style="width:7%"><col style="width:58%">
+Generated {generated} by <code>python -m copes_lib.cli</code>; {provenance}.</p>
+<table class="index"><colgroup><col style="width:18%"><col style="width:9%"><col style="width:57%">
 <col style="width:16%"></colgroup>
 <thead><tr><th>notebook</th><th>status</th><th>headline numbers: ours beside the paper's</th><th>figures</th></tr>
 </thead><tbody>

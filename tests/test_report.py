@@ -117,3 +117,33 @@ def test_the_reason_shows_beside_the_verdict(tmp_path):
     page = report.render_index("smoke", tmp_path / "reports" / "smoke", {"notebooks": {}}, results_root=results,
                                figures_root=figures, notebooks=["08_memory_and_gpu_hours"]).read_text()
     assert "class='reason'>3 of 3 figures round to the paper&#x27;s printed GiB" in page
+
+
+def test_the_committed_cpu_results_render_as_an_index_of_ok_notebooks_with_working_links(tmp_path):
+    """`python -m copes_lib.cli report --profile cpu` (make report) on a checkout with no run of its own:
+    every notebook with committed results reads ok, from results/cpu/suite_run.json (or its own
+    summary.json), and every link and image of the page resolves (no status.json that is not there)."""
+    import re
+
+    from copes_lib import cli
+    from copes_lib.config import REPO_ROOT
+
+    committed = sorted(p.parent.name for p in (REPO_ROOT / "results" / "cpu").glob("*/summary.json"))
+    assert committed, "no committed results/cpu/*/summary.json"
+    reports = tmp_path / "reports" / "cpu"
+    page = cli.render_reports("cpu", reports_dir=reports).read_text()
+    rows = {re.match(r"(?:<a[^>]*>)?(\w+)", row).group(1): row for row in page.split("<tr><td><b>")[1:]}
+    for stem in committed:
+        status = re.search(r"<td class='(\w+)'>", rows[stem]).group(1)
+        assert status == "ok", f"{stem} reads {status!r}"
+        assert "suite_run.json" in rows[stem] or f"results/cpu/{stem}/summary.json" in rows[stem]
+    suite_run = runs.read_json(REPO_ROOT / "results" / "cpu" / "suite_run.json")["notebooks"]
+    assert all(f"{suite_run[s]['duration_s']:.1f} s" in rows[s] for s in committed if s in suite_run)
+    assert "not run" not in page and f"{len(committed)} ok, 0 failed" in page
+    links = re.findall(r"""(?:href|src)=["']([^"'#]+)["']""", page)
+    assert len(links) > 2 * len(committed)  # summaries, figures, the suite run
+    missing = [link for link in links if not (reports / link).resolve().exists()]
+    assert not missing, f"links that resolve to nothing: {missing}"
+    assert "status.json" not in links
+    runs.atomic_write_json(reports / "status.json", {"notebooks": {}})  # a run of this checkout: linked
+    assert 'href="status.json"' in cli.render_reports("cpu", reports_dir=reports).read_text()
