@@ -210,12 +210,14 @@ def make_env(kind: str, profile: str, sandbox_config=None, cache_tool_results: b
 _CLOSERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def closing_tokens(tokenizer, tags) -> frozenset[int]:
-    """Ids of the tokens at which one of ``tags`` can become complete: those whose own text holds a
-    tag's last character, plus, to be safe, those whose own text is empty or an incomplete character
-    (byte-level pieces). A tag completes at the token whose text holds its last character, so every
-    other token skips the decode. Built once per tokenizer (one batched decode of the vocabulary) and
-    rebuilt when tokens are added."""
+def closing_tokens(tokenizer, tags, vocab: dict[str, int] | None = None) -> frozenset[int]:
+    """Ids of the tokens at which one of ``tags`` can become complete: a tag completes at the token whose
+    text holds its last character, so every other token skips the decode. When every tag ends in a
+    printable ASCII character (the protocol's ``>``), the vocabulary's pieces (``vocab``, else
+    ``get_vocab()``) are read: byte-level BPE, SentencePiece and WordPiece spell such a character as
+    itself (byte fallback's ``<0x3E>`` holds it too), so a piece without it cannot write it. Otherwise
+    every token is decoded once, and tokens that decode to nothing or to part of a character are kept
+    too. Built once per tokenizer, rebuilt when tokens are added."""
     key = (len(tokenizer), frozenset(tags))
     try:
         cached = _CLOSERS.setdefault(tokenizer, {})
@@ -223,9 +225,13 @@ def closing_tokens(tokenizer, tags) -> frozenset[int]:
         cached = {}
     if key not in cached:
         last = {tag[-1] for tag in tags}
-        texts = tokenizer.decode([[i] for i in range(len(tokenizer))], skip_special_tokens=False)
-        cached[key] = frozenset(i for i, text in enumerate(texts)
-                                if not text or "\ufffd" in text or not last.isdisjoint(text))
+        if all(" " < c < "\x7f" for c in last):
+            pieces = (tokenizer.get_vocab() if vocab is None else vocab).items()
+            cached[key] = frozenset(i for piece, i in pieces if not last.isdisjoint(piece))
+        else:
+            texts = tokenizer.decode([[i] for i in range(len(tokenizer))], skip_special_tokens=False)
+            cached[key] = frozenset(i for i, text in enumerate(texts)
+                                    if not text or "\ufffd" in text or not last.isdisjoint(text))
     return cached[key]
 
 
@@ -249,7 +255,7 @@ class StopMatcher:
         self.eos_ids = {i for i in _as_list(tokenizer.eos_token_id)}
         self.ids = torch.tensor(sorted(set(self.by_id) | self.eos_ids)) if self.single_token else None
         self.longest = max(len(tag) for tag in self.tags)
-        self.closers = frozenset() if self.single_token else closing_tokens(tokenizer, self.tags)
+        self.closers = frozenset() if self.single_token else closing_tokens(tokenizer, self.tags, vocab)
 
     def window(self, segment: list[int]) -> tuple[str, str]:
         """(text of the window, text of the window without its newest token) for the fewest last tokens

@@ -132,6 +132,13 @@ def test_closing_tokens_keep_every_token_that_can_end_a_tag():
     texts = {i: tok.decode([i]) for i in range(len(tok))}
     assert {i for i, t in texts.items() if ">" in t} <= closers
     assert encode(tok, "a")[0] not in closers and encode(tok, "><")[0] in closers
+    merging = _byte_tokenizer(((">", "<"), ("<", "/"), ("/", "p")))
+    assert {i for i in range(len(merging)) if ">" in merging.decode([i])} <= closing_tokens(merging, [PYTHON_CLOSE])
+    # a tag that ends in a character the pieces may spell otherwise: every token decoded, empty ones kept
+    chars = CharTokenizer("ab»")
+    assert closing_tokens(chars, ["</b»"]) == {chars.ids["»"], 1}
+    matcher = StopMatcher(chars, {"ab»": "x"})
+    assert _first_stop(matcher, [chars.ids["a"], 1, chars.ids["b"], 1, chars.ids["»"], chars.ids["a"]]) == (4, "x")
 
 
 class _PrintedOutput(AgentEnv):
