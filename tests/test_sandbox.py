@@ -545,3 +545,15 @@ def test_close_and_run_never_raise_after_a_deep_folder_and_a_killed_worker(witho
     assert sandbox.run(attacks.SERVES_CODE).output == attacks.SERVES_OUTPUT
     assert not base.exists()
     sandbox.close()
+
+
+def test_a_worker_killed_while_cleaning_up_never_fails_the_next_call():
+    """Killed right after replying (while it empties a deep chain, or just after): the next call goes to
+    a replacement or to the cleaned worker, and is correct either way."""
+    with PythonSandbox(dataclasses.replace(FAST, workers=1)) as sandbox:
+        code, _ = attacks.DEEP_FOLDERS["1,500-deep folder chain"]
+        for _ in range(3):
+            assert sandbox.run(code).output == "built\n"
+            os.kill(sandbox.worker_pids()[0], signal.SIGKILL)
+            result = sandbox.run(attacks.SERVES_CODE)
+            assert result.ok and result.output == attacks.SERVES_OUTPUT, result

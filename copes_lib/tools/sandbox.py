@@ -39,8 +39,9 @@ paid once per worker. ``benchmarks/bench_sandbox.py`` measures calls/s against
 worker state in the same, emptied working folder: calls cannot see each other's variables, files or
 module changes, and one bad call cannot damage the next. The folder is emptied without recursion or
 long paths (a subfolder's entries are renamed up before it is removed; a 1,500-deep chain costs
-milliseconds), the worker reports "ready" only after that, and the host replaces a worker that did not
-(or has exited) before it sends the next call; the host checks every reply's keys and types.
+milliseconds), the worker reports "ready" after that and only then reads the next call; a worker that
+exited, or died before "ready", is replaced and the call goes to the replacement. The host checks
+every reply's keys and types.
 
 Layers (``CodeSandboxConfig.layers``; :mod:`copes_lib.tools.isolation` probes which the kernel
 offers, the sandbox records them in ``PythonSandbox.layers`` and warns naming any that is missing;
@@ -422,19 +423,27 @@ class _Worker:
 
     def call(self, code: str, timeout_s: float) -> dict:
         """Send ``code``; return the worker's reply, checked (a failed reply when it is missing or malformed).
-        A worker that died, or did not report its clean-up, is replaced before the code is sent."""
-        if self.awaiting_ready:  # the clean-up after the previous call: its "ready", or a replacement
-            message = self._receive(time.monotonic() + READY_TIMEOUT_S)
-            if not (isinstance(message, dict) and message.get("ready") is True) or self.exited():
-                self.restart()
-        elif self.exited():
+
+        The code is sent at once (the worker reads it once it has cleaned up after the previous call, so
+        its clean-up overlaps the host's work), and the worker's "ready" for that clean-up is read before
+        the reply. A worker that exited between calls, or died or hung before "ready", never read the
+        code: it is replaced and the code sent again, so no call sees what a previous one left."""
+        if self.exited():
             self.restart()
-        self.awaiting_ready = False
-        try:
-            self._send(code)
+        reply = None
+        for _attempt in range(2):
+            try:
+                self._send(code)
+            except (OSError, ValueError):  # (BrokenPipeError is an OSError) the reads below say why
+                pass
+            if self.awaiting_ready:
+                message = self._receive(time.monotonic() + READY_TIMEOUT_S)
+                self.awaiting_ready = False
+                if not (isinstance(message, dict) and message.get("ready") is True):
+                    self.restart()
+                    continue
             reply = self._receive(time.monotonic() + timeout_s + 30.0)
-        except (OSError, ValueError):  # (BrokenPipeError is an OSError)
-            reply = None
+            break
         if reply is None:
             self.restart()
             return _failed_reply("RuntimeError: the sandbox worker died or stopped responding; it was restarted")
@@ -1551,8 +1560,8 @@ def _zygote_main(settings: dict) -> None:
             reply, child = _run_one(code, settings, state)
             _write_message(proto_out, reply)
             # after the reply, while the host works: reap this child, empty the folder, fork the next
-            # child, then say so; the host sends the next call only after this (a worker that dies in
-            # between is replaced first, so no call ever sees the state a previous one left)
+            # child, then say so before reading the next call (the host reads this "ready" before the
+            # next reply: a worker that dies in between never read that call, which goes to a replacement)
             _clean_up(child, state)
             state["spare"] = _fork_spare(settings, state)
             _write_message(proto_out, {"ready": True})
