@@ -8,7 +8,7 @@
 # Without the folder, a Python that lacks a pinned package stops here with the make gpu-wheels command
 # (GPU_CHECK_NO_WHEELS=1: run anyway; docs/gpu_install.md).
 #   benchmarks/gpu_check.sh                      # 0.8B-shaped Qwen3.5, batch 64 (the issue's goals)
-#   benchmarks/gpu_check.sh --size 2b
+#   benchmarks/gpu_check.sh --size 2b            # figures at another shape: the goals judge them not measured
 #   benchmarks/gpu_check.sh --dry-run            # CPU dry run: tiny sizes, --allow-cpu (make test runs it)
 # Results: results/bench/gpu/<UTC stamp>[-cpu-dry-run]/<section>.json, each written when measured
 # (never overwritten) and mirrored to $OUT/gpu_check/ when OUT is set; summary.json has the goals.
@@ -24,13 +24,43 @@ args=()
 for a in "$@"; do
     if [ "$a" = "--dry-run" ]; then dry=1; else args+=("$a"); fi
 done
-# per-section limits (seconds): kernels, equality, all engines together, GRPO, summary
-T_KERNELS=${T_KERNELS:-25} T_EQUALITY=${T_EQUALITY:-40} T_ENGINES=${T_ENGINES:-215} T_GRPO=${T_GRPO:-40} T_SUMMARY=${T_SUMMARY:-15}
+# Per-section limits (seconds): kernels, equality, all engines together, GRPO, summary. The GPU defaults
+# are what must hold there (they fit a 15-minute lease); the CPU dry run's are generous. Both follow
+# T_KERNELS, T_EQUALITY, T_ENGINES, T_GRPO and T_SUMMARY when set, and every limit (and the 40 s kept for
+# each engine still to come) is multiplied by GPU_CHECK_TIME_SCALE: 1 by default on a GPU; in the dry run
+# "auto" by default, 1 + the 1-minute load average per CPU (at most 8), so a busy shared CI box gets more
+# time. The limits used are printed and saved in the run's limits.txt.
 if [ "$dry" = 1 ]; then
     args=(--allow-cpu --size tiny --batch 4 --new-tokens 32 "${args[@]}")
-    # CPU limits are generous (a shared 2-core machine); the GPU limits above are what must hold
-    T_KERNELS=120 T_EQUALITY=240 T_ENGINES=300 T_GRPO=120 T_SUMMARY=60
+    defaults=(120 240 300 120 60)
+    scale=${GPU_CHECK_TIME_SCALE:-auto}
+else
+    defaults=(25 40 215 40 15)
+    scale=${GPU_CHECK_TIME_SCALE:-1}
 fi
+if [ "$scale" = auto ]; then
+    scale=$(awk -v cpus="$(nproc 2>/dev/null || echo 1)" '{s = 1 + $1 / cpus; printf "%.2f", (s > 8 ? 8 : s)}' /proc/loadavg 2>/dev/null) \
+        || scale=1
+fi
+number='^[0-9]+([.][0-9]+)?$'
+if ! [[ $scale =~ $number ]] || [ "$(awk -v s="$scale" 'BEGIN {print (s > 0)}')" != 1 ]; then
+    echo "gpu_check: GPU_CHECK_TIME_SCALE=$scale is not valid; valid values: a number > 0 (e.g. 1.5) or auto" >&2
+    exit 2
+fi
+scaled() { awk -v t="$1" -v s="$scale" 'BEGIN {v = int(t * s + 0.5); print (v < 1 ? 1 : v)}'; }
+limits=()
+i=0
+for var in T_KERNELS T_EQUALITY T_ENGINES T_GRPO T_SUMMARY; do
+    value=${!var:-${defaults[$i]}}
+    if ! [[ $value =~ $number ]]; then
+        echo "gpu_check: $var=$value is not valid; valid values: seconds, a number > 0" >&2
+        exit 2
+    fi
+    printf -v "$var" '%s' "$(scaled "$value")"
+    limits+=("$var=${!var}")
+    i=$((i + 1))
+done
+RESERVE=$(scaled 40)
 export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 if compgen -G "$WHEELS/*.whl" > /dev/null; then
     "$PY" benchmarks/install_wheels.py "$WHEELS" "$SITE" || echo "gpu_check: installing wheels failed" >&2
@@ -53,6 +83,7 @@ stamp=$(date -u +%Y%m%dT%H%M%SZ)
 DIR="$RESULTS/$stamp$([ "$dry" = 1 ] && echo -cpu-dry-run)"
 mkdir -p "$DIR"
 echo "gpu_check: results in $DIR"
+echo "gpu_check: time limits (s) ${limits[*]} RESERVE=$RESERVE (scale $scale)" | tee "$DIR/limits.txt"
 status=0
 section() {  # section NAME LIMIT COMMAND...: a timed-out or failed section is recorded, the rest still run
     local name=$1 limit=$2 rc=0
@@ -68,15 +99,15 @@ check=("$PY" benchmarks/gpu_check.py --dir "$DIR" "${args[@]}")
 section kernels "$T_KERNELS" "${check[@]}" --section kernels
 section equality "$T_EQUALITY" "${check[@]}" --section equality
 engines=$("$PY" -c "from copes_lib.engines import ENGINES; print(' '.join(ENGINES))" 2>/dev/null || echo "loop slots")
-# In ENGINES' order, each engine gets what is left of T_ENGINES less 40 s for each one still to come,
-# so a fast engine leaves its time to the next (a compiled one spends it compiling).
+# In ENGINES' order, each engine gets what is left of T_ENGINES less RESERVE (40 s, scaled) for each one
+# still to come, so a fast engine leaves its time to the next (a compiled one spends it compiling).
 n=$(wc -w <<< "$engines")
 left=$T_ENGINES
 i=0
 for engine in $engines; do
     i=$((i + 1))
-    limit=$((left - 40 * (n - i)))
-    [ "$limit" -lt 40 ] && limit=40
+    limit=$((left - RESERVE * (n - i)))
+    [ "$limit" -lt "$RESERVE" ] && limit=$RESERVE
     t0=$SECONDS
     section "engine-$engine" "$limit" "${check[@]}" --section engine --engine "$engine"
     left=$((left - (SECONDS - t0)))

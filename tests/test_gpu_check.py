@@ -25,7 +25,7 @@ def test_cpu_dry_run_writes_every_section_and_judges_nothing(tmp_path):
            "GPU_CHECK_SITE": str(tmp_path / "site"), "GPU_CHECK_RESULTS": str(tmp_path / "results"),
            "OUT": str(tmp_path / "out"), "HF_HUB_OFFLINE": "1"}
     done = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_check.sh"), "--dry-run"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=3600)  # the sections have their own limits
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (run,) = (tmp_path / "results").iterdir()
     assert run.name.endswith("-cpu-dry-run")
@@ -158,3 +158,118 @@ def test_a_missing_wheel_folder_says_how_to_build_it(tmp_path):
     assert done.returncode == 1, done.stderr
     assert "copes_not_installed_pkg==1.0" in done.stderr and "make gpu-wheels PY_TAG=" in done.stderr
     assert "GPU_CHECK_NO_WHEELS=1" in done.stderr and not (tmp_path / "results").exists()
+
+
+FAKE_PYTHON = """#!/usr/bin/env bash
+# stands in for the check's Python: sections return at once, except kernels, which takes 3 s
+case "$*" in
+    *"-c from copes_lib.engines"*) echo "loop slots static" ;;
+    *"--section kernels"*) exec sleep 3 ;;
+esac
+exit 0
+"""
+
+
+def _limits_run(tmp_path, *args, **env_vars):
+    """gpu_check.sh with a stand-in Python: (exit code, stderr, the run's limits.txt, exit-*.txt files)."""
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    results = tmp_path / f"results{len(list(tmp_path.iterdir()))}"
+    env = {**os.environ, "PYTHON": str(fake), "WHEELS": str(tmp_path / "none"), "GPU_CHECK_RESULTS": str(results),
+           **env_vars}
+    env.pop("OUT", None)
+    done = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_check.sh"), *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    runs = list(results.iterdir()) if results.exists() else []
+    limits = (runs[0] / "limits.txt").read_text() if runs else ""
+    exits = {p.stem: json.loads(p.read_text()) for p in runs[0].glob("exit-*.txt")} if runs else {}
+    return done.returncode, done.stderr, limits, exits
+
+
+@pytest.mark.parametrize("dry", [True, False], ids=["dry-run", "gpu"])
+def test_section_time_limits_follow_the_environment(tmp_path, dry):
+    """T_* set every section's limit in the dry run too (a busy CI box can relax them), and
+    GPU_CHECK_TIME_SCALE multiplies them: a 3 s section fails under a 1 s limit, passes under 1 s x 6."""
+    args = ["--dry-run"] if dry else []
+    rc, err, limits, exits = _limits_run(tmp_path, *args, T_KERNELS="1", T_ENGINES="50", GPU_CHECK_TIME_SCALE="1")
+    assert rc == 1 and "section kernels exit 124" in err, err
+    assert exits["exit-kernels"]["limit_s"] == 1 and "T_KERNELS=1 " in limits and "T_ENGINES=50 " in limits
+    default_grpo = 120 if dry else 40
+    assert f"T_GRPO={default_grpo} " in limits  # unset: the default of this mode
+    rc, err, limits, exits = _limits_run(tmp_path, *args, T_KERNELS="1", GPU_CHECK_TIME_SCALE="6")
+    assert rc == 0 and not exits, err
+    assert "T_KERNELS=6 " in limits and f"T_GRPO={6 * default_grpo} " in limits and "RESERVE=240 " in limits
+
+
+def test_dry_run_limits_scale_with_the_load_and_bad_values_are_refused(tmp_path):
+    rc, err, limits, _ = _limits_run(tmp_path, "--dry-run")  # auto: 1 + load per CPU, at least the defaults
+    assert rc == 0, err
+    scale = float(limits.split("(scale ")[1].rstrip(")\n"))
+    assert 1 <= scale <= 8 and f"T_KERNELS={round(120 * scale)} " in limits
+    rc, err, _, _ = _limits_run(tmp_path, "--dry-run", GPU_CHECK_TIME_SCALE="fast")
+    assert rc == 2 and "GPU_CHECK_TIME_SCALE=fast is not valid" in err and "auto" in err
+    rc, err, _, _ = _limits_run(tmp_path, T_GRPO="soon")
+    assert rc == 2 and "T_GRPO=soon is not valid" in err
+
+
+def _sections(engine_shape: dict, rows: int, grpo_sizes: dict) -> dict:
+    """Section JSONs of a CUDA run whose figures all meet their goals, measured at the given shapes."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import gpu_check
+
+    from copes_lib.engines import ENGINES
+
+    out = {"kernels": {"fla_kernels_used": True},
+           "equality": {"rows": rows, "dtype": "torch.float32", "rows_vs_single_max_logit_diff": 1e-6,
+                        "rows_vs_single_same_tokens": True,
+                        "engines": {e: {"same_tokens_as_loop": True, "rewards_max_abs_diff_vs_loop": 0.0,
+                                        "weights_max_abs_diff_vs_loop": 0.0} for e in ENGINES}},
+           "grpo": {"sizes": grpo_sizes, "tokens_per_trajectory": gpu_check.GRPO_SHAPE["tokens_per_trajectory"],
+                    "trajectories": gpu_check.GRPO_SHAPE["trajectories"],
+                    "single_process": {"measured_over_predicted": 1.05}, "sharded_2gpu": {"ran": False}}}
+    for k, e in enumerate(ENGINES):
+        out[f"engine-{e}"] = {**engine_shape, "new_tokens_per_s": 100.0 * (1 + 5 * k), "compile_s": 0.0,
+                              "es": {"member_over_pure_inference": 0.95, "rewards_differ_across_members": True,
+                                     "weights_changed": True, "rewards": [0.1, 0.2]},
+                              "kv": {"kv_over_model": 1.02, "max_width_over_longest_row": 1.05}}
+    return out
+
+
+def _judge(tmp_path, sections: dict) -> dict:
+    import gpu_check
+
+    run = tmp_path / "run"
+    run.mkdir(parents=True)
+    for name, data in sections.items():
+        (run / f"{name}.json").write_text(json.dumps(data))
+    return gpu_check.summary(run, {"cpu_dry_run": False})
+
+
+def test_the_judge_fails_figures_measured_at_another_shape(tmp_path):
+    """The same good figures pass at the goals' shapes (0.8B, batch 64, 128 tokens, bf16; 8 equality rows;
+    GRPO's GPU sizes) and fail as not measured at a tiny model, batch 4, fp32 (the CPU dry run's shape)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import gpu_check
+    import gpu_check_grpo
+
+    assert gpu_check_grpo.GPU_SIZES.to_dict() == gpu_check.GRPO_SHAPE["sizes"]
+    assert gpu_check_grpo.PROMPT + gpu_check_grpo.COMPLETION == gpu_check.GRPO_SHAPE["tokens_per_trajectory"]
+    assert gpu_check_grpo.TRAJECTORIES == gpu_check.GRPO_SHAPE["trajectories"]
+    good = _judge(tmp_path / "good", _sections(gpu_check.ENGINE_SHAPE, 8, gpu_check.GRPO_SHAPE["sizes"]))
+    assert good["judged"] and good["all_pass"], [g for g in good["goals"] if not g["pass"]]
+    small = {"size": "tiny", "batch": 4, "max_new_tokens": 32, "dtype": "torch.float32"}
+    bad = _judge(tmp_path / "bad", _sections(small, 4, gpu_check_grpo.CPU_SIZES.to_dict()))
+    assert bad["all_pass"] is False
+    by_name = {g["goal"]: g for g in bad["goals"]}
+    assert by_name.pop("fla kernels are what transformers calls for Qwen3.5")["pass"] is True
+    assert len(by_name) >= 8 and all(g["pass"] is False and g["value"] is None for g in by_name.values())
+    assert all(g["off_shape"] and g["value_at_other_shape"] is not None for g in by_name.values())
+    speed = next(g for g in bad["goals"] if g["goal"].startswith("fast path"))
+    assert speed["value_at_other_shape"] == 11.0 and speed["off_shape"]["batch"] == {"measured": 4, "goal": 64}
+    # one field off is enough: the goal's model at batch 4
+    one_off = _judge(tmp_path / "one", _sections({**gpu_check.ENGINE_SHAPE, "batch": 4}, 8,
+                                                 gpu_check.GRPO_SHAPE["sizes"]))
+    failed = {g["goal"] for g in one_off["goals"] if not g["pass"]}
+    assert any(n.startswith("fast path") for n in failed) and any("KV memory" in n for n in failed)
+    assert not any(n.startswith(("equality", "GRPO")) for n in failed)
