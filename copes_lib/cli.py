@@ -377,6 +377,9 @@ def run_one(path: Path, parameters: dict[str, Any], reports_dir: Path, cwd: Path
             papermill.execute_notebook(
                 str(path), str(executed), parameters=parameters, kernel_name=KERNEL, cwd=str(cwd),
                 log_output=True, progress_bar=False,
+                # the kernel process writes its own log (a warning per start about its local TCP sockets)
+                # to our terminal; only its errors there, unless verbose
+                extra_arguments=[] if getattr(_CURRENT, "verbose", False) else ["--IPKernelApp.log_level=ERROR"],
             )
             record["status"] = "ok"
         except Exception as exc:  # noqa: BLE001 - a failing notebook must not stop the suite
@@ -455,13 +458,15 @@ def run_suite(
         status.update(profile=profile, notebooks_dir=str(notebooks_dir))
         return _run_locked(profile, notebooks, discovered, default_selection, parameters, status, status_path,
                            only=only, force=force, rerun_failed=rerun_failed, notebooks_dir=notebooks_dir,
-                           reports_dir=reports_dir, results_root=results_root, figures_root=figures_root, jobs=jobs)
+                           reports_dir=reports_dir, results_root=results_root, figures_root=figures_root, jobs=jobs,
+                           verbose=verbose)
 
 
 def _run_locked(profile: str, notebooks: list[Path], discovered: list[Path], default_selection: list[Path],
                 parameters: dict[str, dict[str, Any]], status: dict[str, Any], status_path: Path, *,
                 only: str | None, force: bool, rerun_failed: bool, notebooks_dir: Path, reports_dir: Path,
-                results_root: str | Path | None, figures_root: str | Path | None, jobs: int) -> int:
+                results_root: str | Path | None, figures_root: str | Path | None, jobs: int,
+                verbose: bool = False) -> int:
     """The body of :func:`run_suite`, with the profile's lock held."""
     total = len(notebooks)
     suite_t0, suite_started, code = time.perf_counter(), _now(), runs.git_state()
@@ -476,6 +481,7 @@ def _run_locked(profile: str, notebooks: list[Path], discovered: list[Path], def
             status["notebooks"][path.stem] = {"status": "running", "started": _now()}
             _write_or_warn(runs.atomic_write_json, status_path, status)
         _CURRENT.stem = path.stem if jobs > 1 else None
+        _CURRENT.verbose = verbose
         record = run_one(path, parameters[path.stem], reports_dir, cwd=notebooks_dir, results_root=results_root,
                          figures_root=figures_root)
         with lock:
