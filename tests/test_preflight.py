@@ -229,3 +229,14 @@ def test_make_preflight_seeds_runs_one_full_preflight_per_warm_start_seed(tmp_pa
     for bad in ("0,a", "1,1", "-1"):
         with pytest.raises(SystemExit):
             pf.main(["--profile", "cpu", "--seeds", bad])
+
+
+@pytest.mark.slow
+def test_seed_shape_reads_one_seeds_base():
+    """P2's targets on one warm-start seed's base (the smoke base, cached by the test above): targets 1-2 from the
+    curve's tail, 3-4 from sampled groups and margins; without a graded prior the Spearman is not judged."""
+    settings = pf.PreflightSettings(prompts=8, group_size=4, members=4, batch_size=4)
+    shape = pf.seed_shape("smoke", "math", 0, settings, prior=None)
+    assert shape["seed"] == 0 and shape["targets_judged"] == ["1", "2", "3", "4"]
+    assert math.isnan(shape["margin_g_spearman"]) and 0.0 <= shape["strict_tail"] <= 1.0
+    assert shape["targets_met"] == (not shape["failed_targets"])
