@@ -165,7 +165,7 @@ TINY_SIZES: dict[str, dict[str, object]] = {
     "02_standard_es": dict(STEPS=1, POPULATION=2, BATCH_SIZE=2, VAL_EVERY=1, CHUNK_SIZE=4096),
     "03_copes": dict(STEPS=1, POPULATION=4, SUBSPACES=2, BATCH_SIZE=2, VAL_EVERY=1, CHUNK_SIZE=4096),
     "04_grpo": dict(STEPS=1, VAL_EVERY=1, PROMPT_BATCH=2, GROUP_SIZE=2, MINI_BATCH=2, MICRO_BATCH=1, LOGPROB_CHUNK=16,
-                    ROLLOUT_BATCH=4, SHARD_PROCESSES=2, LORA_R=2, LORA_ALPHA=4, N_VAL=4),
+                    ROLLOUT_BATCH=4, SHARD_PROCESSES=2, LORA_R=2, LORA_ALPHA=4, N_VAL=4, GRPO_SEEDS=1, LORA_SEEDS=1),
     "05_fixed_budget_math": dict(POPULATION=8, BATCH_SIZE=2, VAL_EVERY=1, CHUNK_SIZE=4096, TEST_PROBLEMS=4,
                                  TEST_SAMPLES=2, SEEDS=1, ES_LONG_STEPS=2),
     "06_copes_ablations": dict(POPULATION=16, BATCH_SIZE=2, VAL_EVERY=1, CHUNK_SIZE=4096, BUDGET_STEPS=1),
@@ -262,3 +262,48 @@ def test_sigma_sweep_without_a_grid_reads_no_tuning_split(monkeypatch):
     for notebook, subspaces in (("02_standard_es", 1), ("03_copes", 4)):
         grid = es_arm.sigma_sweep(_gpu_params(notebook), agent, subspaces)
         assert grid.values == [] and es_arm.sweep_rows(grid) == []
+
+
+# --------------------------------------------------------------------------- the suite, end to end
+def _prepared_suite(root: Path, architecture: str) -> Path:
+    repo = copy_repo(root / "repo")
+    data = write_data(root / "data")
+    model = write_checkpoint(root / architecture, architecture, tokenizer_corpus(data))
+    edit_gpu_profile(repo, {**TINY_SIZES, "01_substrate_and_agent": {
+        **TINY_SIZES["01_substrate_and_agent"], **data, "MODEL_PATH": str(model)}})
+    return repo
+
+
+def _check_ran(repo: Path, proc: subprocess.CompletedProcess, stems: list[str]) -> None:
+    records = suite_status(repo)
+    failures = {stem: (records.get(stem, {}).get("status"), records.get(stem, {}).get("error")) for stem in stems
+                if records.get(stem, {}).get("status") != "ok"}
+    assert proc.returncode == 0 and not failures, (
+        f"failed notebooks: {json.dumps(failures, indent=1)}\n{(proc.stdout + proc.stderr)[-3000:]}\n"
+        f"(logs: {repo / 'reports' / 'gpu' / 'logs'})")
+    for stem in stems:
+        summary = json.loads((repo / "results" / "gpu" / stem / "summary.json").read_text())
+        assert summary["profile"] == "gpu" and summary["notebook"] == stem
+
+
+@pytest.mark.slow
+def test_gpu_profile_runs_end_to_end_on_a_tiny_hybrid_checkpoint(tmp_path):
+    """01-08 and 99 under the gpu profile on a random Qwen3.5 (hybrid attention), through the runner."""
+    repo = _prepared_suite(tmp_path, "qwen3_5")
+    proc = run_suite(repo, ",".join(GPU_NOTEBOOKS))
+    stems = sorted(p.stem for p in (repo / "notebooks").glob("*.ipynb") if p.stem[:2] in GPU_NOTEBOOKS)
+    assert len(stems) == len(GPU_NOTEBOOKS)
+    _check_ran(repo, proc, stems)
+    # 04 trained both arms through sharded FSDP2 jobs (LoRA under bf16: the crash this test guards)
+    assert list((repo / "cache" / "gpu").rglob("torchrun.log")), "04 ran no sharded GRPO job"
+    # 07 says when the random base cannot act, instead of failing its check or hiding it
+    executed = json.loads((repo / "reports" / "gpu" / "07_multihop_qa.ipynb").read_text())
+    printed = "".join("".join(out.get("text", "")) for cell in executed["cells"] for out in cell.get("outputs", []))
+    assert "not actionable on this base" in printed
+
+
+@pytest.mark.slow
+def test_gpu_profile_notebook_01_on_a_tiny_qwen3_checkpoint(tmp_path):
+    """The other architecture the gpu profile takes: a random Qwen3 (full attention in every layer)."""
+    repo = _prepared_suite(tmp_path, "qwen3")
+    _check_ran(repo, run_suite(repo, "01"), ["01_substrate_and_agent"])
