@@ -29,6 +29,8 @@ def measure(pinned: bool, steps: int) -> dict:
     env.update({name: "1" for name in threads.THREAD_VARIABLES}, HF_HUB_OFFLINE="1")
     if pinned:
         env.update(threads.KERNEL_PIN)
+    else:
+        env[threads.PIN_SWITCH] = "off"  # else `import copes_lib` in the child sets the pin itself
     proc = subprocess.run([sys.executable, str(SCRIPT), "--steps", str(steps)], env=env, capture_output=True,
                           text=True, check=True)
     return json.loads(proc.stdout.strip().splitlines()[-1])

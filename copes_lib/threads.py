@@ -79,13 +79,20 @@ def kernel_pin_problems() -> list[str]:
     return problems
 
 
+#: ``COPES_KERNEL_PIN=off`` keeps ``import copes_lib`` from setting the pin (to measure without it, as
+#: benchmarks/bench_kernel_pin.py does); the process still says that the pin is not in effect.
+PIN_SWITCH = "COPES_KERNEL_PIN"
+
+
 def apply_kernel_pin(warn: bool = True) -> list[str]:
-    """Set the :data:`KERNEL_PIN` variables this process lacks (a variable already set is left as found),
-    then return :func:`kernel_pin_problems`; with ``warn``, each problem is also written to the process's
-    terminal (``sys.__stderr__``: the papermill or Jupyter server console) and raised as a warning (shown in
-    the notebook). Called by ``import copes_lib``, before any module of the library imports torch."""
-    for name, value in KERNEL_PIN.items():
-        os.environ.setdefault(name, value)
+    """Set the :data:`KERNEL_PIN` variables this process lacks (a variable already set is left as found;
+    none with ``COPES_KERNEL_PIN=off``), then return :func:`kernel_pin_problems`; with ``warn``, each problem
+    is also written to the process's terminal (``sys.__stderr__``: the papermill or Jupyter server console)
+    and raised as a warning (shown in the notebook). Called by ``import copes_lib``, before any module of the
+    library imports torch."""
+    if os.environ.get(PIN_SWITCH, "").strip().lower() not in ("0", "off", "no", "false"):
+        for name, value in KERNEL_PIN.items():
+            os.environ.setdefault(name, value)
     problems = kernel_pin_problems()
     if problems and warn:
         warn_kernel_pin(problems)
@@ -170,4 +177,4 @@ def thread_info() -> dict[str, Any]:
 
 
 __all__ = ["N_FIXED", "THREAD_VARIABLES", "KERNEL_CHOICE_VARIABLES", "KERNEL_PIN", "kernel_pin_mismatch",
-           "kernel_pin_problems", "apply_kernel_pin", "warn_kernel_pin", "cpu_model", "kernel_environment", "fix_threads", "fixed_threads", "thread_info"]
+           "kernel_pin_problems", "apply_kernel_pin", "warn_kernel_pin", "PIN_SWITCH", "cpu_model", "kernel_environment", "fix_threads", "fixed_threads", "thread_info"]

@@ -63,6 +63,15 @@ def test_too_late_is_said_on_the_terminal():
     assert "*** WARNING *** copes_lib: the CPU-kernel pin is NOT in effect" in stderr
 
 
+def test_the_switch_leaves_a_process_unpinned_and_says_so():
+    """COPES_KERNEL_PIN=off (benchmarks/bench_kernel_pin.py's unpinned arm) measures without the pin."""
+    found, stderr = _probe(COPES_KERNEL_PIN="off")
+    assert found["env"] == {k: None for k in threads.KERNEL_PIN} and len(found["problems"]) == 3
+    assert "NOT in effect" in stderr
+    if AVX512:
+        assert found["capability"] == "AVX512"
+
+
 def test_a_different_value_is_kept_and_said_on_the_terminal():
     found, stderr = _probe(MKL_CBWR="AUTO")
     assert found["env"]["MKL_CBWR"] == "AUTO" and found["env"]["ATEN_CPU_CAPABILITY"] == "avx2"
