@@ -313,15 +313,25 @@ def profile_lock(profile: str, results_root: str | Path | None = None, wait: boo
 def tidy_after_killed_run(profile: str, status: dict[str, Any], results_root: str | Path | None = None,
                           figures_root: str | Path | None = None) -> list[str]:
     """With the profile's lock held (so no run of the suite is using them): delete the ``.partial/`` folders
-    a killed run left in ``results/<profile>/*/`` and ``figures/<profile>/``, and mark the notebooks that
-    ``status`` still calls ``running`` as ``interrupted``. Returns what was done, one line each."""
+    a killed run left in ``results/<profile>/*/`` and ``figures/<profile>/.partial/``, except those of a
+    notebook another process runs now (its ``runs.notebook_lock`` is held: a notebook open in JupyterLab),
+    and mark the notebooks that ``status`` still calls ``running`` as ``interrupted``. Returns what was done,
+    one line each."""
     done = []
-    staged = [*sorted((Path(results_root or runs.RESULTS_ROOT) / profile).glob("*/.partial")),
-              Path(figures_root or runs.FIGURES_ROOT) / profile / ".partial"]
-    for folder in staged:
-        if folder.is_dir():
-            shutil.rmtree(folder, ignore_errors=True)
-            done.append(f"deleted {folder}, left by an interrupted run (its previous results are untouched)")
+    results = Path(results_root or runs.RESULTS_ROOT) / profile
+    figures = Path(figures_root or runs.FIGURES_ROOT) / profile / ".partial"
+    staged = [*((folder, folder.parent.name) for folder in sorted(results.glob("*/.partial"))),
+              *((folder, folder.name) for folder in sorted(figures.glob("*")))]
+    for folder, stem in staged:
+        if not folder.is_dir():
+            continue
+        if runs.notebook_folder_in_use(results / stem):  # that notebook runs now, outside the suite (JupyterLab)
+            done.append(f"kept {folder}: {stem} is being run by another process ({runs.notebook_lock(results / stem)})")
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        done.append(f"deleted {folder}, left by an interrupted run (its previous results are untouched)")
+    with contextlib.suppress(OSError):  # the figures' staging folder goes once empty
+        figures.rmdir()
     for stem, record in status.get("notebooks", {}).items():
         if record.get("status") == "running":
             record.update(status="interrupted", interrupted="the run was killed while this notebook ran")

@@ -10,7 +10,9 @@ Layout (docs/suite_design.md#d4-results-contract)::
     cache/<profile>/<name>-<key>/                reusable work (checkpoints, trained substrates)
 
 A run writes into ``results/<profile>/<NN_topic>/.partial/`` and only :meth:`Run.finish` moves the
-files into place, each with an atomic rename, so a run that fails or is interrupted keeps the
+files into place (one process at a time: :class:`Run` holds a lock, so a notebook run from
+JupyterLab and the same notebook in ``make reproduce`` cannot share the folder; the lock is
+``results/<profile>/.<NN_topic>.lock``), each with an atomic rename, so a run that fails or is interrupted keeps the
 previous good results. Figures are staged the same way (``figures/<profile>/.partial/<NN_topic>/``) and
 land beside the results in :meth:`Run.finish`, so a failed rerun leaves the previous figures too.
 Every file is written to a temporary name and renamed, so a crash never leaves a truncated file.
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import fcntl
 import hashlib
 import json
 import math
@@ -446,6 +449,70 @@ def mark_notebook_start(notebook: str) -> None:
 
 # (profile, notebook) of the runs open in this process, oldest first (names the notebook in cache messages).
 _OPEN_RUNS: dict[tuple[str, str], None] = {}
+# lock file -> its descriptor: the notebook folders this process holds (notebook_lock, Run.__init__).
+_HELD: dict[Path, int] = {}
+
+
+def notebook_lock(folder: Path) -> Path:
+    """The lock file of a notebook's results folder: ``results/<profile>/.<NN_topic>.lock``, beside the folder
+    (never inside it: the folder holds exactly the results contract)."""
+    return Path(folder).parent / f".{Path(folder).name}.lock"
+
+
+class FolderBusyError(RuntimeError):
+    """Another process is running the same notebook under the same profile (the message names it)."""
+
+
+def hold_notebook_folder(folder: Path, what: str) -> None:
+    """Hold :func:`notebook_lock` of ``folder`` (``fcntl.flock``, exclusive) until this process ends or :func:`release_notebook_folder`:
+    one process writes a notebook's results at a time. Held already by this process (the notebook run again in the
+    same Jupyter kernel): nothing to do. Held by another: :class:`FolderBusyError` naming it. The kernel drops the
+    lock of a process that dies, so a killed kernel never blocks the next run."""
+    path = notebook_lock(folder)
+    if path in _HELD:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = path.read_text().strip() or "a process that has not written its name yet"
+        os.close(fd)
+        raise FolderBusyError(f"{what} is being run by another process ({holder}) into {path.parent}/: two runs "
+                              "would write the same .partial/ folder. Let it finish, or stop it (a Jupyter kernel: "
+                              "shut it down or restart it), then run again") from None
+    import sys
+
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()}, started {_dt.datetime.now(_dt.UTC).isoformat(timespec='seconds')}, "
+                  f"command: {' '.join(sys.orig_argv)[:300]}\n".encode(), 0)
+    _HELD[path] = fd
+
+
+def release_notebook_folder(folder: Path) -> None:
+    """Release what :func:`hold_notebook_folder` holds for ``folder`` (nothing when it holds nothing)."""
+    fd = _HELD.pop(notebook_lock(folder), None)
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+        os.close(fd)
+
+
+def notebook_folder_in_use(folder: Path) -> bool:
+    """Whether another process holds ``folder``'s lock now (a run of that notebook is in progress)."""
+    path = notebook_lock(folder)
+    if path in _HELD or not path.exists():
+        return False
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # also drops the lock taken to ask
+
+
 # (profile, notebook) -> {final figure path: staged file}: figures saved in this process, awaiting finish.
 _STAGED_FIGURES: dict[tuple[str, str], dict[Path, Path]] = {}
 
@@ -471,6 +538,7 @@ class Run:
             threads.warn_kernel_pin(problems)  # on the terminal too, not only in the notebook
         self.dir = Path(root or RESULTS_ROOT) / profile / notebook
         self.partial = self.dir / ".partial"
+        hold_notebook_folder(self.dir, f"{notebook} under profile {profile}")  # before touching .partial/
         shutil.rmtree(self.partial, ignore_errors=True)
         self.partial.mkdir(parents=True)
         # from the notebook's first cell when load_params marked it, else from here (a Run made by a script)
@@ -531,6 +599,7 @@ class Run:
             os.replace(extra, self.dir / extra.name)
         self.partial.rmdir()
         _OPEN_RUNS.pop((self.profile, self.notebook), None)
+        release_notebook_folder(self.dir)
         return full
 
     def write_table(self, name: str, frame: Any) -> Path:

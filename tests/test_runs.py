@@ -437,3 +437,39 @@ def test_a_damaged_best_checkpoint_heals_on_the_first_rerun(tmp_path, loop, dama
     with warnings.catch_warnings():  # a healthy cache is reused, silently
         warnings.simplefilter("error", runs.CorruptCacheWarning)
         assert train().history == again.history
+
+
+def test_one_process_at_a_time_writes_a_notebooks_results(tmp_path):
+    """A notebook running in one process (a JupyterLab kernel) and the same notebook started by another (make
+    reproduce) would share results/<profile>/<NN_topic>/.partial/: the second refuses, naming the first; the
+    same process may start it again (a notebook rerun in its kernel); a killed holder blocks nothing."""
+    import signal
+    import subprocess
+    import sys
+
+    from copes_lib import cli
+
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\nfrom copes_lib import runs\n"
+        f"run = runs.Run('smoke', '05_x', config={{}}, root={str(tmp_path)!r})\n"
+        "(run.partial / 'staged.txt').write_text('x')\nprint('ready', flush=True)\ntime.sleep(600)")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        folder = tmp_path / "smoke" / "05_x"
+        assert runs.notebook_folder_in_use(folder)
+        with pytest.raises(runs.FolderBusyError, match=rf"05_x under profile smoke is being run by another process \(pid {holder.pid}"):
+            runs.Run("smoke", "05_x", config={}, root=tmp_path)
+        assert (folder / ".partial" / "staged.txt").exists()  # the refused run touched nothing
+        done = cli.tidy_after_killed_run("smoke", {"notebooks": {}}, tmp_path, tmp_path / "figures")
+        assert done == [f"kept {folder / '.partial'}: 05_x is being run by another process ({runs.notebook_lock(folder)})"]
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert not runs.notebook_folder_in_use(folder)
+    assert cli.tidy_after_killed_run("smoke", {"notebooks": {}}, tmp_path, tmp_path / "figures") == [
+        f"deleted {folder / '.partial'}, left by an interrupted run (its previous results are untouched)"]
+    run = runs.Run("smoke", "05_x", config={}, root=tmp_path)
+    runs.Run("smoke", "05_x", config={}, root=tmp_path)  # again in the same process: allowed
+    run.finish({"val_accuracy": 0.5})
+    assert runs.notebook_lock(folder) not in runs._HELD  # finished: released
