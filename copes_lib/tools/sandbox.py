@@ -366,10 +366,10 @@ class _Worker:
         self.awaiting_ready = False
         deadline = time.monotonic() + timeout_s
         reply = self._receive(deadline)
-        if reply is not None and "server_pid" in reply:  # from the set-up process: the worker's pid
+        if isinstance(reply, dict) and isinstance(reply.get("server_pid"), int):  # from the set-up process
             self.server_pid = reply["server_pid"]
             reply = self._receive(deadline)
-        if reply is None or not reply.get("ready"):
+        if not isinstance(reply, dict) or not reply.get("ready"):
             status = self.proc.poll()
             self.kill()
             hint = ""
