@@ -124,6 +124,9 @@ class WarmStartConfig(Config):
     lr_decay: float = param(0.0, "fraction of the last warm-start steps over which the learning rate decays "
                             "linearly to 0 (0: constant after the warmup; the graded base uses 0.25: "
                             "docs/preflight.md#p2-the-graded-base-the-new-headline-base-design)", ge=0.0, le=1.0)
+    subject_tokens: bool = param(False, "every subject name (the latent unit) one token of the tokenizer, so the prior's "
+                                 "key is one embedding rather than a conjunction of 2-3 syllable tokens "
+                                 "(docs/preflight.md#p86-the-unit-as-one-token-registered-2026-12-03)")
     latent_math_steps: int = param(1000, "latent protocol: math warm-start steps, trained exactly (no stopping rule)",
                                    ge=1)
     latent_qa_steps: int = param(1000, "latent protocol: QA warm-start steps, trained exactly (no stopping rule)", ge=1)
@@ -138,9 +141,10 @@ class WarmStartConfig(Config):
 
 
 # --------------------------------------------------------------------------- tokenizer
-def train_agent_tokenizer(texts: list[str], vocab_size: int):
-    """A byte-level BPE tokenizer (digits and whitespace split, protocol tags as single tokens), left padding."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+def train_agent_tokenizer(texts: list[str], vocab_size: int, whole_words: tuple[str, ...] = ()):
+    """A byte-level BPE tokenizer (digits and whitespace split, protocol tags as single tokens), left padding.
+    ``whole_words`` (the subject names, when ``subject_tokens`` is on) are added as one token each."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     from copes_lib.tasks import TAGS
@@ -158,6 +162,8 @@ def train_agent_tokenizer(texts: list[str], vocab_size: int):
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special, min_frequency=2,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(texts, trainer=trainer)
+    if whole_words:
+        tok.add_tokens([AddedToken(w, single_word=True, normalized=False) for w in whole_words])
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS, padding_side="left",
                                    extra_special_tokens={})
 
@@ -173,21 +179,24 @@ def tokenizer_texts(profile: str) -> list[str]:
     return texts
 
 
-def get_tokenizer(profile: str, vocab_size: int, force: bool = False):
-    """The profile's tokenizer, trained once and cached (key: vocabulary size + data fingerprints)."""
+def get_tokenizer(profile: str, vocab_size: int, force: bool = False, subject_tokens: bool = False):
+    """The profile's tokenizer, trained once and cached (key: vocabulary size + data fingerprints, and
+    ``subject_tokens``: every subject name of copes_lib.tasks.units one token)."""
     from transformers import AutoTokenizer
 
     from copes_lib.tasks import data_fingerprint
+    from copes_lib.tasks.units import SUBJECTS
 
     data = {kind: data_fingerprint(profile, kind) for kind in ("math", "qa")}
-    folder = runs.cache_dir(profile, "tokenizer", runs.cache_key({"vocab_size": vocab_size, "data": data}))
+    identity = {"vocab_size": vocab_size, "data": data, **({"subject_tokens": len(SUBJECTS)} if subject_tokens else {})}
+    folder = runs.cache_dir(profile, "tokenizer", runs.cache_key(identity))
     final = folder / "tokenizer"
     if not force and final.exists():
         tokenizer = runs.load_cache_entry(folder, lambda: AutoTokenizer.from_pretrained(final, padding_side="left"),
                                           rebuild=runs.rebuild_command(profile, "01_substrate_and_agent"))
         if tokenizer is not None:
             return tokenizer
-    tokenizer = train_agent_tokenizer(tokenizer_texts(profile), vocab_size)
+    tokenizer = train_agent_tokenizer(tokenizer_texts(profile), vocab_size, SUBJECTS if subject_tokens else ())
     _save_atomically(folder, "tokenizer", tokenizer.save_pretrained)
     return AutoTokenizer.from_pretrained(final, padding_side="left")
 
@@ -300,6 +309,8 @@ def _warm_config(config: WarmStartConfig, kind: str, seed: int) -> dict:
             latent.pop("latent_p")  # unused by the graded prior
     if config.lr_decay:  # earlier bases (constant rate) keep their keys
         latent["lr_decay"] = config.lr_decay
+    if config.subject_tokens:  # another tokenizer, another model
+        latent["subject_tokens"] = True
     return {"kind": kind, "seed": seed, "size": config.model_size, "vocab_size": config.vocab_size,
             "max_context": config.max_context, "steps": steps, "target": target, "threads": threads.N_FIXED,
             "batch": config.batch, "lr": config.lr, "warmup": config.warmup, "eval_every": config.eval_every,
@@ -571,7 +582,7 @@ def warm_start(profile: str, kind: str = "math", seed: int = 0, force: bool = Fa
                                   "protocol": "paper", "converged": None}
     from transformers import Qwen3ForCausalLM
 
-    tokenizer = get_tokenizer(profile, config.vocab_size)
+    tokenizer = get_tokenizer(profile, config.vocab_size, subject_tokens=config.subject_tokens)
     identity = _warm_config(config, kind, seed)
     folder, complete = warm_start_folder(profile, kind, seed, config=config)
     if not force and complete:

@@ -283,3 +283,21 @@ def test_cached_model_files_share_the_cache_mode(tmp_path, tokenizer):
     assert set(modes.values()) == {0o666 & ~runs._UMASK}, modes
     assert folder.stat().st_mode & 0o777 == 0o777 & ~runs._UMASK
     assert os.access(folder / "model.safetensors", os.R_OK)
+
+
+def test_subject_tokens_make_every_unit_one_token():
+    """docs/preflight.md#p86-the-unit-as-one-token-registered-2026-12-03: with subject_tokens each subject name is one
+    token (a whole word only), text stays lossless, and the tokenizer and the warm start have their own keys."""
+    from copes_lib.substrate import _warm_config, get_tokenizer
+    from copes_lib.tasks import format_prompt
+    from copes_lib.tasks.units import SUBJECTS
+
+    vocab = substrate_params("smoke").VOCAB_SIZE
+    tok = get_tokenizer("smoke", vocab, subject_tokens=True)
+    assert all(len(tok(name, add_special_tokens=False)["input_ids"]) == 1 for name in SUBJECTS)
+    assert len(tok(SUBJECTS[0] + "x", add_special_tokens=False)["input_ids"]) > 1  # not inside a longer word
+    for task in load_tasks("smoke", "qa", "val")[:2] + load_tasks("smoke", "math", "val")[:2]:
+        text = format_prompt(task) + task.reference
+        assert tok.decode(tok(text, add_special_tokens=False)["input_ids"]) == text
+    config = substrate_config("smoke")
+    assert _warm_config(dataclasses.replace(config, subject_tokens=True), "math", 0) != _warm_config(config, "math", 0)
