@@ -421,9 +421,9 @@ def run_attacks(site: str, layers: str, drop_privileges: bool = True, names=None
 
     config = CodeSandboxConfig(timeout_s=1.0, workers=2, layers=layers, drop_privileges=drop_privileges, without=without,
                                preload=CodeSandboxConfig().preload + "," + FAKE_PACKAGE,
-                               allow_unconfined_files=layers == "hook-only")  # (the hook-only rows: see the doc)
+                               allow_unconfined_files=unconfined(layers, without))
     attacks = catalogue(site)
-    if layers != "hook-only":  # with no kernel layer, it escapes (docs/sandbox.md): not run against the host
+    if not unconfined(layers, without):  # with no file confinement it escapes (docs/sandbox.md): not run here
         attacks[MEMORY_NAME] = (memory_attack(site), None)
     results = {}
     with PythonSandbox(config) as box:
@@ -441,6 +441,11 @@ def run_attacks(site: str, layers: str, drop_privileges: bool = True, names=None
 
 
 MEMORY_NAME = "memory corruption turns the hook off"
+
+
+def unconfined(layers: str, without: str) -> bool:
+    """Modes without kernel file confinement, which start only with allow_unconfined_files (the opt-in)."""
+    return layers == "hook-only" or {"landlock", "namespaces"} <= set(without.split(","))
 # the call after an attack: correct, and in an empty working folder
 SERVES_CODE, SERVES_OUTPUT = "import os\nprint(6 * 7, os.listdir('.'))", "42 []\n"
 
