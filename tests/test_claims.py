@@ -494,11 +494,12 @@ def test_a_failed_preflight_makes_the_method_claims_not_actionable(met):
     assert rows["A4"]["verdict"] == claims.MISSING
 
 
-def _gated(math=None, qa=None, combined=None, **extra):
-    """A1 (math) with an effect, A8 (QA) with an effect, R8 (a math prediction) that agrees, and 01's gates."""
+def _gated(math=None, qa=None, combined=None, rule=claims.GATE_RULE, **extra):
+    """A1 (math) with an effect, A8 (QA) with an effect, R8 (a math prediction) that agrees, and 01's gates
+    (``rule``: the gate rule 01 recorded; None: a summary written before R10, which records none)."""
     rng = np.random.default_rng(21)
     s01 = {k: v for k, v in (("regime_criterion_met_math", math), ("regime_criterion_met_qa", qa),
-                             ("regime_criterion_met", combined)) if v is not None}
+                             ("regime_criterion_met", combined), (claims.GATE_RULE_KEY, rule)) if v is not None}
     return {r["claim"]: r for r in claims.judge_claims({
         "01_substrate_and_agent": {**s01, **extra},
         "05_fixed_budget_math": {**MATH_05, "prediction_R8_value": 0.03, "prediction_R8_low": 0.01,
@@ -525,6 +526,12 @@ def test_each_claim_is_gated_by_its_own_tasks_criterion():
     # a summary written before the per-task keys: the combined key gates every gated claim
     rows = _gated(combined=False)
     assert {rows[c]["verdict"] for c in ("A1", "A8", "R8")} == {claims.NOT_IN_REGIME}
+    # a run registered under the combined rule keeps it even though it also wrote per-task keys (the committed
+    # graded-base run): a rule registered after a run is not applied to it
+    rows = _gated(math=True, qa=False, combined=False, rule=None)
+    assert {rows[c]["verdict"] for c in ("A1", "A8", "R8")} == {claims.NOT_IN_REGIME}
+    assert "regime_criterion_met is false" in rows["A1"]["reason"]
+    assert rows["A1"]["gate"] == "closed: the combined math and QA regime criterion not met"
     assert rows["A9"]["verdict"] == claims.MISSING  # ungated claims are untouched
     assert claims.gate_task("A1-math500") == "math" and claims.gate_task("A8-2wiki") == "qa"
     assert claims.gate_task("R1") is None and claims.gate_task("B2") is None
@@ -534,6 +541,8 @@ def test_the_preflight_gates_per_task_too():
     rows = _gated(math=True, qa=True, preflight_math_met=True, preflight_qa_met=False,
                   preflight_met=False, preflight_failed=["qa G2"])
     assert rows["A1"]["verdict"] == claims.AGREES
+    assert _gated(math=True, qa=True, preflight_math_met=True, preflight_qa_met=False, preflight_met=False,
+                  preflight_failed=["qa G2"], rule=None)["A1"]["verdict"] == claims.NOT_ACTIONABLE
     assert rows["A8"]["verdict"] == claims.NOT_ACTIONABLE and "qa G2" in rows["A8"]["reason"]
     rows = _gated(math=True, qa=True, preflight_math_met=False, preflight_qa_met=True,
                   preflight_met=False, preflight_failed=["math E1"])

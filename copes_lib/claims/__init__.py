@@ -79,6 +79,8 @@ from copes_lib.claims.verdicts import (
     DETERMINISTIC,
     DISAGREES,
     FAMILIES,
+    GATE_RULE,
+    GATE_RULE_KEY,
     GATE_TASKS,
     INCONCLUSIVE,
     MISSING,
@@ -103,11 +105,12 @@ from copes_lib.claims.verdicts import (
     Shared,
     _stat,
     gate_task,
+    gates_per_task,
     regime_key,
 )
 
 __all__ = [
-    "A2_MIN_LONG_SEEDS", "AGREES", "CLAIM_TASK", "GATE_TASKS", "gate_task", "regime_key", "BENCHMARK_CLAIMS", "CLAIMS", "CONTRAST_CLAIM", "DETERMINISTIC", "DISAGREES",
+    "A2_MIN_LONG_SEEDS", "AGREES", "CLAIM_TASK", "GATE_TASKS", "gate_task", "regime_key", "GATE_RULE", "GATE_RULE_KEY", "gates_per_task", "BENCHMARK_CLAIMS", "CLAIMS", "CONTRAST_CLAIM", "DETERMINISTIC", "DISAGREES",
     "FAMILIES", "INCONCLUSIVE", "LOWRANK_CLAIMS", "LOWRANK_MARGIN", "LOWRANK_PAIRS", "MECHANISM_CLAIMS",
     "MECH_MIN_FIT_POINTS", "MECH_UPDATES", "MISSING", "MOLORA_PREDICTION_CLAIMS", "MOLORA_REGIME_KEY", "NOT_ACTIONABLE", "NOT_IN_REGIME",
     "NO_SCORES", "OPPOSITE", "OURS", "OUR_CLAIMS", "PAPER_A_CLAIMS", "PAPER_B_CLAIMS", "PARTLY", "P_MOLORA_REGIME",

@@ -36,6 +36,7 @@ from copes_lib.claims.verdicts import (
     Judgement,
     _provisional,
     gate_task,
+    gates_per_task,
     regime_key,
 )
 from copes_lib.runs import RESULTS_ROOT, atomic_write_text, read_json
@@ -137,11 +138,12 @@ def stale_notebooks(summaries: dict[str, dict[str, Any]], needs: dict[str, tuple
 def _regime_gate(summaries: dict[str, dict[str, Any]], task: str) -> str | None:
     """The reason the claims measured on ``task`` (``math`` or ``qa``) are not in the papers' regime, or None
     (that task's criterion met or not recorded: then they are judged as usual). 01's per-task key
-    (``regime_criterion_met_<task>``) decides; a summary written before the per-task keys falls back to the
-    combined ``regime_criterion_met``."""
+    (``regime_criterion_met_<task>``) decides when the summary was written under the per-task rule
+    (:func:`gates_per_task`); a summary written before it is gated by the combined ``regime_criterion_met``,
+    the rule registered for that run."""
     key = regime_key(task)  # validates task
     s = summaries.get(REGIME_NOTEBOOK, {})
-    if key not in s:
+    if key not in s or not gates_per_task(s):
         key = REGIME_KEY
     if s.get(key) is False:
         note = s.get("regime_note") or s.get("regime_reason")
@@ -153,10 +155,10 @@ def _regime_gate(summaries: dict[str, dict[str, Any]], task: str) -> str | None:
 def _preflight_gate(summaries: dict[str, dict[str, Any]], task: str) -> str | None:
     """The reason the claims measured on ``task`` cannot show a difference, or None (that task's preflight met
     or not recorded): 01's ``preflight_<task>_met`` is false (docs/preflight.md#p1-the-preconditions); a summary
-    without the per-task key falls back to the combined ``preflight_met``."""
+    without the per-task key or the per-task rule (:func:`gates_per_task`) uses the combined ``preflight_met``."""
     regime_key(task)  # validates task
     s = summaries.get(REGIME_NOTEBOOK, {})
-    key = f"preflight_{task}_met" if f"preflight_{task}_met" in s else "preflight_met"
+    key = f"preflight_{task}_met" if f"preflight_{task}_met" in s and gates_per_task(s) else "preflight_met"
     if s.get(key) is False:
         failed = [f for f in s.get("preflight_failed") or [] if key == "preflight_met" or f.startswith(f"{task} ")]
         failed_text = ", ".join(failed) or "see 01's preflight"
@@ -210,14 +212,15 @@ def _gate_words(summaries: dict[str, dict[str, Any]], task: str | None, gate: st
     """The gate column in plain words: none, passed, or which of the claim's task's gates closed."""
     if task is None:
         return "none"
-    if gate:
-        return f"closed: {task}'s regime criterion not met"
-    if preflight:
-        return f"closed: {task}'s preflight failed"
     s = summaries.get(REGIME_NOTEBOOK, {})
-    if s.get(regime_key(task), s.get(REGIME_KEY)) is None:
-        return f"unknown: {task}'s regime criterion not recorded"
-    return f"open: {task}'s criterion and preflight met"
+    whose = f"{task}'s" if gates_per_task(s) else "the combined math and QA"  # the rule registered for the run
+    if gate:
+        return f"closed: {whose} regime criterion not met"
+    if preflight:
+        return f"closed: {whose} preflight failed"
+    if s.get(regime_key(task) if gates_per_task(s) else REGIME_KEY) is None:
+        return f"unknown: {whose} regime criterion not recorded"
+    return f"open: {whose} criterion and preflight met"
 
 
 def significant_results(summaries: dict[str, dict[str, Any]]) -> list[str]:

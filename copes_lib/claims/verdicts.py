@@ -37,6 +37,11 @@ REGIME_CLAIMS = ("A1", "A2", "A3", "A4", "A5", "A6", "A7", "A8", "R2", "R3", "R4
 # criterion (and the preflight) of the task it is measured on, not of every task: A1-A7 and the math predictions
 # R2-R8 by math's, A8 by QA's. A QA base that misses its criterion says nothing about a math contrast.
 GATE_TASKS = ("math", "qa")
+# The rule a run's claims are gated by is the one registered before that run: 01 writes ``gate_rule`` = GATE_RULE
+# from R10 on, and a summary without it (the committed graded-base run, 6180831, registered under R2's combined
+# math AND QA criterion) is judged by the combined keys, whatever per-task keys it also holds: re-gating a run
+# under a rule registered after it was seen would be tuning its verdicts.
+GATE_RULE_KEY, GATE_RULE = "gate_rule", "per_task"
 CLAIM_TASK = {**{claim: "math" for claim in REGIME_CLAIMS if claim != "A8"}, "A8": "qa"}
 
 
@@ -60,6 +65,14 @@ def regime_key(task: str) -> str:
                          f"got {task!r}")
     return f"{REGIME_KEY}_{task}"
 
+
+def gates_per_task(s01: dict) -> bool:
+    """Whether 01's summary ``s01`` was written under the per-task gates (R10): True only when it says so.
+
+    >>> gates_per_task({"gate_rule": "per_task"}), gates_per_task({"regime_criterion_met_math": True})
+    (True, False)
+    """
+    return s01.get(GATE_RULE_KEY) == GATE_RULE
 
 
 @dataclasses.dataclass(frozen=True)
