@@ -64,6 +64,7 @@ sys.path.insert(0, str(ROOT))
 # JSON with the error instead of crashing before anything is written.
 try:
     from copes_lib import engines
+    from copes_lib.budget import LiveTensorBytes
     from copes_lib.config import ConfigError
     from copes_lib.engines import QWEN35_SIZES, build_qwen35
     from copes_lib.es import ES, ESConfig, es_step
@@ -279,11 +280,12 @@ class CacheProbe:
 
     Also the peak of the K/V bytes *during* re-allocations (``kv_peak_bytes``, what a CUDA
     ``max_memory_allocated`` sees): a layer that grows, re-packs or changes rows allocates its new
-    buffers while the old ones are live. The probe wraps the cache layers' re-allocating methods
+    buffers while old ones are live. The probe wraps the attention cache layers' re-allocating methods
     (``update`` outside static layers, ``gather_columns``, ``add_rows``, ``batch_select_indices``,
-    ``grow``); at each call, the bytes of every layer before it plus the layer's new buffers; an
-    in-place re-pack counts its gather's temporary (one buffer, the new width). Such transients are
-    charged to the next forward's row (a re-pack runs just before the forward that needs it)."""
+    ``grow``) and counts, at each call, the other layers' bytes plus the peak of the layer's live
+    tensors inside the call (``budget.LiveTensorBytes``: old buffers, new ones and temporaries).
+    Such transients are charged to the next forward's row (a re-pack runs just before the forward
+    that needs it)."""
 
     REALLOCATING = ("update", "gather_columns", "add_rows", "batch_select_indices", "grow")
 
@@ -312,6 +314,8 @@ class CacheProbe:
         from transformers.cache_utils import StaticLayer
 
         for layer in cache.layers:
+            if hasattr(layer, "conv_states"):  # linear attention: fixed-size states, not K/V
+                continue
             for name in self.REALLOCATING:
                 if hasattr(layer, name) and not (name == "update" and isinstance(layer, StaticLayer)):
                     setattr(layer, name, self._wrap(cache, layer, name, getattr(layer, name)))
@@ -320,14 +324,14 @@ class CacheProbe:
     def _wrap(self, cache, layer, name, method):
         @torch.compiler.disable
         def wrapped(*args, **kwargs):
-            before = self._storages(cache.layers)
-            out = method(*args, **kwargs)
-            after = self._storages([layer])
-            new = sum(n for ptr, n in after.items() if ptr not in before)
-            if not new and name == "gather_columns" and after:  # in place: a temporary of the new width
-                t = layer.keys
-                new = t.untyped_storage().nbytes() * args[0].shape[1] // max(1, t.shape[-2])
-            self._transient = max(self._transient, sum(before.values()) + new)
+            before, own = self._storages(cache.layers), self._storages([layer])
+            tracker = LiveTensorBytes(device_type=None)
+            tracker.track_existing(t for t in (getattr(layer, "keys", None), getattr(layer, "values", None))
+                                   if torch.is_tensor(t) and t.numel())
+            with tracker:
+                out = method(*args, **kwargs)
+            others = sum(before.values()) - sum(own.values())
+            self._transient = max(self._transient, others + tracker.peak)
             return out
 
         return wrapped
@@ -354,6 +358,7 @@ class CacheProbe:
                         states += t.numel() * t.element_size()
         lengths = mask.sum(1)
         self.rows.append({"width": width, "kv_bytes": kv, "kv_peak_bytes": max(kv, self._transient),
+                          "transient_bytes": self._transient,
                           "state_bytes": states, "live_rows": int(mask.shape[0]),
                           "longest_row": int(lengths.max()), "tokens_held": int(lengths.sum())})
         self._transient = 0
@@ -373,10 +378,14 @@ def kv_figures(rows: list[dict], per_token: int) -> dict:
     if not rows:
         return {"forwards_seen": 0, "why": "the engine does not call the model module (compiled or external): "
                 "its cache is not observable from here"}
-    peak = max(rows, key=lambda r: r.get("kv_peak_bytes", r["kv_bytes"]))
+    at = max(range(len(rows)), key=lambda i: rows[i].get("kv_peak_bytes", rows[i]["kv_bytes"]))
+    peak = rows[at]
     steady = max(rows, key=lambda r: r["kv_bytes"])
     widest = max(rows, key=lambda r: r["width"] / max(1, r["longest_row"]))
     model_bytes = per_token * peak["live_rows"] * peak["longest_row"]  # 08's ES line: sequences x L
+    if at and peak.get("transient_bytes", 0) > peak["kv_bytes"]:  # a re-allocation before this forward:
+        previous = rows[at - 1]  # it still held the rows of the forward before (rows that just ended)
+        model_bytes = max(model_bytes, per_token * previous["live_rows"] * previous["longest_row"])
     steady_model = per_token * steady["live_rows"] * steady["longest_row"]
     return {"forwards_seen": len(rows), "at_peak": peak, "model_bytes_at_peak": model_bytes,
             # the judged figure: re-allocation transients included (CacheProbe)

@@ -67,7 +67,8 @@ class LiveTensorBytes:
     model's parameters) are registered with :meth:`track_existing`.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, device_type: str | None = "cpu") -> None:
+        """``device_type``: count storages on this device type only (None: every device)."""
         import torch
         from torch.utils._python_dispatch import TorchDispatchMode
         from torch.utils._pytree import tree_flatten
@@ -83,12 +84,13 @@ class LiveTensorBytes:
                 return out
 
         self._mode = _Mode()
+        self.device_type = device_type
         self._live: dict[int, int] = {}
         self.current = 0
         self.peak = 0
 
     def _track(self, tensor: Any) -> None:
-        if tensor.device.type != "cpu":
+        if self.device_type is not None and tensor.device.type != self.device_type:
             return
         storage = tensor.untyped_storage()
         key, size = storage.data_ptr(), storage.nbytes()

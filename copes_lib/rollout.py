@@ -341,6 +341,14 @@ def growing_cache(model):
 _growing_cache = growing_cache  # the name tests of other modules used before it was public
 
 
+def _regrown(old, like, capacity: int, n: int):
+    """A buffer of ``capacity`` columns shaped like ``like``, holding the first ``n`` columns of ``old``."""
+    buffer = like.new_empty(*like.shape[:-2], capacity, like.shape[-1])
+    if n:
+        buffer[..., :n, :] = old[..., :n, :]
+    return buffer
+
+
 class GrowingLayer(DynamicLayer):
     """A DynamicLayer that writes into a preallocated buffer (grown with ~3% spare when full) instead
     of concatenating the whole cache at every step: one decode step then copies one column, not
@@ -364,12 +372,11 @@ class GrowingLayer(DynamicLayer):
             # a small spare (~3%): the cache's bytes stay near rows x width (a larger one was most of the KV goal's
             # excess); a regrowth every ~n/32 decode steps copies the cache, a small cost next to n/32 forwards
             capacity = self._n + new + max(16, self._n // 32)
-            k = key_states.new_empty(*key_states.shape[:-2], capacity, key_states.shape[-1])
-            v = value_states.new_empty(*value_states.shape[:-2], capacity, value_states.shape[-1])
-            if self._n:
-                k[..., :self._n, :] = self._k[..., :self._n, :]
-                v[..., :self._n, :] = self._v[..., :self._n, :]
-            self._k, self._v = k, v
+            # K, then V: each old buffer is freed once copied, so a regrowth holds one buffer twice (what a
+            # peak-memory reading sees), not the layer's K and V both
+            self.keys = self.values = None
+            self._k = _regrown(self._k, key_states, capacity, self._n)
+            self._v = _regrown(self._v, value_states, capacity, self._n)
         self._k[..., self._n:self._n + new, :] = key_states
         self._v[..., self._n:self._n + new, :] = value_states
         self._set(self._k, self._v, self._n + new)
@@ -377,21 +384,28 @@ class GrowingLayer(DynamicLayer):
 
     def batch_select_indices(self, indices) -> None:
         if self.is_initialized and self._n:
-            self._set(self._k[indices], self._v[indices], self._n)
+            self.keys = self.values = None  # K, then V (as in update)
+            self._k = self._k[indices]
+            self._v = self._v[indices]
+            self._set(self._k, self._v, self._n)
 
     def add_rows(self, count: int) -> None:
         if self.is_initialized and self._k is not None:
-            self._set(torch.cat([self._k, self._k.new_zeros(count, *self._k.shape[1:])]),
-                      torch.cat([self._v, self._v.new_zeros(count, *self._v.shape[1:])]), self._n)
+            self.keys = self.values = None  # K, then V (as in update)
+            self._k = torch.cat([self._k, self._k.new_zeros(count, *self._k.shape[1:])])
+            self._v = torch.cat([self._v, self._v.new_zeros(count, *self._v.shape[1:])])
+            self._set(self._k, self._v, self._n)
 
     def gather_columns(self, order: torch.Tensor) -> None:
         """Keep, per row, the columns ``order[row]`` (rows x new width) in that order."""
         if not (self.is_initialized and self._n):
             return
         index = order[:, None, :, None]
-        k = torch.gather(self.keys, 2, index.expand(-1, self.keys.shape[1], -1, self.keys.shape[3]))
-        v = torch.gather(self.values, 2, index.expand(-1, self.values.shape[1], -1, self.values.shape[3]))
-        self._set(k, v, order.shape[1])  # the next update reallocates with slack
+        # K, then V, each old buffer dropped before the next gather (as in update)
+        self._k = self.keys = torch.gather(self.keys, 2, index.expand(-1, self.keys.shape[1], -1, self.keys.shape[3]))
+        self._v = self.values = torch.gather(self.values, 2,
+                                             index.expand(-1, self.values.shape[1], -1, self.values.shape[3]))
+        self._set(self._k, self._v, order.shape[1])  # the next update reallocates with slack
 
     def crop(self, tokens_to_remove: int) -> None:
         raise NotImplementedError("the rollout never crops its cache")
@@ -409,8 +423,9 @@ class StaticRowLayer(StaticLayer):
             torch._dynamo.mark_static_address(self.values)
 
     def batch_select_indices(self, indices) -> None:
-        if self.is_initialized:
-            self.keys, self.values = self.keys[indices], self.values[indices]
+        if self.is_initialized:  # K, then V: each old buffer freed before the next copy
+            self.keys = self.keys[indices]
+            self.values = self.values[indices]
             self.batch_size = self.keys.shape[0]
             self._mark()
 

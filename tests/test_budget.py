@@ -143,6 +143,14 @@ def test_live_tensor_bytes_counts_and_releases():
     assert tracker.current == 0
 
 
+def test_live_tensor_bytes_device_filter():
+    cuda_only, every = budget.LiveTensorBytes(device_type="cuda"), budget.LiveTensorBytes(device_type=None)
+    with cuda_only, every:
+        a = torch.ones(250)
+    assert cuda_only.peak == 0 and every.peak == 1000
+    del a
+
+
 def test_measured_peaks_are_ordered_deterministic_and_near_prediction():
     sizes = SubstrateSizes(layers=2, hidden=32, heads=2, kv_heads=1, head_dim=16, intermediate=64, vocab=128)
     es_short = measure_peak_bytes("es", sizes, 32, 1, seed=0)["peak_bytes"]
