@@ -80,16 +80,16 @@ export JUPYTER_PREFER_ENV_PATH := 1
 export ATEN_CPU_CAPABILITY := avx2
 export MKL_CBWR := AVX2,STRICT
 export ONEDNN_MAX_CPU_ISA := AVX2
+KERNEL_PIN_VARS := ATEN_CPU_CAPABILITY MKL_CBWR ONEDNN_MAX_CPU_ISA
+KERNEL_ENV_ARGS := $(foreach v,$(KERNEL_PIN_VARS),--env $(v) $($(v)))
+# the registered kernel is rewritten when the pin changes: the stamp's name carries its hash
+KERNEL_STAMP := $(VENV)/.kernel-$(shell echo '$(KERNEL_ENV_ARGS)' | sha256sum | cut -c1-16)
 
 .PHONY: preflight help venv venv-gpu gpu-wheels gpu-wheelhouse test reproduce report validate lab clean-reports
 
 help:
 	@echo "make reproduce [PROFILE=smoke|cpu|gpu] [ONLY=02,03] [FORCE=1] [RERUN_FAILED=1] [JOBS=2] [VERBOSE=1] [WAIT=1]"
 	@echo "make report [PROFILE=cpu]  reports/<profile>/index.html from the results there (cpu: the committed run)"
-KERNEL_PIN_VARS := ATEN_CPU_CAPABILITY MKL_CBWR ONEDNN_MAX_CPU_ISA
-KERNEL_ENV_ARGS := $(foreach v,$(KERNEL_PIN_VARS),--env $(v) $($(v)))
-# the registered kernel is rewritten when the pin changes: the stamp's name carries its hash
-KERNEL_STAMP := $(VENV)/.kernel-$(shell echo '$(KERNEL_ENV_ARGS)' | sha256sum | cut -c1-16)
 	@echo "make test      ruff + pytest (unit tests and every notebook under the smoke profile)"
 	@echo "make lab       JupyterLab from .venv (LAB_ARGS=\"--no-browser --port 8888\" to pass options)"
 	@echo "make preflight [PROFILE=cpu] [SEEDS=0,1,2,3,4] [RECORD=1] [STRICT=1]  the testbed's preconditions on the profile's base,"
@@ -119,12 +119,6 @@ $(STAMP): requirements.txt
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
-venv-gpu: $(GPU_STAMP)
-
-$(GPU_STAMP): requirements.txt requirements-gpu.txt requirements-system-torch.txt requirements-system-torch-nodeps.txt
-	@if [ -z "$(PYTHON_GPU)" ]; then \
-		echo "error: .venv-gpu needs Python 3.11-3.13 (python3, python3.12, python3.11 or python3.13 on PATH, or PYTHON_GPU=/path/to/python); none found" >&2; \
-		exit 1; fi
 # The venv's "python3" kernel with the kernel pin in its env: papermill and JupyterLab start it with the pin
 # whatever environment they were started from.
 $(KERNEL_STAMP): $(STAMP)
@@ -132,6 +126,12 @@ $(KERNEL_STAMP): $(STAMP)
 	@rm -f $(VENV)/.kernel-*
 	@touch $@
 
+venv-gpu: $(GPU_STAMP)
+
+$(GPU_STAMP): requirements.txt requirements-gpu.txt requirements-system-torch.txt requirements-system-torch-nodeps.txt
+	@if [ -z "$(PYTHON_GPU)" ]; then \
+		echo "error: .venv-gpu needs Python 3.11-3.13 (python3, python3.12, python3.11 or python3.13 on PATH, or PYTHON_GPU=/path/to/python); none found" >&2; \
+		exit 1; fi
 	@$(PYTHON_GPU) copes_lib/install_check.py python
 	$(if $(GPU_SYSTEM),@$(PYTHON_GPU) copes_lib/install_check.py torch)
 	@if [ -n "$(WHEELHOUSE)" ] && [ ! -d "$(WHEELHOUSE)" ]; then \
