@@ -13,16 +13,9 @@ from copes_lib import runs
 from copes_lib.config import REPO_ROOT, ConfigError
 from copes_lib.protocols import preflight as pf
 from copes_lib.protocols import preflight_cli
+from tests.test_preflight import _fake_report
 
 GOOD = {"G1": 0.8, "G2": 0.6, "E1": 0.7, "E2": 0.0, "R": 0.3, "R_low": 0.1, "R_high": 0.5, "U": 0.3}
-
-
-def _fake_report(values):
-    verdict = pf.judge(values, pf.PreflightCriterion())
-    return {"values": values, **verdict, "sigma": 0.01, "alpha": 0.005, "shape": {"targets_met": True},
-            "calibration": [{"sigma": 0.005, "share": 0.3}, {"sigma": 0.01, "share": 0.6}], "notes": [],
-            "groups": {"protocol_rate": [0.1, 0.5, 0.9]}, "settings": {"group_size": 8, "temperature": 1.0},
-            "criterion": pf.PreflightCriterion().to_dict(), "seconds": 1.0, "cached": False}
 
 
 @pytest.fixture

@@ -191,6 +191,20 @@ class _OneOutput(AgentEnv):
     def run_python(self, codes):
         return [f"<output>{code.strip()[6:-1]}</output>" for code in codes]
 
+def scripted_logits(scripts):
+    """A ``logits_hook`` that makes row r emit ``scripts[r]`` token by token, then leaves sampling alone."""
+    count = {}
+
+    def force(rows, generating, logits):
+        for i, (r, g) in enumerate(zip(rows, generating)):
+            if g:
+                t = count[r] = count.get(r, -1) + 1
+                if t < len(scripts[r]):
+                    logits[i] = float("-inf")
+                    logits[i, scripts[r][t]] = 0.0
+    return force
+
+
 
 @pytest.mark.parametrize("engine", ["loop", "slots", "static"])
 def test_a_stop_tag_that_ends_inside_a_token_cuts_the_turn_at_the_tag(engine):
@@ -205,15 +219,7 @@ def test_a_stop_tag_that_ends_inside_a_token_cuts_the_turn_at_the_tag(engine):
     turns = ["<python>print(1)</python><", "<answer>\\boxed{1}</answer>.", "<python>print(2)</python><",
              "<answer>\\boxed{2}</answer>."]
     scripts = [encode(tok, turns[0]) + encode(tok, turns[1]), encode(tok, turns[2]) + encode(tok, turns[3])]
-    count = {}
-
-    def force(rows, generating, logits):
-        for i, (r, g) in enumerate(zip(rows, generating)):
-            if g:
-                t = count[r] = count.get(r, -1) + 1
-                if t < len(scripts[r]):
-                    logits[i] = float("-inf")
-                    logits[i, scripts[r][t]] = 0.0
+    force = scripted_logits(scripts)
 
     model = build_agent_model("smoke", len(tok), seed=0, tokenizer=tok)
     tasks = [Task("t0", "math", "Question 1?", ("1",), 1), Task("t1", "math", "Question 2 or 3?", ("2",), 1)]

@@ -10,6 +10,7 @@ from copes_lib.rollout import AgentEnv, RolloutConfig, StopMatcher, closing_toke
 from copes_lib.substrate import build_agent_model
 from copes_lib.tasks import Task
 from copes_lib.tasks.protocol import ANSWER_CLOSE, PYTHON_CLOSE, SEARCH_CLOSE
+from tests.test_rollout import scripted_logits
 
 LONG_TAG = "</a_closing_tag_much_longer_than_eight_tokens_or_characters>"
 
@@ -162,15 +163,7 @@ def test_a_tag_written_one_byte_per_token_stops_in_every_engine(engine, merges):
     turns = [[f"<python>print({r + 1})</python>{tail}", f"<answer>\\boxed{{{r + 1}}}</answer>{'.' if merges else ''}"]
              for r in range(2)]
     scripts = [encode(tok, a) + encode(tok, b) for a, b in turns]
-    count = {}
-
-    def force(rows, generating, logits):
-        for i, (r, g) in enumerate(zip(rows, generating)):
-            if g:
-                t = count[r] = count.get(r, -1) + 1
-                if t < len(scripts[r]):
-                    logits[i] = float("-inf")
-                    logits[i, scripts[r][t]] = 0.0
+    force = scripted_logits(scripts)
 
     model = build_agent_model("smoke", len(tok), seed=0, tokenizer=tok)
     tasks = [Task("t0", "math", "Question 1?", ("1",), 1), Task("t1", "math", "Question 2 or 3?", ("2",), 1)]
