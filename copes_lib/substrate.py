@@ -119,8 +119,8 @@ class WarmStartConfig(Config):
     graded_high: float = param(0.70, "graded prior: the highest unit's rate (math), in (graded_low, 1)", gt=0.0, lt=1.0)
     graded_high_qa: float = param(0.55, "graded prior: the highest unit's rate on QA, in (graded_low, 1): at most "
                                   "(high - 0.40) / (high - low) of QA's units lie above 0.40, so its strict accuracy "
-                                  "stays under P4's bound 0.30 by design (docs/preflight.md#p8-many-independent-units-"
-                                  "registered-2026-12-03)", gt=0.0, lt=1.0)
+                                  "stays under P4's bound 0.30 by design "
+                                  "(docs/preflight.md#p82-the-graded-prior-over-units)", gt=0.0, lt=1.0)
     lr_decay: float = param(0.0, "fraction of the last warm-start steps over which the learning rate decays "
                             "linearly to 0 (0: constant after the warmup; the graded base uses 0.25: "
                             "docs/preflight.md#p2-the-graded-base-the-new-headline-base-design)", ge=0.0, le=1.0)

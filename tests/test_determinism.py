@@ -101,10 +101,11 @@ def test_makefile_exports_the_kernel_pin():
 
 #: sha256 of the smoke warm start's weights (tests/kernel_digest.py, 20 steps, seed 11) under threads.KERNEL_PIN, by
 #: CPU vendor, torch 2.13.0 CPU wheel: the pin does not make AMD and Intel agree bitwise (measured on an AMD EPYC and
-#: an Intel Xeon, 2026-12-02; docs/reproducibility.md).
+#: an Intel Xeon, 2026-12-02; docs/reproducibility.md). The unit-keyed task texts (docs/preflight.md P8) changed the
+#: training data on 2026-12-03: AMD EPYC re-measured then (two fresh processes equal); Intel's digest of the old data
+#: (f53f15bf...) is dropped until re-measured on an Intel machine, so Intel runs check determinism only.
 PINNED_WARM_START_SHA256 = {
-    "AuthenticAMD": "e54866bbc0c5af5deb49c0bfc432deb086ac51ba31c03b2f9e076f3cc96bdd78",  # AMD EPYC
-    "GenuineIntel": "f53f15bf702bbdcefaf3e9dcdcfba0eecbed306bd186849c31617f0eac5f014a",  # Intel Xeon
+    "AuthenticAMD": "d7c9aa5f63b2d92e7417839c5590f8b8b251eb16b5604c5d8662a845e490c580",  # AMD EPYC
 }
 
 

@@ -116,8 +116,8 @@ class SubstrateNotebookParams(NotebookParams):
     WARM_GRADED_HIGH: float = param(0.70, "graded prior: the highest unit's rate (math), above WARM_GRADED_LOW and "
                                     "below 1", gt=0.0, lt=1.0)
     WARM_GRADED_HIGH_QA: float = param(0.55, "graded prior: the highest unit's rate on QA, above WARM_GRADED_LOW and "
-                                       "below 1 (QA's strict bound holds by design: docs/preflight.md#p82-the-graded-"
-                                       "prior-over-units)", gt=0.0, lt=1.0)
+                                       "below 1 (QA's strict bound holds by design: "
+                                       "docs/preflight.md#p82-the-graded-prior-over-units)", gt=0.0, lt=1.0)
     WARM_LR_DECAY: float = param(0.25, "fraction of the last latent warm-start steps over which the learning rate "
                                  "decays linearly to 0 (0: constant; docs/preflight.md#p2-the-graded-base-the-new-headline-base-design)",
                                  ge=0.0, le=1.0)
