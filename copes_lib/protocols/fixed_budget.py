@@ -102,6 +102,14 @@ class FixedBudgetRuns:
     long_curve: list[float] = field(default_factory=list)
     match: dict[str, int | None] = field(default_factory=dict)  # first step long ES reaches each CoPES arm
     metric: str = SCORE  # the validation metric of every history (eval/val_score: accuracy on math, F1 on QA)
+    full_seeds: list[GRPORun] = field(default_factory=list)  # every full-GRPO reference seed ([0] is ``full``)
+    reference_best: float | None = None  # the gain recoveries' reference: mean over full_seeds of each best
+
+    def __post_init__(self) -> None:
+        if not self.full_seeds:
+            self.full_seeds = [self.full]
+        if self.reference_best is None:
+            self.reference_best = self.grpo_best
 
 
 def protocol_arms(params: Any, settings: dict[str, Any]) -> dict[str, tuple[str, float, float, int]]:
@@ -119,7 +127,7 @@ def protocol_arms(params: Any, settings: dict[str, Any]) -> dict[str, tuple[str,
 
 def run_fixed_budget(params: Any, agent: AgentSetup, settings: dict[str, Any], *, grpo_steps: int,
                      copes_arms: dict[str, tuple], grpo_label: str = "full GRPO", es_label: str = "ES",
-                     metric: str = SCORE) -> FixedBudgetRuns:
+                     metric: str = SCORE, reference_seeds: int = 1) -> FixedBudgetRuns:
     """The protocol of notebooks 05 and 07, steps 1-3 of the module docstring.
 
     1. full GRPO (the shared configuration, ``settings["full_lr"]``, stopped at its peak by notebook 04's
@@ -133,10 +141,21 @@ def run_fixed_budget(params: Any, agent: AgentSetup, settings: dict[str, Any], *
 
     ``metric``: the history key compared, ``eval/val_score`` by default: the metric both training loops
     select checkpoints on (accuracy on math, F1 on QA), so full GRPO's s* and the ES / CoPES values agree.
+
+    ``reference_seeds``: full-GRPO seeds (seed i = GRPO_SEED + i, notebook 04's cached reference runs when
+    the validation sets agree); seed 0 sets the budget, every gain recovery divides by the mean over the
+    seeds of each one's best (docs/reference.md#r4-notebook-05s-references-carry-every-seed-registered-2026-12-03).
     """
-    config = grpo_config(params.PROFILE, use_lora=False, lr=settings["full_lr"], steps=grpo_steps)
-    full = grpo_run(params.PROFILE, agent, config, label=grpo_label, force=params.FORCE)
+    if reference_seeds < 1:
+        raise ConfigError(f"reference_seeds = {reference_seeds}: must be >= 1 (full-GRPO reference seeds)")
+    configs = [grpo_config(params.PROFILE, use_lora=False, lr=settings["full_lr"], steps=grpo_steps, seed_index=i)
+               for i in range(reference_seeds)]
+    config = configs[0]
+    full_seeds = [grpo_run(params.PROFILE, agent, c, label=grpo_label if i == 0 else f"{grpo_label} seed {i}",
+                           force=params.FORCE) for i, c in enumerate(configs)]
+    full = full_seeds[0]
     s_star, grpo_best = best_validated(full.history, metric=metric)
+    reference_best = float(np.mean([best_validated(r.history, metric=metric)[1] for r in full_seeds]))
     base = full.val_by_step[0]
     budget = budget_from(params, s_star)
     if params.ES_LONG_STEPS < budget:
@@ -152,13 +171,26 @@ def run_fixed_budget(params: Any, agent: AgentSetup, settings: dict[str, Any], *
             done[(sigma, alpha)] = seed_runs(params, agent, subspaces=params.SUBSPACES, sigma=sigma, alpha=alpha,
                                              steps=budget, label=label, seeds=n)
         copes_runs[name] = done[(sigma, alpha)][:n]
-    compare = {name: compare_at_budget(es_runs, arm, budget, base, grpo_best, metric)
+    compare = {name: compare_at_budget(es_runs, arm, budget, base, reference_best, metric)
                for name, arm in copes_runs.items()}
     long_runs = continue_runs(params, agent, es_runs[:params.LONG_SEEDS], params.ES_LONG_STEPS)
     long_steps, long_curve = mean_curve([r.history for r in long_runs], metric)
     match = {name: steps_to_match(long_steps, long_curve, c["copes"]["mean"]) for name, c in compare.items()}
     return FixedBudgetRuns(full, config, s_star, grpo_best, base, budget, es_runs, copes_runs, compare, long_runs,
-                           long_steps, long_curve, match, metric)
+                           long_steps, long_curve, match, metric, full_seeds, reference_best)
+
+
+def lora_runs(params: Any, agent: AgentSetup, frb: FixedBudgetRuns, settings: dict[str, Any], *,
+              seeds: int | None = None, label: str = "LoRA-GRPO") -> list[GRPORun]:
+    """LoRA-GRPO at the budget over ``seeds`` seeds (None: notebook 04's LORA_SEEDS), seed i = GRPO_SEED + i,
+    each trained for exactly ``frb.budget`` steps (no early stop) at ``settings["lora_lr"]``; cached runs, seed 0
+    the one notebook 05 trained before (docs/reference.md#r4-notebook-05s-references-carry-every-seed-registered-2026-12-03)."""
+    n = grpo_params(params.PROFILE).LORA_SEEDS if seeds is None else seeds
+    if n < 1:
+        raise ConfigError(f"seeds = {n}: must be >= 1 (LoRA-GRPO seeds at the budget)")
+    return [grpo_run(params.PROFILE, agent, grpo_config(params.PROFILE, use_lora=True, lr=settings["lora_lr"],
+                                                        steps=frb.budget, patience=0, seed_index=i),
+                     label=label if i == 0 else f"{label} seed {i}", force=params.FORCE) for i in range(n)]
 
 
 def budget_from(params: Any, s_star: int) -> int:
@@ -252,17 +284,18 @@ def protocol_reading(compare: dict[str, dict[str, Any]], headline: str) -> list[
 
 
 # =========================================================================== per-problem scores
-def budget_scores(params: Any, agent: AgentSetup, frb: FixedBudgetRuns, *, lora: GRPORun | None = None,
-                  headline: str | None = None) -> tuple[dict[str, np.ndarray], dict[str, list[int]],
+def budget_scores(params: Any, agent: AgentSetup, frb: FixedBudgetRuns, *,
+                  lora: GRPORun | Sequence[GRPORun] | None = None, headline: str | None = None) -> tuple[dict[str, np.ndarray], dict[str, list[int]],
                                                         dict[str, float]]:
     """Per-seed per-validation-problem greedy scores of every arm's weights at the budget step (the
     claims' ``val_accuracy_at_budget`` / ``val_f1_at_budget``), via ``decoding.greedy_scores``
     (cached by weights).
 
     Arms: ``es``; ``copes`` (the headline protocol; ``headline`` None: the only CoPES arm) and
-    ``copes_<protocol>_protocol`` for each CoPES arm; ``lora_grpo`` (``lora``'s weights at the budget),
-    ``full_grpo`` (its best checkpoint, s*) and ``base`` (one row each). Rows are labelled by seed: ES and
-    CoPES seed i by ``ES_SEED + i`` (paired), the GRPO arms by the GRPO seed, the base by SEED.
+    ``copes_<protocol>_protocol`` for each CoPES arm; ``lora_grpo`` (the weights at the budget of each run
+    in ``lora``: one row per seed), ``full_grpo`` (each reference seed's best checkpoint, ``frb.full_seeds``)
+    and ``base`` (one row). Rows are labelled by seed: ES and CoPES seed i by ``ES_SEED + i`` (paired), the
+    GRPO arms by each run's GRPO seed, the base by SEED.
 
     Returns (arms, seeds, gaps): ``gaps[arm]`` is the largest |mean of the scores - the run's logged
     validation value| over its rows; the notebook asserts it is within 2 / n problems.
@@ -292,8 +325,10 @@ def budget_scores(params: Any, agent: AgentSetup, frb: FixedBudgetRuns, *, lora:
         if len(frb.copes_runs) > 1:
             add(f"copes_{name}_protocol", es_rows(arm_runs))
     if lora is not None:
-        add("lora_grpo", [(grpo_policy(lora, "final"), lora.val_by_step[frb.budget], frb.grpo_config.seed)])
-    add("full_grpo", [(grpo_policy(frb.full, "best"), frb.grpo_best, frb.grpo_config.seed)])
+        loras = [lora] if isinstance(lora, GRPORun) else list(lora)
+        add("lora_grpo", [(grpo_policy(r, "final"), r.val_by_step[frb.budget], r.seed) for r in loras])
+    add("full_grpo", [(grpo_policy(r, "best"), best_validated(r.history, metric=frb.metric)[1], r.seed)
+                      for r in frb.full_seeds])
     add("base", [(agent.model, frb.base, params.SEED)])
     return arms, seeds, gaps
 
@@ -485,7 +520,7 @@ def pass_at_k_intervals(results: dict[str, dict[str, Any]], *, level: float = 0.
 
 
 # =========================================================================== notebook 05's summary
-def math_summary(params: Any, frb: FixedBudgetRuns, settings: dict[str, Any], *, lora: GRPORun,
+def math_summary(params: Any, frb: FixedBudgetRuns, settings: dict[str, Any], *, lora: GRPORun | Sequence[GRPORun],
                  es_best: tuple[int, float], pass1: dict[str, float], step_hours: tuple[float, float],
                  n_val: int, n_test: int, budget_note: str) -> dict[str, Any]:
     """Notebook 05's summary.json keys (the claims read ``gain_recovery_*``, ``base_val_accuracy``,
@@ -493,9 +528,14 @@ def math_summary(params: Any, frb: FixedBudgetRuns, settings: dict[str, Any], *,
     ``val_every``, ``es_long_n_seeds``). Headline keys have no suffix; every protocol's also carry
     ``_<protocol>_protocol``. Gain recovery is left out, with ``gain_recovery_note``, when full GRPO did not
     beat the base. ``pass1``: test pass@1 by key (base, full_grpo, es_best, lora_grpo, es, copes);
-    ``step_hours``: (ES-class, GRPO-class) device-hours per step."""
+    ``step_hours``: (ES-class, GRPO-class) device-hours per step. ``lora``: LoRA-GRPO's run(s) at the budget
+    (their seed mean is the arm's value); every gain recovery divides by ``frb.reference_best``, the mean
+    of the full-GRPO seeds' bests."""
     head = frb.compare[params.HEADLINE]
-    lora_val = lora.val_by_step[frb.budget]
+    loras = [lora] if isinstance(lora, GRPORun) else list(lora)
+    lora_vals = [float(r.val_by_step[frb.budget]) for r in loras]
+    lora_val = float(np.mean(lora_vals))
+    full_bests = [float(best_validated(r.history, metric=frb.metric)[1]) for r in frb.full_seeds]
     peak = peak_report(frb.full)
 
     def protocol_keys(proto: str, suffix: str) -> dict[str, Any]:
@@ -513,7 +553,7 @@ def math_summary(params: Any, frb: FixedBudgetRuns, settings: dict[str, Any], *,
     summary = {
         "gain_recovery_copes": head["gain_recovery_copes"],
         "gain_recovery_es": head["gain_recovery_es"],
-        "gain_recovery_lora_grpo": gain_recovery_or_none(lora_val, frb.base, frb.grpo_best),
+        "gain_recovery_lora_grpo": gain_recovery_or_none(lora_val, frb.base, frb.reference_best),
         "es_steps_to_match_copes": frb.match[params.HEADLINE],
         "budget_steps": frb.budget,
         "headline_protocol": params.HEADLINE,
@@ -527,10 +567,17 @@ def math_summary(params: Any, frb: FixedBudgetRuns, settings: dict[str, Any], *,
         "grpo_patience": frb.grpo_config.early_stop_patience,
         "base_val_accuracy": frb.base,
         "full_grpo_best_val_accuracy": frb.grpo_best,
+        "full_grpo_reference_val_accuracy": frb.reference_best,
+        "full_grpo_best_val_accuracy_seeds": full_bests,
+        "full_grpo_seeds": [r.seed for r in frb.full_seeds],
+        "full_grpo_n_seeds": len(frb.full_seeds),
         "val_accuracy_es_at_budget": head["es"]["mean"],
         "val_accuracy_es_at_budget_ci_low": head["es"]["low"],
         "val_accuracy_es_at_budget_ci_high": head["es"]["high"],
         "val_accuracy_lora_grpo_at_budget": lora_val,
+        "val_accuracy_lora_grpo_at_budget_seeds": lora_vals,
+        "lora_grpo_seeds": [r.seed for r in loras],
+        "lora_grpo_n_seeds": len(loras),
         "es_best_step": es_best[0],
         "es_best_val_accuracy": es_best[1],
         "es_long_steps": params.ES_LONG_STEPS,
@@ -551,6 +598,7 @@ def math_summary(params: Any, frb: FixedBudgetRuns, settings: dict[str, Any], *,
     for key in undefined:
         del summary[key]
     if undefined:
-        summary["gain_recovery_note"] = (f"undefined: full GRPO's best validation accuracy {frb.grpo_best:.4f} does "
-                                         f"not exceed the base {frb.base:.4f}")
+        summary["gain_recovery_note"] = (f"undefined: full GRPO's reference validation accuracy {frb.reference_best:.4f} "
+                                         f"(mean of {len(frb.full_seeds)} seed(s)' bests) does not exceed the base "
+                                         f"{frb.base:.4f}")
     return summary
