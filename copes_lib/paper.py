@@ -124,7 +124,9 @@ EFFECT_SHARE_A = {
     **{f"k4_vs_{arm}": share_of_gain(TABLE3["k4"][_MATH500], TABLE3[key][_MATH500], _BASE_MATH500, _GRPO_MATH500)
        for arm, key in (("k1", "k1"), ("k2", "k2"), ("k8", "k8"), ("indep_z", "indep_z_k4"),
                         ("es_2sigma", "es_2sigma"))},  # A4-A6 (MATH-500, Table 3)
-    "k4_vs_es_sqrtk_alpha": None,  # A7: our control, not in the paper
+    # A7: our control, not in the paper; its margin is A1's (half the paper's CoPES - ES effect), registered in
+    # docs/regime.md R12: CoPES's edge over norm-matched ES below it means the edge is, here, a larger step
+    "k4_vs_es_sqrtk_alpha": GAIN_RECOVERY["copes"] - GAIN_RECOVERY["es"],
     "k4_vs_copes_matched_step": None,
     "copes_vs_es_f1": share_of_gain(_WIKI["copes"][2], _WIKI["es"][2], _WIKI["base"][2], _WIKI["full_grpo"][2]),  # A8
 }

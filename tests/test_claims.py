@@ -183,6 +183,36 @@ def test_holm_runs_over_the_notebooks_whole_family():
     assert c.p_holm >= c.p and c.family_size == 7 and s.arms["k4"].shape == (5, 600)
 
 
+def test_a7_the_norm_matched_control_is_judged_against_a1s_margin():
+    """docs/regime.md R12: CoPES (k4) vs ES at sqrt(K) x alpha, margin 0.5 x A1's paper share x our gain;
+    agrees on an effect, does not when an effect of that size is ruled out, opposite the other way."""
+    from copes_lib import paper
+
+    assert paper.EFFECT_SHARE_A["k4_vs_es_sqrtk_alpha"] == paper.EFFECT_SHARE_A["copes_vs_es"]
+    rng = np.random.default_rng(11)
+
+    def summaries(k4, sqrtk):
+        s = _ablations(rng, 0.5, 0.5, 0.5, es_sqrtk_alpha=0.5)
+        s["06_copes_ablations"].pop("base_val_accuracy")  # the gain is 05's: 0.9 - 0.4
+        s["06_copes_ablations"][claims.SCORES]["val_accuracy_at_budget"].arms.update(k4=k4, es_sqrtk_alpha=sqrtk)
+        s["05_fixed_budget_math"] = {**MATH_05, "full_grpo_best_val_accuracy": 0.9}  # margin 0.5 x 0.246 x 0.5
+        return s
+
+    k4 = _binary(rng, 0.6)
+    near = k4.copy()
+    near[:, :6] = 1 - near[:, :6]  # 1% of the problems differ: inside the margin (6.2 points)
+    assert _verdict(summaries(k4, near), "A7") == claims.DISAGREES
+    assert _verdict(summaries(k4, _binary(rng, 0.4)), "A7") == claims.AGREES
+    assert _verdict(summaries(_binary(rng, 0.4), _binary(rng, 0.6)), "A7") == claims.OPPOSITE
+    wide = summaries(k4[:2, :40], near[:2, :40])  # 2 seeds x 40 problems: too few to rule the margin out
+    for arm in ("k1", "k8"):
+        ss = wide["06_copes_ablations"][claims.SCORES]["val_accuracy_at_budget"]
+        ss.arms[arm] = ss.arms[arm][:2, :40]
+    for ss in wide["06_copes_ablations"][claims.SCORES].values():
+        ss.seeds.update({arm: (0, 1) for arm in ss.arms})
+    assert _verdict(wide, "A7") == claims.INCONCLUSIVE
+
+
 def test_memory_claim_needs_the_papers_convention():
     s = {"qwen35_4b_es_gib_at_128k": 12.7757, "qwen35_4b_full_grpo_gib_at_128k": 453.4374,
          "qwen35_4b_lora_grpo_gib_at_128k": 402.55, "qwen35_4b_es_gib_at_128k_exact": 12.6797}

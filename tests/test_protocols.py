@@ -580,6 +580,7 @@ def test_the_budget_is_s_star_capped_and_stated():
     with pytest.raises(ConfigError, match="ARM_SEEDS"):
         params.AblationParams(ARM_SEEDS=6)
     assert params.AblationParams().arm_seeds("k4") == 5 and params.AblationParams().arm_seeds("k8") == 3
+    assert params.AblationParams().arm_seeds("es_sqrtk_alpha") == 5  # as many as CoPES (docs/regime.md R12)
 
 
 def test_ablation_family_pairs_arms_with_fewer_seeds_on_their_first_rows():

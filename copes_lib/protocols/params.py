@@ -559,6 +559,8 @@ class FixedBudgetParams(_GRPOParams):
 # 06's arms (Table 3 plus our two step-size controls) and those a claim (A4-A7) tests against k4
 ABLATION_KEYS = ("k1", "k2", "k4", "k8", "indep_z", "es_2sigma", "es_sqrtk_alpha", "copes_matched_step")
 CLAIM_ARMS = ("k1", "k4", "k8", "indep_z", "es_2sigma", "es_sqrtk_alpha")
+# arms with SEEDS seeds: ES and CoPES (05's runs) and the norm-matched control (docs/regime.md R12)
+FULL_SEED_ARMS = ("k1", "k4", "es_sqrtk_alpha")
 
 
 @dataclass(frozen=True)
@@ -571,7 +573,7 @@ class AblationParams(_ExperimentParams):
                               "04's run) capped at BUDGET_MAX, so k1 / k4 are 05's ES / CoPES runs (paper: 16)", ge=0)
     BUDGET_MAX: int = param(8, "cap on the budget when it is s* (BUDGET_STEPS 0): 05's (README, Cost)", ge=0)
     SEEDS: int = param(5, "seeds of k1 and k4 (notebook 05's ES and CoPES runs, reused from the cache; paper: 1 run "
-                       "each)", ge=1)
+                       "each) and of the norm-matched control es_sqrtk_alpha (as many as CoPES)", ge=1)
     ARM_SEEDS: int = param(3, "seeds of every other arm: the first seeds of the same pairing (cost; at most SEEDS)",
                            ge=1)
     ARMS: str = param(",".join(CLAIM_ARMS), "comma-separated arms to run, k4 included (all: "
@@ -587,8 +589,9 @@ class AblationParams(_ExperimentParams):
                               "least 2 members per subspace (paper: 40, N_k = 5)")
 
     def arm_seeds(self, arm: str) -> int:
-        """Seeds of ``arm``: SEEDS for k1 and k4 (05's runs), ARM_SEEDS for the others."""
-        return self.SEEDS if arm in ("k1", "k4") else self.ARM_SEEDS
+        """Seeds of ``arm``: SEEDS for k1 and k4 (05's runs) and the norm-matched control es_sqrtk_alpha
+        (``FULL_SEED_ARMS``: as many seeds as CoPES, docs/regime.md R12), ARM_SEEDS for the others."""
+        return self.SEEDS if arm in FULL_SEED_ARMS else self.ARM_SEEDS
 
     def arms(self) -> list[str]:
         """The arms to run, in Table 3's order."""
