@@ -130,6 +130,8 @@ EFFECT_SHARE_A = {
     "k4_vs_copes_matched_step": None,
     "copes_vs_es_f1": share_of_gain(_WIKI["copes"][2], _WIKI["es"][2], _WIKI["base"][2], _WIKI["full_grpo"][2]),  # A8
 }
+# A7-qa (our control on QA, docs/regime.md R12): A8's share, as A7 takes A1's
+EFFECT_SHARE_A["copes_vs_es_sqrtk_alpha_f1"] = EFFECT_SHARE_A["copes_vs_es_f1"]
 
 # "No effect" means: the (1 - 2 alpha) interval lies within +-EQUIVALENCE_FRACTION of the paper's effect
 # (paper A: the paper's effect carried into our units as a share of the reference gain; paper B: the

@@ -213,6 +213,36 @@ def test_a7_the_norm_matched_control_is_judged_against_a1s_margin():
     assert _verdict(wide, "A7") == claims.INCONCLUSIVE
 
 
+def test_a7_qa_the_norm_matched_control_on_qa_is_gated_by_qa_and_shares_a8s_family():
+    """docs/regime.md R12: A7-qa (CoPES vs ES at sqrt(K) x alpha on test F1) is gated by QA's criterion, Holm
+    runs over 07's family with A8, and its margin is 0.5 x A8's paper share x our QA gain."""
+    from copes_lib import paper
+
+    assert claims.gate_task("A7-qa") == "qa" and claims.gate_task("A7") == "math"
+    assert paper.EFFECT_SHARE_A["copes_vs_es_sqrtk_alpha_f1"] == paper.EFFECT_SHARE_A["copes_vs_es_f1"]
+    rng = np.random.default_rng(5)
+
+    def rows(copes, sqrtk, qa=True):
+        arms = {"copes": copes, "es": _binary(rng, 0.5), "es_sqrtk_alpha": sqrtk}
+        return _rows({"01_substrate_and_agent": {"regime_criterion_met_math": True, "regime_criterion_met_qa": qa,
+                                                 claims.GATE_RULE_KEY: claims.GATE_RULE},
+                      "07_multihop_qa": {"f1_copes": float(copes.mean()), "f1_es": 0.5,
+                                         "f1_es_sqrtk_alpha": float(sqrtk.mean()), "f1_base": 0.3, "f1_full_grpo": 0.9,
+                                         claims.SCORES: _scores("test_f1", **arms)}})
+
+    copes = _binary(rng, 0.7)
+    near = copes.copy()
+    near[:, :3] = 1 - near[:, :3]  # 0.5% of the problems differ: inside the margin (2.4 points)
+    assert rows(copes, near)["A7-qa"]["verdict"] == claims.DISAGREES
+    ahead = rows(copes, _binary(rng, 0.5))
+    assert ahead["A7-qa"]["verdict"] == claims.AGREES and "alpha 0.05/2" in ahead["A7-qa"]["power"]
+    assert "alpha 0.05/2" in ahead["A8"]["power"]  # one family: A8 and A7-qa
+    assert rows(_binary(rng, 0.4), _binary(rng, 0.7))["A7-qa"]["verdict"] == claims.OPPOSITE
+    gated = rows(copes, _binary(rng, 0.5), qa=False)
+    assert gated["A7-qa"]["verdict"] == claims.NOT_IN_REGIME and "would read agrees" in gated["A7-qa"]["reason"]
+    assert rows(copes, near)["A7"]["verdict"] == claims.MISSING  # 06 did not run: A7 (math) is its own claim
+
+
 def test_memory_claim_needs_the_papers_convention():
     s = {"qwen35_4b_es_gib_at_128k": 12.7757, "qwen35_4b_full_grpo_gib_at_128k": 453.4374,
          "qwen35_4b_lora_grpo_gib_at_128k": 402.55, "qwen35_4b_es_gib_at_128k_exact": 12.6797}

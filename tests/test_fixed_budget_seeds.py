@@ -2,6 +2,7 @@
 notebook 04's cached runs (same configurations), every gain recovery divides by their mean best,
 LoRA-GRPO at the budget runs LORA_SEEDS seeds, and the reference's seed noise widens the interval."""
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -113,3 +114,14 @@ def test_the_references_seed_noise_widens_the_recovery_interval():
 
 def test_es_run_fake_is_an_esrun():  # the fakes above stand for the real run types
     assert isinstance(_run({0: 0.4, 4: 0.5}), es_arm.ESRun)
+
+
+def test_the_norm_matched_control_is_es_at_sqrt_k_alpha_over_every_seed(monkeypatch):
+    calls = []
+    monkeypatch.setattr(fixed_budget, "seed_runs", lambda p, agent, **kw: calls.append(kw) or [])
+    p = params.MultihopQAParams(PROFILE="smoke")
+    fixed_budget.norm_matched_runs(p, None, SETTINGS, 4)
+    (kw,) = calls
+    assert kw["subspaces"] == 1 and kw["sigma"] == SETTINGS["es_sigma"] and kw["steps"] == 4
+    assert kw["alpha"] == pytest.approx(math.sqrt(p.SUBSPACES) * SETTINGS["es_alpha"])
+    assert kw.get("seeds") is None  # SEEDS: as many as ES and CoPES

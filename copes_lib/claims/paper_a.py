@@ -202,6 +202,10 @@ PAPER_A_CLAIMS: tuple[Claim, ...] = (
     Claim("A8", "A", "On multi-hop QA at a 48-step budget CoPES beats standard ES in F1",
           "2Wiki 55.50 vs 51.53", "07_multihop_qa", ("f1_copes", "f1_es"),
           _tested("copes_vs_es_f1", _pair("f1_copes", "f1_es"))),
+    Claim("A7-qa", "A", "(our control) On multi-hop QA CoPES beats standard ES given the same update norm "
+          "(sqrt(K) x alpha) in test F1", "not tested in the paper", "07_multihop_qa",
+          ("f1_copes", "f1_es_sqrtk_alpha"),
+          _tested("copes_vs_es_sqrtk_alpha_f1", _pair("f1_copes", "f1_es_sqrtk_alpha"))),
     Claim("A9", "A", "Analytic memory at 128K context (ES / full GRPO / LoRA-GRPO, Qwen3.5-4B)",
           "12.78 / 453.44 / 402.55 GiB", "08_memory_and_gpu_hours",
           ("qwen35_4b_es_gib_at_128k", "qwen35_4b_full_grpo_gib_at_128k", "qwen35_4b_lora_grpo_gib_at_128k"),

@@ -32,26 +32,27 @@ DETERMINISTIC = "deterministic (analytic or one measurement): no sampling noise 
 # Paper A's method claims and our regime predictions R2-R8 need the papers' regime (notebook 01's
 # regime_criterion_met); R1 is judged on any latent-protocol base (docs/regime.md#r4-predictions-ours-registered-before-the-run).
 REGIME_NOTEBOOK, REGIME_KEY = "01_substrate_and_agent", "regime_criterion_met"
-REGIME_CLAIMS = ("A1", "A2", "A3", "A4", "A5", "A6", "A7", "A8", "R2", "R3", "R4", "R5", "R6", "R7", "R8")
+REGIME_CLAIMS = ("A1", "A2", "A3", "A4", "A5", "A6", "A7", "A7-qa", "A8", "R2", "R3", "R4", "R5", "R6", "R7", "R8")
 # Gates per claim (docs/regime.md#r10-gates-per-claim-registered-2026-12-03): each gated claim is judged against the
 # criterion (and the preflight) of the task it is measured on, not of every task: A1-A7 and the math predictions
-# R2-R8 by math's, A8 by QA's. A QA base that misses its criterion says nothing about a math contrast.
+# R2-R8 by math's, A8 and A7-qa (the norm-matched control on QA, docs/regime.md R12) by QA's. A QA base that
+# misses its criterion says nothing about a math contrast.
 GATE_TASKS = ("math", "qa")
 # The rule a run's claims are gated by is the one registered before that run: 01 writes ``gate_rule`` = GATE_RULE
 # from R10 on, and a summary without it (the committed graded-base run, 6180831, registered under R2's combined
 # math AND QA criterion) is judged by the combined keys, whatever per-task keys it also holds: re-gating a run
 # under a rule registered after it was seen would be tuning its verdicts.
 GATE_RULE_KEY, GATE_RULE = "gate_rule", "per_task"
-CLAIM_TASK = {**{claim: "math" for claim in REGIME_CLAIMS if claim != "A8"}, "A8": "qa"}
+CLAIM_TASK = {**{claim: "math" for claim in REGIME_CLAIMS if claim not in ("A8", "A7-qa")}, "A8": "qa", "A7-qa": "qa"}
 
 
 def gate_task(claim_id: str) -> str | None:
     """The task whose criterion gates ``claim_id`` (its family: ``A1-math500`` is A1's), None if ungated.
 
-    >>> gate_task("A1"), gate_task("A8-2wiki"), gate_task("R8"), gate_task("A9")
-    ('math', 'qa', 'math', None)
+    >>> gate_task("A1"), gate_task("A8-2wiki"), gate_task("R8"), gate_task("A9"), gate_task("A7-qa")
+    ('math', 'qa', 'math', None, 'qa')
     """
-    return CLAIM_TASK.get(claim_id.split("-")[0])
+    return CLAIM_TASK.get(claim_id, CLAIM_TASK.get(claim_id.split("-")[0]))
 
 
 def regime_key(task: str) -> str:
@@ -104,7 +105,9 @@ FAMILIES: dict[str, tuple[Contrast, ...]] = {
     "06_copes_ablations": tuple(
         Contrast(f"k4_vs_{arm}", "val_accuracy_at_budget", "k4", arm)
         for arm in ("k1", "k2", "k8", "indep_z", "es_2sigma", "es_sqrtk_alpha", "copes_matched_step")),
-    "07_multihop_qa": (Contrast("copes_vs_es_f1", "test_f1", "copes", "es"),),
+    # A8 and (docs/regime.md R12) A7-qa, CoPES vs norm-matched ES: Holm over both where both arms ran
+    "07_multihop_qa": (Contrast("copes_vs_es_f1", "test_f1", "copes", "es"),
+                       Contrast("copes_vs_es_sqrtk_alpha_f1", "test_f1", "copes", "es_sqrtk_alpha")),
     # log-PPL: lower is better, so a = the reference cell, b = the test cell (Delta = ref - test > 0 helps).
     # The chain's eval-scope contrast (+R+E vs +R) is the same computation by construction: not a test.
     "12_molora_factorial": (
@@ -122,7 +125,7 @@ FAMILIES: dict[str, tuple[Contrast, ...]] = {
 # Which claim reads each contrast (for the reasons that name a shared test).
 CONTRAST_CLAIM = {"copes_vs_es": "A1", "copes_vs_lora_grpo": "A3", "k4_vs_k1": "A4", "k4_vs_k8": "A4",
                   "k4_vs_indep_z": "A5", "k4_vs_es_2sigma": "A6", "k4_vs_es_sqrtk_alpha": "A7",
-                  "copes_vs_es_f1": "A8", "router": "B2", "lifecycle": "B3", "full_vs_b3": "B4",
+                  "copes_vs_es_f1": "A8", "copes_vs_es_sqrtk_alpha_f1": "A7-qa", "router": "B2", "lifecycle": "B3", "full_vs_b3": "B4",
                   "eval_scope_with_lifecycle": "B5"}
 
 

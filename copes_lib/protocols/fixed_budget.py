@@ -193,6 +193,15 @@ def lora_runs(params: Any, agent: AgentSetup, frb: FixedBudgetRuns, settings: di
                      label=label if i == 0 else f"{label} seed {i}", force=params.FORCE) for i in range(n)]
 
 
+def norm_matched_runs(params: Any, agent: AgentSetup, settings: dict[str, Any], budget: int, *,
+                      label: str = "ES sqrt(K) x alpha") -> list[ESRun]:
+    """The norm-matched control (docs/regime.md#r12-is-copes-more-than-a-larger-step-registered-2026-12-03):
+    standard ES at ES's sigma and sqrt(SUBSPACES) x its alpha, CoPES's update norm, over SEEDS seeds paired
+    with ES's and CoPES's (seed i: noise seed ES_SEED + i, batch seed BATCH_SEED + i) for ``budget`` steps."""
+    return seed_runs(params, agent, subspaces=1, sigma=settings["es_sigma"],
+                     alpha=math.sqrt(params.SUBSPACES) * settings["es_alpha"], steps=budget, label=label)
+
+
 def budget_from(params: Any, s_star: int) -> int:
     """The budget: BUDGET_STEPS when set, else full GRPO's s*, capped at BUDGET_MAX (> 0; the cpu cost
     bound, stated by :func:`budget_text`) and at least VAL_EVERY (a GRPO that never beats its base has
