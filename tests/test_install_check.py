@@ -112,7 +112,7 @@ def test_cpu_venv_takes_python_311_to_313_and_cpu_torch():
     assert "install -r requirements.txt" in out and "--system-site-packages" not in out
     assert "not (3, 11) <= sys.version_info[:2] <= (3, 13)" in out and "valid versions: 3.11, 3.12, 3.13" in out
     torch_pin = f"torch=={requirements_pins()['torch']}"
-    assert f"pip install --extra-index-url https://download.pytorch.org/whl/cpu {torch_pin}" in out
+    assert f"pip install --no-deps --retries 1 --extra-index-url https://download.pytorch.org/whl/cpu {torch_pin}" in out
     assert out.index(torch_pin) < out.index("install -r requirements.txt")  # CPU torch first, then the rest
     assert "--extra-index-url" not in _make_n("venv", "TORCH_INDEX=")
     chosen = _make_n("venv", "PYTHON_CPU=/opt/python3.12/bin/python3")
