@@ -191,6 +191,18 @@ class _OneOutput(AgentEnv):
     def run_python(self, codes):
         return [f"<output>{code.strip()[6:-1]}</output>" for code in codes]
 
+def assert_two_scripted_answers(out, tok):
+    """Rows r = 0, 1 called print(r + 1), got its output, answered r + 1: texts, the model's own text and mask."""
+    for r in range(2):
+        assert out.texts[r] == f"<python>print({r + 1})</python><output>{r + 1}</output><answer>\\boxed{{{r + 1}}}</answer>"
+        assert out.model_texts[r] == f"<python>print({r + 1})</python><answer>\\boxed{{{r + 1}}}</answer>"
+        assert decode(tok, out.completion_ids[r]) == out.texts[r]
+        written = [t for t, m in zip(out.completion_ids[r], out.model_mask[r]) if m]
+        assert decode(tok, written) == out.model_texts[r]
+    assert out.finish_reasons == ["answer", "answer"] and out.scores == [1.0, 1.0]
+    assert out.tool_calls == [{"python": 1, "search": 0}] * 2
+
+
 def scripted_logits(scripts):
     """A ``logits_hook`` that makes row r emit ``scripts[r]`` token by token, then leaves sampling alone."""
     count = {}
@@ -225,11 +237,4 @@ def test_a_stop_tag_that_ends_inside_a_token_cuts_the_turn_at_the_tag(engine):
     tasks = [Task("t0", "math", "Question 1?", ("1",), 1), Task("t1", "math", "Question 2 or 3?", ("2",), 1)]
     out = make_engine(engine, model, tok).generate(tasks, _OneOutput("math"), RolloutConfig(max_new_tokens=40),
                                                    seed=0, logits_hook=force)
-    for r in range(2):
-        assert out.texts[r] == f"<python>print({r + 1})</python><output>{r + 1}</output><answer>\\boxed{{{r + 1}}}</answer>"
-        assert out.model_texts[r] == f"<python>print({r + 1})</python><answer>\\boxed{{{r + 1}}}</answer>"
-        assert decode(tok, out.completion_ids[r]) == out.texts[r]
-        written = [t for t, m in zip(out.completion_ids[r], out.model_mask[r]) if m]
-        assert decode(tok, written) == out.model_texts[r]
-    assert out.finish_reasons == ["answer", "answer"] and out.scores == [1.0, 1.0]
-    assert out.tool_calls == [{"python": 1, "search": 0}] * 2
+    assert_two_scripted_answers(out, tok)

@@ -6,11 +6,11 @@ import random
 
 import pytest
 
-from copes_lib.rollout import AgentEnv, RolloutConfig, StopMatcher, closing_tokens, decode, encode
+from copes_lib.rollout import AgentEnv, RolloutConfig, StopMatcher, closing_tokens, encode
 from copes_lib.substrate import build_agent_model
 from copes_lib.tasks import Task
 from copes_lib.tasks.protocol import ANSWER_CLOSE, PYTHON_CLOSE, SEARCH_CLOSE
-from tests.test_rollout import scripted_logits
+from tests.test_rollout import assert_two_scripted_answers, scripted_logits
 
 LONG_TAG = "</a_closing_tag_much_longer_than_eight_tokens_or_characters>"
 
@@ -169,11 +169,4 @@ def test_a_tag_written_one_byte_per_token_stops_in_every_engine(engine, merges):
     tasks = [Task("t0", "math", "Question 1?", ("1",), 1), Task("t1", "math", "Question 2 or 3?", ("2",), 1)]
     config = RolloutConfig(max_new_tokens=80, max_context=512, prompt_style="plain")
     out = make_engine(engine, model, tok).generate(tasks, _PrintedOutput("math"), config, seed=0, logits_hook=force)
-    for r in range(2):
-        assert out.texts[r] == f"<python>print({r + 1})</python><output>{r + 1}</output><answer>\\boxed{{{r + 1}}}</answer>"
-        assert out.model_texts[r] == f"<python>print({r + 1})</python><answer>\\boxed{{{r + 1}}}</answer>"
-        assert decode(tok, out.completion_ids[r]) == out.texts[r]
-        written = [t for t, m in zip(out.completion_ids[r], out.model_mask[r]) if m]
-        assert decode(tok, written) == out.model_texts[r]
-    assert out.finish_reasons == ["answer", "answer"] and out.scores == [1.0, 1.0]
-    assert out.tool_calls == [{"python": 1, "search": 0}] * 2
+    assert_two_scripted_answers(out, tok)
