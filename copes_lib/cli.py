@@ -48,10 +48,8 @@ import logging
 import os
 import queue
 import re
-import shlex
 import shutil
 import signal
-import socket
 import sys
 import threading
 import time
@@ -264,18 +262,6 @@ class SuiteBusyError(RuntimeError):
     """Another run of the suite holds the profile's lock (the message names it and what to do)."""
 
 
-def _lock_holder(path: Path) -> str:
-    """Who holds the lock at ``path``, from what the holder wrote into it."""
-    try:
-        info = json.loads(path.read_text() or "{}")
-    except (OSError, ValueError):
-        info = {}
-    if not info:
-        return "another run (it has not written its name yet)"
-    return (f"pid {info.get('pid')} on {info.get('host')}, started {info.get('started')}, "
-            f"command: {info.get('command')}")
-
-
 @contextlib.contextmanager
 def profile_lock(profile: str, results_root: str | Path | None = None, wait: bool = False):
     """Hold the exclusive lock of ``results/<profile>/`` (``fcntl.flock`` on :data:`LOCK_NAME`) for the
@@ -290,7 +276,7 @@ def profile_lock(profile: str, results_root: str | Path | None = None, wait: boo
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = _lock_holder(path)
+            holder = runs.lock_holder(path)
             if not wait:
                 raise SuiteBusyError(
                     f"another run of the suite is using {folder}/ ({holder}). Two runs of one profile would "
@@ -299,10 +285,7 @@ def profile_lock(profile: str, results_root: str | Path | None = None, wait: boo
                     "with --wait (make reproduce WAIT=1)") from None
             print(f"[suite] waiting for the run that holds {path} ({holder})", flush=True)
             fcntl.flock(fd, fcntl.LOCK_EX)
-        holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": _now(),
-                  "command": shlex.join([os.path.basename(sys.executable), *sys.orig_argv[1:]])}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
+        runs.write_lock_holder(fd)
         yield path
     finally:
         with contextlib.suppress(OSError):

@@ -453,6 +453,31 @@ _OPEN_RUNS: dict[tuple[str, str], None] = {}
 _HELD: dict[Path, int] = {}
 
 
+def write_lock_holder(fd: int) -> None:
+    """Write who holds a lock (pid, host, start time, command) into its file ``fd``, for the one refused."""
+    import shlex
+    import socket
+    import sys
+
+    holder = {"pid": os.getpid(), "host": socket.gethostname(),
+              "started": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+              "command": shlex.join([os.path.basename(sys.executable), *sys.orig_argv[1:]])[:300]}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
+
+
+def lock_holder(path: Path) -> str:
+    """Who holds the lock at ``path``, from what :func:`write_lock_holder` wrote into it."""
+    try:
+        info = json.loads(Path(path).read_text() or "{}")
+    except (OSError, ValueError):
+        info = {}
+    if not info:
+        return "a process that has not written its name yet"
+    return (f"pid {info.get('pid')} on {info.get('host')}, started {info.get('started')}, "
+            f"command: {info.get('command')}")
+
+
 def notebook_lock(folder: Path) -> Path:
     """The lock file of a notebook's results folder: ``results/<profile>/.<NN_topic>.lock``, beside the folder
     (never inside it: the folder holds exactly the results contract)."""
@@ -476,16 +501,12 @@ def hold_notebook_folder(folder: Path, what: str) -> None:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = path.read_text().strip() or "a process that has not written its name yet"
+        holder = lock_holder(path)
         os.close(fd)
         raise FolderBusyError(f"{what} is being run by another process ({holder}) into {path.parent}/: two runs "
                               "would write the same .partial/ folder. Let it finish, or stop it (a Jupyter kernel: "
                               "shut it down or restart it), then run again") from None
-    import sys
-
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"pid {os.getpid()}, started {_dt.datetime.now(_dt.UTC).isoformat(timespec='seconds')}, "
-                  f"command: {' '.join(sys.orig_argv)[:300]}\n".encode(), 0)
+    write_lock_holder(fd)
     _HELD[path] = fd
 
 
