@@ -30,7 +30,7 @@ def box():
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone before or while /proc was read (ESRCH mid-read)
         return False
     return state != "Z"
 
