@@ -121,6 +121,9 @@ class SubstrateNotebookParams(NotebookParams):
     WARM_LR_DECAY: float = param(0.25, "fraction of the last latent warm-start steps over which the learning rate "
                                  "decays linearly to 0 (0: constant; docs/preflight.md#p2-the-graded-base-the-new-headline-base-design)",
                                  ge=0.0, le=1.0)
+    WARM_SUBJECT_TOKENS: bool = param(False, "every subject name (the latent unit) one token of the miniature's tokenizer "
+                                      "(docs/preflight.md#p86-the-unit-as-one-token-registered-2026-12-03; the cpu "
+                                      "profile's recipe: docs/preflight.md#p87-the-recipe-of-the-5-seed-check-registered-2026-12-03)")
     WARM_LATENT_MATH_STEPS: int = param(1000, "latent protocol: math warm-start steps, trained exactly (no stopping "
                                         "rule; convergence is checked on the lenient curve)", ge=1)
     WARM_LATENT_QA_STEPS: int = param(1000, "latent protocol: QA warm-start steps, trained exactly (no stopping "
@@ -227,6 +230,7 @@ class SubstrateNotebookParams(NotebookParams):
             latent_prior=self.WARM_LATENT_PRIOR, graded_low=self.WARM_GRADED_LOW, graded_high=self.WARM_GRADED_HIGH,
             graded_high_qa=self.WARM_GRADED_HIGH_QA,
             lr_decay=self.WARM_LR_DECAY if self.WARM_PROTOCOL == "latent" else 0.0,
+            subject_tokens=self.WARM_SUBJECT_TOKENS and not (gpu or self.MODEL_PATH),
             latent_math_steps=self.WARM_LATENT_MATH_STEPS, latent_qa_steps=self.WARM_LATENT_QA_STEPS)
 
     def trains_base(self) -> bool:
