@@ -229,16 +229,28 @@ class Context:
         return self.families.shared(self.notebook, contrast)
 
 
+def math_reference_gain(ctx: Context) -> float | None:
+    """Our math reference gain (full GRPO's reference - base) from this summary, else 05's: the seed-mean
+    reference of R4 where it was written, else seed 0's best (see :func:`_scales`)."""
+    gain = ctx.reference_gain("base_val_accuracy", "full_grpo_reference_val_accuracy")
+    return gain if gain is not None else ctx.reference_gain("base_val_accuracy", "full_grpo_best_val_accuracy")
+
+
 def _scales(ctx: Context, contrast: Contrast) -> tuple[float | None, float | None]:
     """(the paper's effect in our units, the equivalence margin) for one contrast, or None where none.
 
     Paper A: the paper's effect as a share of its reference gain (``paper.EFFECT_SHARE_A``) times our
     reference gain; margin ``paper.EQUIVALENCE_FRACTION`` x that. Paper B: the paper's effect in nats
-    and ``paper.equivalence_margin_b`` (from the paper's effect sizes, never from ours)."""
+    and ``paper.equivalence_margin_b`` (from the paper's effect sizes, never from ours).
+
+    On math our reference gain is the one the gain recoveries divide by: 05's
+    ``full_grpo_reference_val_accuracy`` (the mean over full GRPO's seeds of each seed's best,
+    docs/reference.md#r4-notebook-05s-references-carry-every-seed-registered-2026-12-03) minus the base; a 05
+    summary written before that key existed falls back to ``full_grpo_best_val_accuracy`` (seed 0's best)."""
     if ctx.notebook in ("05_fixed_budget_math", "06_copes_ablations", "07_multihop_qa"):
         share = paper.EFFECT_SHARE_A.get(contrast.name)
         gain = (ctx.reference_gain("f1_base", "f1_full_grpo") if ctx.notebook == "07_multihop_qa"
-                else ctx.reference_gain("base_val_accuracy", "full_grpo_best_val_accuracy"))
+                else math_reference_gain(ctx))
         if share is None or gain is None or gain <= 0:
             return None, None
         effect = share * gain
