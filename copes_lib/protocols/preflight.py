@@ -357,12 +357,14 @@ def run_preflight(profile: str, kind: str, settings: PreflightSettings, criterio
                   shape_seeds: Sequence[int] | None = None, force: bool = False, log=print) -> dict[str, Any]:
     """Every measurement of docs/preflight.md for ``kind`` on warm-start ``warm_seed``'s base, cached under
     ``cache/<profile>/preflight-<kind>/`` (key: settings, criterion, the base's checksum, the tuning ids).
-    Returns the values, the per-precondition verdicts, the calibrated sigma, the curves and the base's shape.
+    Returns the values, the per-precondition verdicts, the calibrated sigma, the curves, the base's shape and its
+    digest (``base_digest``, :func:`copes_lib.protocols.base_digest.state_digest`; what notebook 01 compares with).
     P2's targets gate (docs/preflight.md#p85-the-bases-targets-gate-on-every-seed-the-run-uses) on ``warm_seed``
     and on every seed of ``shape_seeds`` (None: the seeds notebook 01 also trains for ``kind``, math's spread
     seeds); a missed target adds ``shape seed <s>: targets <ids>`` to ``failed``. ``graded`` is kept for
     callers; the rates come from the profile's recipe per kind (:func:`copes_lib.substrate.graded_range`)."""
     from copes_lib.es import checksum
+    from copes_lib.protocols.base_digest import state_digest
     from copes_lib.protocols.es_arm import load_agent, tuning_agent
     from copes_lib.protocols.substrate_setup import run_seeds, substrate_config
     from copes_lib.substrate import tail_mean, unit_rates, warm_rollout_config, warm_start_folder
@@ -385,7 +387,7 @@ def run_preflight(profile: str, kind: str, settings: PreflightSettings, criterio
     folder = runs.cache_dir(profile, f"preflight-{kind}", key)
     if not force and (folder / "preflight.json").exists():
         cached = runs.read_json(folder / "preflight.json")
-        return {**cached, "cached": True}
+        return {**cached, "base_digest": cached.get("base_digest") or state_digest(agent.model), "cached": True}
     import time
 
     started = time.perf_counter()
@@ -442,7 +444,8 @@ def run_preflight(profile: str, kind: str, settings: PreflightSettings, criterio
            "reference": reference, "units": spread_units, "margins": margins, "g": g, "shape": shape,
            "seed_shapes": {str(k): v for k, v in seed_shapes.items()}, "warm_seed": warm_seed,
            "notes": notes, "settings": settings.to_dict(), "criterion": criterion.to_dict(),
-           "rollout": warm_rollout_config(recipe).to_dict(), "seconds": time.perf_counter() - started}
+           "rollout": warm_rollout_config(recipe).to_dict(), "seconds": time.perf_counter() - started,
+           "base_digest": state_digest(model)}  # the base measured: notebook 01 compares its own with it
     runs.atomic_write_json(folder / "preflight.json", out)
     return {**out, "cached": False}
 
@@ -527,6 +530,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ``.png`` (``--record``: the committed ``results/preflight/`` and ``figures/preflight/``). Exit 0 when every
     precondition holds (or the profile does not enforce them), 2 when not actionable, 1 on an error
     (:mod:`copes_lib.protocols.preflight_cli`)."""
+    import datetime
     import json
 
     from copes_lib import threads
@@ -565,9 +569,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = {"profile": args.profile, "recipe": dataclasses.asdict(warm), "git": runs.git_state(),
            "threads": threads.thread_info(),
            "seeds": seeds or [params.SEED],
+           "written_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
            "kinds": {kind: {k: r[k] for k in ("values", "verdicts", "met", "failed", "sigma", "alpha", "shape",
                                                 "seed_shapes", "units", "warm_seed", "calibration", "notes", "settings",
-                                                "criterion", "seconds") if k in r}
+                                                "criterion", "seconds", "base_digest") if k in r}
                      for kind, r in reports.items()}}
     path, figure = preflight_cli.output_paths(args.profile, args.record)
     runs.atomic_write_json(path, json.loads(json.dumps(out, default=str)))
