@@ -202,6 +202,43 @@ def norm_matched_runs(params: Any, agent: AgentSetup, settings: dict[str, Any], 
                      alpha=math.sqrt(params.SUBSPACES) * settings["es_alpha"], steps=budget, label=label)
 
 
+class ReferenceRetrainedWarning(UserWarning):
+    """Notebook 05 trains its own full-GRPO reference runs instead of reusing notebook 04's."""
+
+
+def reference_reuse(params: Any, agent: AgentSetup) -> dict[str, Any]:
+    """Whether notebook 05's full-GRPO reference seeds are notebook 04's cached runs
+    (docs/reference.md#r4-notebook-05s-references-carry-every-seed-registered-2026-12-03). A GRPO run's cache
+    key holds its validation problems, so where 04 validated on other problems than 05 (04's ``N_VAL`` first
+    problems of the validation split against 05's ``VAL_PROBLEMS``; on real data the split itself is 01's
+    ``VAL_HOLDOUT`` problems) 05 trains its own ``GRPO_SEEDS`` reference runs. R4 allows that (the smoke
+    profile's 04 validates on fewer problems) but it must not pass unseen: the reference is then not the
+    one 04 reports. Returns ``reference_retrained`` and ``reference_retrained_reason`` (None when 04's runs
+    are reused), and warns (``ReferenceRetrainedWarning``, printed too) when they are not."""
+    import warnings
+
+    from copes_lib.protocols.substrate_setup import substrate_params
+    from copes_lib.tasks import load_tasks
+
+    g = grpo_params(params.PROFILE)
+    split = load_tasks(params.PROFILE, "math", "val")
+    ids04 = [t.id for t in split[:g.N_VAL]]
+    ids05 = [t.id for t in agent.objective.val_tasks]
+    if ids04 == ids05:
+        return {"reference_retrained": False, "reference_retrained_reason": None}
+    holdout = substrate_params(params.PROFILE).VAL_HOLDOUT
+    wanted = "all" if not params.VAL_PROBLEMS else f"the first {params.VAL_PROBLEMS}"
+    reason = (f"notebook 04 validated its full-GRPO runs on its N_VAL = {g.N_VAL} first validation problems "
+              f"({len(ids04)} of the split's {len(split)}; 01's VAL_HOLDOUT = {holdout} sets the split on real data), "
+              f"05 validates on VAL_PROBLEMS = {params.VAL_PROBLEMS} ({wanted}: {len(ids05)} problems): a GRPO run's "
+              f"cache key holds its validation problems, so 05 trains its own {g.GRPO_SEEDS} full-GRPO reference "
+              "run(s) instead of reusing 04's, and its reference values are not the ones 04 reports (set 04's N_VAL "
+              "and 05's VAL_PROBLEMS to the same problems to reuse them; docs/reference.md R4)")
+    warnings.warn(f"05's full-GRPO reference is RETRAINED: {reason}", ReferenceRetrainedWarning, stacklevel=2)
+    print(f"WARNING: 05's full-GRPO reference is RETRAINED: {reason}")
+    return {"reference_retrained": True, "reference_retrained_reason": reason}
+
+
 def budget_from(params: Any, s_star: int) -> int:
     """The budget: BUDGET_STEPS when set, else full GRPO's s*, capped at BUDGET_MAX (> 0; the cpu cost
     bound, stated by :func:`budget_text`) and at least VAL_EVERY (a GRPO that never beats its base has
@@ -270,17 +307,29 @@ PROTOCOL_NAMES = {"paper": "paper's protocol (CoPES at ES's sigma / alpha, as pu
                   "step_matched": "step-matched control (CoPES at ES's sigma, alpha / sqrt(K): ES's update norm)"}
 
 
-def protocol_reading(compare: dict[str, dict[str, Any]], headline: str) -> list[str]:
+def protocol_reading(compare: dict[str, dict[str, Any]], headline: str,
+                     intervals: dict[str, Any] | None = None) -> list[str]:
     """Sentences on notebook 05's protocols: CoPES - ES under each (paired over that arm's seeds), which
-    one is the headline, and how the controls move CoPES's edge relative to the paper's protocol."""
+    one is the headline, and how the controls move CoPES's edge relative to the paper's protocol. With
+    ``intervals`` (:func:`budget_intervals`) each difference is read from the per-problem scores with its
+    cluster-aware 95% interval and unit count; without them, the paired t over seed means (descriptive)."""
     lines = []
     for proto, c in compare.items():
         d = c["copes_minus_es"]
-        p = "undefined" if d["p"] is None else f"{d['p']:.3g}"
         role = "HEADLINE" if proto == headline else "control"
-        lines.append(f"{PROTOCOL_NAMES.get(proto, proto)} [{role}, {int(d['n'])} paired seed(s)]: CoPES - ES = "
-                     f"{100 * d['mean']:+.2f} points at the budget (paired t over seeds, p = {p}; the claims "
-                     "table tests the headline with seeds x problems noise).")
+        head = f"{PROTOCOL_NAMES.get(proto, proto)} [{role}, {int(d['n'])} paired seed(s)]: CoPES - ES = "
+        sfx = f"_{proto}_protocol"
+        if intervals is not None and f"copes_minus_es_val_accuracy{sfx}" in intervals:
+            g = _difference_keys(intervals, sfx)
+            lines.append(head + f"{100 * g['val_accuracy']:+.2f} points at the budget, 95% interval "
+                         f"[{100 * g['ci_low']:+.2f}, {100 * g['ci_high']:+.2f}] over "
+                         f"{units_phrase(g['units'], g['units_effective'], intervals.get('interval_unit_ids'))} "
+                         f"(seeds x units x problems within units; p = {g['p']:.3g} before Holm, which the "
+                         "claims table applies over 05's family).")
+            continue
+        p = "undefined" if d["p"] is None else f"{d['p']:.3g}"
+        lines.append(head + f"{100 * d['mean']:+.2f} points at the budget (paired t over seeds, p = {p}; the claims "
+                     "table tests the headline with seeds x units x problems noise).")
     if headline in compare:
         for proto in compare:
             if proto == headline:
@@ -290,6 +339,117 @@ def protocol_reading(compare: dict[str, dict[str, Any]], headline: str) -> list[
                          f"(seed means; the control ran {compare[proto]['copes']['n']} seed(s)).")
     lines.append(f"The headline keys use the {headline} protocol, declared before the run.")
     return lines
+
+
+# =========================================================================== cluster-aware intervals
+def units_phrase(n_units: int, effective: float | None, unit_ids: bool | None = True) -> str:
+    """How many units an interval rests on: ``128 latent units`` (``(effective 120)`` where sizes differ),
+    or ``512 problems as independent units (no unit ids)``."""
+    if not unit_ids:
+        return f"{n_units} problems as independent units (no unit ids)"
+    eff = "" if effective is None or round(effective) >= n_units else f" (effective {effective:.0f})"
+    return f"{n_units} latent units{eff}"
+
+
+def budget_intervals(arms: dict[str, np.ndarray], units: Sequence[str] | None, protocols: Sequence[str],
+                     headline: str, *, level: float = 0.95, n_boot: int = 2000) -> dict[str, Any]:
+    """Notebook 05's intervals at the budget from the per-problem scores of :func:`budget_scores`, cluster-aware
+    (docs/statistics.md#s6-latent-units-registered-2026-12-03): seeds, the latent units and the problems
+    within them are resampled (modelled), never the problems as independent draws.
+
+    Keys (summary.json; ``<sfx>`` is ``_<protocol>_protocol`` for every protocol and also empty for the
+    headline): ``copes_minus_es_val_accuracy<sfx>`` (mean CoPES - ES over the seeds both arms ran, from the
+    scores: the logged validation values within 2 problems), ``copes_minus_es_ci_low<sfx>`` / ``_ci_high<sfx>``
+    (the ``level`` interval of ``stats.compare``, seeds paired, ``units``), ``copes_minus_es_p<sfx>`` (its p
+    before Holm), ``copes_minus_es_significant<sfx>`` (p < 1 - level with both arms' seed noise measured),
+    ``copes_minus_es_units<sfx>`` / ``_units_effective<sfx>`` (the units it rests on; Kish's effective number);
+    ``val_accuracy_es_at_budget_ci_low`` / ``_ci_high`` / ``_units`` and ``val_accuracy_copes_at_budget_ci_low<sfx>``
+    / ``_ci_high<sfx>`` / ``_units<sfx>`` (:func:`mean_interval`: the seeds x units x problems bootstrap);
+    ``interval_units``, ``interval_units_effective``, ``interval_unit_ids`` (False: no unit ids given, every
+    problem its own unit, and the intervals are too narrow wherever units matter) and ``interval_method``.
+    The CoPES arm of a protocol is ``copes_<protocol>_protocol`` where :func:`budget_scores` wrote one, else
+    ``copes`` (the headline's)."""
+    es = np.atleast_2d(np.asarray(arms["es"], dtype=float))
+    n_problems = es.shape[1]
+    if units is not None:
+        _, sizes = stats.unit_codes(units, n_problems)
+        n_units, effective = len(sizes), stats.effective_units(sizes)
+    else:
+        n_units, effective = n_problems, float(n_problems)
+    out: dict[str, Any] = {
+        "interval_units": n_units, "interval_units_effective": effective, "interval_unit_ids": units is not None,
+        "interval_method": ("seeds x latent units x problems within units (stats.compare with units; means: "
+                            "stats.hierarchical_bootstrap with units); docs/statistics.md S6"
+                            if units is not None else "seeds x problems, problems as independent units (no unit ids)")}
+
+    def mean_keys(key: str, scores: np.ndarray, sfx: str = "") -> dict[str, Any]:
+        _, low, high = mean_interval(scores, level=level, n_boot=n_boot, units=units)
+        return {f"{key}_ci_low{sfx}": low, f"{key}_ci_high{sfx}": high, f"{key}_units{sfx}": n_units}
+
+    out.update(mean_keys("val_accuracy_es_at_budget", es))
+    for proto in protocols:
+        arm = f"copes_{proto}_protocol" if f"copes_{proto}_protocol" in arms else "copes"
+        if arm == "copes" and proto != headline:
+            raise ValueError(f"arms hold no 'copes_{proto}_protocol' scores for the {proto} protocol")
+        copes = np.atleast_2d(np.asarray(arms[arm], dtype=float))
+        n = min(len(copes), len(es))  # a control ran the first seeds of the same pairing
+        c = stats.compare(copes[:n], es[:n], name=f"CoPES ({proto}) - ES", paired_seeds=True, units=units,
+                          alpha=1 - level)
+        keys = {"copes_minus_es_val_accuracy": c.estimate, "copes_minus_es_ci_low": c.low,
+                "copes_minus_es_ci_high": c.high, "copes_minus_es_p": c.p,
+                "copes_minus_es_significant": bool(c.p < 1 - level and c.seed_noise_counted),
+                "copes_minus_es_units": n_units, "copes_minus_es_units_effective": effective}
+        for sfx in ([""] if proto == headline else []) + [f"_{proto}_protocol"]:
+            out.update({f"{k}{sfx}": v for k, v in keys.items()})
+            out.update(mean_keys("val_accuracy_copes_at_budget", copes, sfx))
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}
+
+
+def _difference_keys(intervals: dict[str, Any], sfx: str) -> dict[str, Any]:
+    """A protocol's CoPES - ES keys of :func:`budget_intervals`, without the prefix and the suffix."""
+    return {k: intervals[f"copes_minus_es_{k}{sfx}"] for k in ("val_accuracy", "ci_low", "ci_high", "p",
+                                                                "significant", "units", "units_effective")}
+
+
+def interval_text(intervals: dict[str, Any], key: str, sfx: str = "") -> str:
+    """``[low, high]`` in % with its units, from :func:`budget_intervals`' ``<key>_ci_low<sfx>`` / ``_ci_high`` /
+    ``_units``; empty where the interval is undefined."""
+    low, high = intervals.get(f"{key}_ci_low{sfx}"), intervals.get(f"{key}_ci_high{sfx}")
+    if low is None or high is None:
+        return ""
+    return f"[{100 * low:.1f}, {100 * high:.1f}] over {intervals[f'{key}_units{sfx}']} units"
+
+
+def comparison_frame(params: Any, settings: dict[str, Any], compare: dict[str, dict[str, Any]],
+                     intervals: dict[str, Any]):
+    """Notebook 05's comparison table (``comparison.csv``): per protocol, ES and CoPES at the budget (values
+    per seed, mean, the cluster-aware 95% interval with its units, gain recovery) and CoPES - ES (paired,
+    from the per-problem scores, its interval, units and p before Holm), from :func:`budget_intervals`."""
+    import pandas as pd
+
+    arms = protocol_arms(params, settings)
+    unit_ids = intervals.get("interval_unit_ids")
+    rows = []
+    for proto, c in compare.items():
+        sfx = f"_{proto}_protocol"
+        for method in ("es", "copes"):
+            key, ksfx = (("val_accuracy_es_at_budget", "") if method == "es"
+                         else ("val_accuracy_copes_at_budget", sfx))
+            rows.append({"protocol": proto, "method": method,
+                         "sigma": arms[proto][1] if method == "copes" else settings["es_sigma"],
+                         "alpha": arms[proto][2] if method == "copes" else settings["es_alpha"],
+                         "val acc per seed": [round(v, 4) for v in c[f"{method}_vals"]], "mean": c[method]["mean"],
+                         "95% CI": interval_text(intervals, key, ksfx),
+                         "units": units_phrase(intervals[f"{key}_units{ksfx}"], intervals["interval_units_effective"],
+                                               unit_ids),
+                         "gain recovery": c[f"gain_recovery_{method}"]})
+        g = _difference_keys(intervals, sfx)
+        rows.append({"protocol": proto, "method": "CoPES - ES (paired)", "mean": g["val_accuracy"],
+                     "95% CI": interval_text(intervals, "copes_minus_es", sfx),
+                     "units": units_phrase(g["units"], g["units_effective"], unit_ids),
+                     "gain recovery": f"p = {g['p']:.3g} (before Holm)",
+                     "val acc per seed": "significant" if g["significant"] else "not significant"})
+    return pd.DataFrame(rows)
 
 
 # =========================================================================== per-problem scores
@@ -506,32 +666,38 @@ def skill_gap_control(params: Any, settings: dict[str, Any], budget: int) -> dic
 
 # =========================================================================== figures with uncertainty
 def pass_at_k_intervals(results: dict[str, dict[str, Any]], *, level: float = 0.95, n_boot: int = 1000,
-                        seed: int = 0):
+                        seed: int = 0, units: Sequence[str] | None = None):
     """pass@k for k = 1..n of each method with a ``level`` interval from a seeded bootstrap over test
-    problems (the evaluation-set noise; one checkpoint per method, so seed noise is not in it). Long table
-    (method, k, pass_at_k, low, high)."""
+    problems (the evaluation-set noise; one checkpoint per method, so seed noise is not in it). With
+    ``units`` (:func:`problem_units` of the test problems) the bootstrap draws units, then problems within
+    them (``stats.problem_weights``; docs/statistics.md#s6-latent-units-registered-2026-12-03). Long table
+    (method, k, pass_at_k, low, high, units: the units the interval rests on, the problems without ids)."""
     import pandas as pd
 
-    rng = np.random.default_rng(seed)
     rows = []
     for method, result in results.items():
         counts = np.asarray(result["correct_counts"])
+        if units is not None and len(units) != len(counts):
+            raise ValueError(f"units: {len(units)} unit ids for {len(counts)} test problems of {method!r}; "
+                             "pass one unit id per scored problem (problem_units of the same tasks)")
         n = result["samples"]
         per_problem = np.stack([[stats.pass_at_k(n, int(c), k) for k in range(1, n + 1)] for c in counts])
-        idx = rng.integers(0, len(counts), size=(n_boot, len(counts)))
-        reps = per_problem[idx].mean(axis=1)  # (n_boot, n)
+        weights = stats.problem_weights(np.random.default_rng(seed), len(counts), n_boot, units)  # same draws per method
+        reps = weights @ per_problem / weights.sum(axis=1, keepdims=True)  # (n_boot, n)
         tail = (1 - level) / 2
+        n_units = len(counts) if units is None else len(set(units))
         for k in range(1, n + 1):
             rows.append({"method": method, "k": k, "pass_at_k": float(per_problem[:, k - 1].mean()),
                          "low": float(np.quantile(reps[:, k - 1], tail)),
-                         "high": float(np.quantile(reps[:, k - 1], 1 - tail))})
+                         "high": float(np.quantile(reps[:, k - 1], 1 - tail)), "units": n_units})
     return pd.DataFrame(rows)
 
 
 # =========================================================================== notebook 05's summary
 def math_summary(params: Any, frb: FixedBudgetRuns, settings: dict[str, Any], *, lora: GRPORun | Sequence[GRPORun],
                  es_best: tuple[int, float], pass1: dict[str, float], step_hours: tuple[float, float],
-                 n_val: int, n_test: int, budget_note: str) -> dict[str, Any]:
+                 n_val: int, n_test: int, budget_note: str, intervals: dict[str, Any] | None = None,
+                 reference: dict[str, Any] | None = None) -> dict[str, Any]:
     """Notebook 05's summary.json keys (the claims read ``gain_recovery_*``, ``base_val_accuracy``,
     ``full_grpo_best_val_accuracy``, ``es_steps_to_match_copes``, ``budget_steps``, ``es_long_steps``,
     ``val_every``, ``es_long_n_seeds``). Headline keys have no suffix; every protocol's also carry
@@ -539,7 +705,9 @@ def math_summary(params: Any, frb: FixedBudgetRuns, settings: dict[str, Any], *,
     beat the base. ``pass1``: test pass@1 by key (base, full_grpo, es_best, lora_grpo, es, copes);
     ``step_hours``: (ES-class, GRPO-class) device-hours per step. ``lora``: LoRA-GRPO's run(s) at the budget
     (their seed mean is the arm's value); every gain recovery divides by ``frb.reference_best``, the mean
-    of the full-GRPO seeds' bests."""
+    of the full-GRPO seeds' bests. ``intervals`` (:func:`budget_intervals`): the cluster-aware intervals, unit
+    counts and CoPES - ES tests that replace the paired t over seed means (``copes_minus_es_interval`` says
+    which the summary holds); ``reference``: :func:`reference_reuse`'s keys."""
     head = frb.compare[params.HEADLINE]
     loras = [lora] if isinstance(lora, GRPORun) else list(lora)
     lora_vals = [float(r.val_by_step[frb.budget]) for r in loras]
@@ -566,7 +734,7 @@ def math_summary(params: Any, frb: FixedBudgetRuns, settings: dict[str, Any], *,
         "es_steps_to_match_copes": frb.match[params.HEADLINE],
         "budget_steps": frb.budget,
         "headline_protocol": params.HEADLINE,
-        "protocol_reading": " ".join(protocol_reading(frb.compare, params.HEADLINE)),
+        "protocol_reading": " ".join(protocol_reading(frb.compare, params.HEADLINE, intervals)),
         "grpo_best_step": frb.s_star,
         "grpo_peak_step": peak["peak_step"],
         "grpo_last_step": peak["last_step"],
@@ -603,6 +771,9 @@ def math_summary(params: Any, frb: FixedBudgetRuns, settings: dict[str, Any], *,
         "val_problems": n_val, "test_problems": n_test, "test_samples": params.TEST_SAMPLES,
         "n_seeds": params.SEEDS, "control_seeds": params.CONTROL_SEEDS, "budget_note": budget_note,
     }
+    summary["copes_minus_es_interval"] = ("cluster-aware: " + intervals["interval_method"] if intervals is not None
+                                          else "paired t over seed means (descriptive; no per-problem scores)")
+    summary.update(intervals or {}, **(reference or {}))
     undefined = [k for k in ("gain_recovery_copes", "gain_recovery_es", "gain_recovery_lora_grpo") if summary[k] is None]
     for key in undefined:
         del summary[key]
