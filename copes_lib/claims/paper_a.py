@@ -19,10 +19,12 @@ from copes_lib.claims.verdicts import (
     SCORES,
     Claim,
     Context,
+    Contrast,
     Judgement,
     _beats,
     _fmt,
     _power,
+    _scales,
     _shared_note,
     _stat,
     _tested,
@@ -136,6 +138,71 @@ def _judge_k_sweep(ctx: Context) -> Judgement:
     return Judgement(verdict, text, " | ".join(_power(c, 100, " pts") for c in tests), why, plain)
 
 
+# A7-curve (docs/regime.md R12, "The curve (norm sweep)"): its margin is A7's, so it is computed by A7's contrast
+CURVE_MARGIN_CONTRAST = Contrast("k4_vs_es_sqrtk_alpha", "val_accuracy_at_budget", "k4", "es_sqrtk_alpha")
+
+
+def curve_margin(ctx: Context) -> float | None:
+    """A7-curve's equivalence margin: A7's (0.5 x A1's paper share x our reference gain, full GRPO's best -
+    base from 06's or 05's summary), None where the reference gain is not known."""
+    return _scales(ctx, CURVE_MARGIN_CONTRAST)[1]
+
+
+def curve_verdict(ci95: tuple[float, float] | None, ci90: tuple[float, float] | None, margin: float | None, *,
+                  bracketed: bool, seeds: int) -> tuple[str, str]:
+    """(verdict, why) of A7-curve from its intervals, the rule of :func:`_judge_norm_curve`; the notebook
+    (``protocols.norm_curve``) and the claims table both call it, so they read the same rule."""
+    if not bracketed or ci95 is None or ci90 is None:
+        return INCONCLUSIVE, "CoPES's headline norm lies outside ES's measured range: no extrapolation"
+    (low, high), (low90, high90) = ci95, ci90
+    if high < 0:
+        provisional = "" if seeds >= 2 else "; provisional: 1 seed per point (seed noise is not measured)"
+        return OPPOSITE, "the 95% interval lies below 0: CoPES is below ES's curve" + provisional
+    if seeds < 2:
+        return INCONCLUSIVE, "1 seed per point: seed noise is not measured"
+    if low > 0:
+        return AGREES, "the 95% interval lies above 0: CoPES is above ES's curve"
+    if margin is not None and -margin < low90 and high90 < margin:
+        return DISAGREES, (f"the 90% interval lies inside +-{100 * margin:.2g} pts (A7's margin): an edge of the "
+                           "paper's size over ES at the same norm is ruled out")
+    return INCONCLUSIVE, ("the 95% interval spans 0" + (f" and the 90% interval is not inside +-{100 * margin:.2g} pts"
+                                                         if margin is not None else
+                                                         " (no margin: the reference gain is not known)"))
+
+
+def _judge_norm_curve(ctx: Context) -> Judgement:
+    """docs/regime.md R12, the norm curve: validation accuracy at the budget against mean update norm for
+    standard ES at alpha x {1, sqrt(2), 2, 2 sqrt(2), 4} and CoPES (K = 4) at alpha x {1/2, 1/sqrt(2), 1,
+    sqrt(2), 2}, paired seeds. At CoPES's headline norm (K = 4 at alpha x 1), CoPES minus ES's curve
+    interpolated linearly in log-norm between its two bracketing points, with a 95% interval from the seeds x
+    units bootstrap of both arms (each bracketing point resampled): agrees when the interval lies above 0;
+    opposite when below 0 (provisional with one seed per point); does not when the 90% interval lies inside
+    +-margin (A7's); inconclusive otherwise, and where CoPES's norm lies outside ES's range (no extrapolation)
+    or a point has one seed (seed noise not measured)."""
+    s = ctx.summary
+    seeds, bracketed = int(s.get("norm_curve_seeds") or 0), bool(s.get("norm_curve_bracketed"))
+    pair = lambda a, b: None if s.get(a) is None or s.get(b) is None else (float(s[a]), float(s[b]))  # noqa: E731
+    ci95, ci90 = pair("norm_curve_ci95_low", "norm_curve_ci95_high"), pair("norm_curve_ci90_low", "norm_curve_ci90_high")
+    margin = curve_margin(ctx)
+    verdict, why = curve_verdict(ci95, ci90, margin, bracketed=bracketed, seeds=seeds)
+    units = f"{s.get('norm_curve_units')} units" if s.get("norm_curve_units") else "units not recorded"
+    head = (f"CoPES {_fmt(s.get('norm_curve_copes_accuracy'))} at norm {_fmt(s.get('norm_curve_copes_norm'))}")
+    if ci95 is None:
+        ours = f"{head}; ES's curve spans norms {_fmt(s.get('norm_curve_es_norm_min'))}-{_fmt(s.get('norm_curve_es_norm_max'))}"
+        plain = "undecided: CoPES's update norm lies outside ES's measured range (no extrapolation)"
+    else:
+        diff = 100 * float(s["norm_curve_diff"])
+        interval = f"{diff:+.2g} pts [{100 * ci95[0]:+.2g}, {100 * ci95[1]:+.2g}] over {units}, {seeds} seed(s)"
+        ours = (f"{head} vs ES's curve there {_fmt(s.get('norm_curve_es_at_copes_norm'))} (between ES's alpha x "
+                f"{_fmt(s.get('norm_curve_bracket_low'))} and x {_fmt(s.get('norm_curve_bracket_high'))}); {interval}")
+        word = {AGREES: "effect", OPPOSITE: "effect, the other way",
+                DISAGREES: f"no effect (within +-{100 * margin:.2g} pts)" if margin else ""}.get(verdict, "undecided")
+        plain = f"{word}: CoPES - ES's curve at CoPES's norm {interval}"
+    power = (f"95% / 90% percentile intervals, seeds x units bootstrap; {seeds} paired seed(s) per point x {units}"
+             + (f"; equivalence margin +-{100 * margin:.2g} pts (A7's)" if margin is not None else "; no margin"))
+    return Judgement(verdict, ours, power, why, plain)
+
+
 def _judge_memory(ctx: Context) -> Judgement:
     """agrees: each figure rounds to the paper's printed GiB (the paper's convention); the exact-GiB ES
     value, when the notebook reports it, must NOT match, so the check tells the conventions apart."""
@@ -199,6 +266,9 @@ PAPER_A_CLAIMS: tuple[Claim, ...] = (
     Claim("A7", "A", "(our control) CoPES beats standard ES given the same update norm (sqrt(K) x alpha)",
           "not tested in the paper", "06_copes_ablations", ("val_accuracy_k4", "val_accuracy_es_sqrtk_alpha"),
           _tested("k4_vs_es_sqrtk_alpha", _pair("val_accuracy_k4", "val_accuracy_es_sqrtk_alpha"))),
+    Claim("A7-curve", "A", "(our control) CoPES lies above standard ES's curve of validation accuracy against "
+          "update norm, at CoPES's own norm", "not tested in the paper", "06_copes_ablations",
+          ("norm_curve_copes_norm",), _judge_norm_curve),
     Claim("A8", "A", "On multi-hop QA at a 48-step budget CoPES beats standard ES in F1",
           "2Wiki 55.50 vs 51.53", "07_multihop_qa", ("f1_copes", "f1_es"),
           _tested("copes_vs_es_f1", _pair("f1_copes", "f1_es"))),

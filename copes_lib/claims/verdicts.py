@@ -32,7 +32,7 @@ DETERMINISTIC = "deterministic (analytic or one measurement): no sampling noise 
 # Paper A's method claims and our regime predictions R2-R8 need the papers' regime (notebook 01's
 # regime_criterion_met); R1 is judged on any latent-protocol base (docs/regime.md#r4-predictions-ours-registered-before-the-run).
 REGIME_NOTEBOOK, REGIME_KEY = "01_substrate_and_agent", "regime_criterion_met"
-REGIME_CLAIMS = ("A1", "A2", "A3", "A4", "A5", "A6", "A7", "A7-qa", "A8", "R2", "R3", "R4", "R5", "R6", "R7", "R8")
+REGIME_CLAIMS = ("A1", "A2", "A3", "A4", "A5", "A6", "A7", "A7-curve", "A7-qa", "A8", "R2", "R3", "R4", "R5", "R6", "R7", "R8")
 # Gates per claim (docs/regime.md#r10-gates-per-claim-registered-2026-12-03): each gated claim is judged against the
 # criterion (and the preflight) of the task it is measured on, not of every task: A1-A7 and the math predictions
 # R2-R8 by math's, A8 and A7-qa (the norm-matched control on QA, docs/regime.md R12) by QA's. A QA base that

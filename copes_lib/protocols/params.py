@@ -582,12 +582,19 @@ class AblationParams(_ExperimentParams):
                            ge=1)
     ARMS: str = param(",".join(CLAIM_ARMS), "comma-separated arms to run, k4 included (all: "
                       + ",".join(ABLATION_KEYS) + "; the cpu default keeps the arms of claims A4-A7)")
+    NORM_CURVE_SEEDS: int = param(3, "paired seeds of every point of the norm curve (docs/regime.md R12: ES at alpha "
+                                  "x 1, sqrt(2), 2, 2 sqrt(2), 4 and CoPES K = 4 at alpha x 1/2 .. 2; the first seeds of "
+                                  "the same pairing, runs shared with k1 / k4 / es_sqrtk_alpha reused; 0: off, claim "
+                                  "A7-curve then reads not measured; at most SEEDS)", ge=0)
 
     def check(self) -> None:
         super().check()
         self.arms()
         if self.ARM_SEEDS > self.SEEDS:
             raise ConfigError(f"ARM_SEEDS = {self.ARM_SEEDS} must be <= SEEDS = {self.SEEDS}")
+        if self.NORM_CURVE_SEEDS > self.SEEDS:
+            raise ConfigError(f"NORM_CURVE_SEEDS = {self.NORM_CURVE_SEEDS} must be <= SEEDS = {self.SEEDS} (the curve "
+                              "runs the first seeds of the same pairing as k1 / k4; 0 turns it off)")
         if self.POPULATION % 8 or self.POPULATION // 8 < 2:
             raise ConfigError(f"POPULATION = {self.POPULATION}: the K = 8 arm needs a multiple of 8 with at "
                               "least 2 members per subspace (paper: 40, N_k = 5)")
