@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from copes_lib import runs
 from copes_lib.protocols import prerun_seed_check as psc
 from copes_lib.substrate import WarmStartConfig
 
@@ -39,6 +40,7 @@ def _bases(strict=0.25, digest="d0"):
 def test_every_seed_met_and_the_runs_base_agrees(tmp_path):
     kinds = {f"{k} seed {s}": _entry(s, strict=0.25 if k == "math" else 0.2, digest="d0" if (k, s) == ("math", 0) else None)
              for k in ("math", "qa") for s in range(5)}
+    kinds["qa seed 4"]["shape"]["margin_g_spearman"] = None  # not measured: stays None, the summary stays flat
     _write(tmp_path, kinds, [0, 1, 2, 3, 4])
     result = psc.check("cpu", 0, _bases(), recipe=RECIPE, root=tmp_path)
     assert result["met"] is True and result["failed"] == [] and result["run_seed_checked"]
@@ -48,11 +50,12 @@ def test_every_seed_met_and_the_runs_base_agrees(tmp_path):
     keys = psc.summary_keys(result)
     assert keys["prerun_seed_check_met"] is True and keys["prerun_seed_check_seeds"] == [0, 1, 2, 3, 4]
     assert keys["prerun_seed_check_math_run_base"] == keys["prerun_seed_check_qa_run_base"] == "agrees"
-    assert keys["prerun_seed_check_recipe_matches"] is True and keys["prerun_seed_check_math_strict_tail"] == [0.25] * 5
+    assert keys["prerun_seed_check_recipe_matches"] is True and keys["prerun_seed_check_math_seed4_strict_tail"] == 0.25
     assert keys["prerun_seed_check_file"].endswith("cpu.json")
     text = "\n".join(result["lines"])
     assert "math: seeds 0, 1, 2, 3, 4" in text and "every checked seed met" in text and "agrees" in text
-    assert len(psc.table(result)) == 10
+    assert len(psc.table(result)) == 10 and keys["prerun_seed_check_qa_seed4_margin_g_spearman"] is None
+    runs.check_summary(keys)
 
 
 def test_one_failed_seed_fails_the_check_and_a_different_base_is_reported_not_failed(tmp_path):
@@ -67,8 +70,9 @@ def test_one_failed_seed_fails_the_check_and_a_different_base_is_reported_not_fa
     text = "\n".join(result["lines"])
     assert "NOT every checked seed met" in text and "DIFFERS" in text and "CPU vendor" in text
     keys = psc.summary_keys(result)
-    assert keys["prerun_seed_check_math_met"] == [True, True, False, True, True]
-    assert keys["prerun_seed_check_math_margin_g_spearman"][2] == 0.28
+    assert [keys[f"prerun_seed_check_math_seed{s}_met"] for s in range(5)] == [True, True, False, True, True]
+    assert keys["prerun_seed_check_math_seed2_margin_g_spearman"] == 0.28
+    runs.check_summary(keys)  # flat, as run.finish needs it
 
 
 def test_a_missing_file_is_said_plainly_with_the_command(tmp_path):
@@ -79,6 +83,8 @@ def test_a_missing_file_is_said_plainly_with_the_command(tmp_path):
     keys = psc.summary_keys(result)
     assert keys["prerun_seed_check_file"] is None and keys["prerun_seed_check_seeds"] == []
     assert keys["prerun_seed_check_math_run_base"] == "not checked" and keys["prerun_seed_check_met"] is None
+    loaded = psc.check("cpu", 0, _bases(), trained=False, root=tmp_path)  # gpu: a checkpoint has no warm-start seed
+    assert loaded["met"] is None and "not trained" in loaded["lines"][0]
 
 
 def test_the_runs_seed_absent_or_another_recipe_is_not_checked(tmp_path):
@@ -91,7 +97,7 @@ def test_the_runs_seed_absent_or_another_recipe_is_not_checked(tmp_path):
     _write(tmp_path, {"math seed 0": _entry(0)}, [0], recipe=WarmStartConfig(latent_math_steps=3000))
     result = psc.check("cpu", 0, {"math": _bases()["math"]}, recipe=RECIPE, root=tmp_path)
     assert result["recipe_differences"] == ["latent_math_steps"] and not result["run_seed_checked"]
-    assert psc.summary_keys(result)["prerun_seed_check_recipe_matches"] is False
+    assert psc.summary_keys(result)["prerun_seed_check_recipe_matches"] is False and result["met"] is None
     assert any("ANOTHER warm-start recipe" in line for line in result["lines"])
 
 
@@ -100,6 +106,8 @@ def test_a_single_seed_record_and_a_damaged_file(tmp_path):
     _write(tmp_path, {"math": _entry(0)}, [0])
     rows = psc.check("cpu", 0, {"math": _bases()["math"]}, root=tmp_path)["rows"]
     assert [(r["kind"], r["seed"]) for r in rows] == [("math", 0)]
+    _write(tmp_path, {"math": {k: v for k, v in _entry(0).items() if k != "warm_seed"}}, [])  # an older record
+    assert "math: seed not recorded" in psc.check("cpu", 0, {"math": _bases()["math"]}, root=tmp_path)["lines"][0]
     (tmp_path / "preflight" / "cpu.json").write_text("{not json")
     result = psc.check("cpu", 0, {"math": _bases()["math"]}, root=tmp_path)
     assert result["met"] is None and "unreadable" in result["lines"][0]
@@ -119,7 +127,6 @@ def test_compare(ours, theirs, expected):
 def test_make_preflight_records_each_bases_digest_and_when_it_wrote(tmp_path, monkeypatch):
     """What the reader compares with: `make preflight SEEDS=... RECORD=1` keeps each seed's base digest (the report
     of run_preflight carries it) and the time it wrote the file."""
-    from copes_lib import runs
     from copes_lib.protocols import preflight as pf
 
     monkeypatch.setattr(runs, "RESULTS_ROOT", tmp_path / "results")

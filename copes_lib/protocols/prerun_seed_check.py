@@ -126,15 +126,16 @@ def _recipe_differences(recorded: Mapping[str, Any] | None, recipe: Any) -> list
 
 
 def check(profile: str, run_seed: int, run_bases: Mapping[str, Mapping[str, Any]], *, recipe: Any = None,
-          root: str | Path | None = None) -> dict[str, Any]:
+          trained: bool = True, root: str | Path | None = None) -> dict[str, Any]:
     """Read ``results/preflight/<profile>.json`` and judge it against this run.
 
     ``run_bases``: per kind the run builds, its base's ``digest`` (:func:`copes_lib.protocols.base_digest.
     state_digest`), ``strict_tail`` and ``lenient_tail`` (:func:`copes_lib.substrate.tail_mean` of its curve).
     ``recipe``: the run's warm-start config; when given, a record measured on another recipe is said not to
     cover this run's base. Returns the rows (:func:`seed_rows`), the seeds per kind, ``met`` (every checked
-    seed met everything; None without a record), ``run_seed_checked``, per kind the comparison
-    (:func:`compare`), and ``lines``: what to tell the reader, in words."""
+    seed met everything; None without a record or on another recipe), ``run_seed_checked``, per kind the comparison
+    (:func:`compare`), and ``lines``: what to tell the reader, in words. ``trained`` False (a base loaded from a
+    local checkpoint, gpu profile): no warm-start seed exists, so nothing is read."""
     path = record_path(profile, root)
     shown = str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
     command = COMMAND.format(profile=profile)
@@ -143,6 +144,9 @@ def check(profile: str, run_seed: int, run_bases: Mapping[str, Mapping[str, Any]
                            "recipe_differences": None, "git": None, "file_git": None, "written": None,
                            "comparisons": {kind: compare(None, digest=None, strict_tail=None, lenient_tail=None)
                                            for kind in run_bases}}
+    if not trained:
+        out["lines"] = ["the base is loaded from a local checkpoint, not trained: there is no warm-start seed to check"]
+        return out
     if not path.exists():
         out["lines"] = [f"no pre-run seed check committed for this profile ({shown} does not exist): run {command}"]
         return out
@@ -156,10 +160,10 @@ def check(profile: str, run_seed: int, run_bases: Mapping[str, Mapping[str, Any]
                recipe_differences=_recipe_differences(record.get("recipe"), recipe))
     out["seeds"] = {kind: sorted({r["seed"] for r in rows if r["kind"] == kind and r["seed"] is not None})
                     for kind in dict.fromkeys(r["kind"] for r in rows)}
-    out["met"] = bool(rows) and all(r["met"] is True for r in rows)
     out["failed"] = [f"{r['kind']} seed {r['seed']}: {', '.join(r['failed']) or 'not judged'}" for r in rows
                      if r["met"] is not True]
     same_recipe = not out["recipe_differences"]
+    out["met"] = (bool(rows) and not out["failed"]) if same_recipe else None  # another recipe covers nothing here
     for kind in run_bases:
         row = next((r for r in rows if r["kind"] == kind and r["seed"] == int(run_seed)), None) if same_recipe else None
         out["comparisons"][kind] = compare(row, **{k: run_bases[kind].get(k)
@@ -174,19 +178,22 @@ def _lines(out: Mapping[str, Any], command: str) -> list[str]:
     """The check in words, for the notebook's output."""
     fg, git = out["file_git"] or {}, out["git"] or {}
     when = (f"committed in {fg['commit'][:10]} on {fg['committed']}" if fg.get("commit") else "not committed to git")
-    if fg.get("uncommitted_changes"):
+    if fg.get("commit") and fg.get("uncommitted_changes"):
         when += " (the working tree changes it since: not the committed measurement)"
     code = (f"measured from code {str(git.get('git_sha'))[:10]}{' with uncommitted changes' if git.get('git_dirty') else ''}"
             if git else "the code it was measured from is not recorded")
-    seeds = "; ".join(f"{kind}: seeds {', '.join(map(str, s))}" for kind, s in out["seeds"].items()) or "no seed"
+    seeds = "; ".join(f"{kind}: seeds {', '.join(map(str, s))}" if s else f"{kind}: seed not recorded"
+                      for kind, s in out["seeds"].items()) or "no seed"
     lines = [f"pre-run seed check {out['file']}: {seeds}; measured before this run (01 reads it), {when}; {code}"
              + (f"; written {out['written']}" if out["written"] else "")]
     if out["recipe_differences"]:
         lines.append(f"it was measured on ANOTHER warm-start recipe (differs in {', '.join(out['recipe_differences'])}): "
                      f"it does not cover this run's base; measure it again: {command}")
-    lines.append("every checked seed met P1, U and P2's targets" if out["met"] else
-                 f"NOT every checked seed met P1, U and P2's targets: {'; '.join(out['failed']) or 'no seed recorded'}"
-                 " (docs/preflight.md P8.5: a design that fails on a checked seed is seed-fragile)")
+    met = bool(out["rows"]) and not out["failed"]
+    lines.append(("for that recipe, " if out["recipe_differences"] else "")
+                 + ("every checked seed met P1, U and P2's targets" if met else
+                    f"NOT every checked seed met P1, U and P2's targets: {'; '.join(out['failed']) or 'no seed recorded'}"
+                    " (docs/preflight.md P8.5: a design that fails on a checked seed is seed-fragile)"))
     for kind, c in out["comparisons"].items():
         if c["agreement"] == "not checked":
             lines.append(f"[{kind}] the run's seed {out['run_seed']} is not among the checked seeds"
@@ -215,7 +222,8 @@ def table(result: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def summary_keys(result: Mapping[str, Any]) -> dict[str, Any]:
-    """Notebook 01's flat ``prerun_seed_check_*`` keys (lists per kind in the order of that kind's seeds)."""
+    """Notebook 01's flat ``prerun_seed_check_*`` keys: per kind its checked seeds (a list), and per kind and seed
+    ``prerun_seed_check_<kind>_seed<s>_<value>`` (a summary's list holds no None: a value not measured stays one)."""
     fg = result.get("file_git") or {}
     out: dict[str, Any] = {
         "prerun_seed_check_file": result["file"],
@@ -231,8 +239,9 @@ def summary_keys(result: Mapping[str, Any]) -> dict[str, Any]:
     for kind, seeds in result["seeds"].items():
         rows = {r["seed"]: r for r in result["rows"] if r["kind"] == kind}
         out[f"prerun_seed_check_{kind}_seeds"] = list(seeds)
-        for key in ("strict_tail", "lenient_tail", "margin_g_spearman", "met"):
-            out[f"prerun_seed_check_{kind}_{key}"] = [rows[s][key] for s in seeds]
+        for seed in seeds:
+            for key in ("strict_tail", "lenient_tail", "margin_g_spearman", "met"):
+                out[f"prerun_seed_check_{kind}_seed{seed}_{key}"] = rows[seed][key]
     return out
 
 
