@@ -185,8 +185,10 @@ def _judge_norm_curve(ctx: Context) -> Judgement:
     ci95, ci90 = pair("norm_curve_ci95_low", "norm_curve_ci95_high"), pair("norm_curve_ci90_low", "norm_curve_ci90_high")
     margin = curve_margin(ctx)
     verdict, why = curve_verdict(ci95, ci90, margin, bracketed=bracketed, seeds=seeds)
-    units = f"{s.get('norm_curve_units')} units" if s.get("norm_curve_units") else "units not recorded"
-    head = (f"CoPES {_fmt(s.get('norm_curve_copes_accuracy'))} at norm {_fmt(s.get('norm_curve_copes_norm'))}")
+    n_units, effective = s.get("norm_curve_units"), s.get("norm_curve_units_effective")
+    units = (f"{n_units} units" + (f" (effective {effective:.0f})" if effective and round(effective) < n_units else "")
+             if n_units else "units not recorded")
+    head = f"CoPES {_fmt(s.get('norm_curve_copes_accuracy'))} at norm {_fmt(s.get('norm_curve_copes_norm'))}"
     if ci95 is None:
         ours = f"{head}; ES's curve spans norms {_fmt(s.get('norm_curve_es_norm_min'))}-{_fmt(s.get('norm_curve_es_norm_max'))}"
         plain = "undecided: CoPES's update norm lies outside ES's measured range (no extrapolation)"
@@ -195,8 +197,8 @@ def _judge_norm_curve(ctx: Context) -> Judgement:
         interval = f"{diff:+.2g} pts [{100 * ci95[0]:+.2g}, {100 * ci95[1]:+.2g}] over {units}, {seeds} seed(s)"
         ours = (f"{head} vs ES's curve there {_fmt(s.get('norm_curve_es_at_copes_norm'))} (between ES's alpha x "
                 f"{_fmt(s.get('norm_curve_bracket_low'))} and x {_fmt(s.get('norm_curve_bracket_high'))}); {interval}")
-        word = {AGREES: "effect", OPPOSITE: "effect, the other way",
-                DISAGREES: f"no effect (within +-{100 * margin:.2g} pts)" if margin else ""}.get(verdict, "undecided")
+        word = ("effect" if verdict == AGREES else "effect, the other way" if verdict == OPPOSITE
+                else f"no effect (within +-{100 * margin:.2g} pts)" if verdict == DISAGREES else "undecided")
         plain = f"{word}: CoPES - ES's curve at CoPES's norm {interval}"
     power = (f"95% / 90% percentile intervals, seeds x units bootstrap; {seeds} paired seed(s) per point x {units}"
              + (f"; equivalence margin +-{100 * margin:.2g} pts (A7's)" if margin is not None else "; no margin"))
