@@ -178,7 +178,9 @@ def _judge_norm_curve(ctx: Context) -> Judgement:
     units bootstrap of both arms (each bracketing point resampled): agrees when the interval lies above 0;
     opposite when below 0 (provisional with one seed per point); does not when the 90% interval lies inside
     +-margin (A7's); inconclusive otherwise, and where CoPES's norm lies outside ES's range (no extrapolation)
-    or a point has one seed (seed noise not measured)."""
+    or a point has one seed (seed noise not measured). ES's points are ordered by their measured mean norm (a
+    point that never moved, norm 0, is left off the log axis); the interpolation weight is fixed at the measured
+    mean norms and the bootstrap (seeds paired, units then problems within them) resamples the accuracies."""
     s = ctx.summary
     seeds, bracketed = int(s.get("norm_curve_seeds") or 0), bool(s.get("norm_curve_bracketed"))
     pair = lambda a, b: None if s.get(a) is None or s.get(b) is None else (float(s[a]), float(s[b]))  # noqa: E731
