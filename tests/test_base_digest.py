@@ -62,3 +62,15 @@ def test_an_unknown_kind_is_refused_with_the_valid_values(capsys):
     with pytest.raises(SystemExit):
         base_digest.main(["--profile", "cpu", "--kind", "code"])
     assert "invalid choice: 'code'" in capsys.readouterr().err
+
+
+def test_the_command_falls_back_to_the_pre_run_seed_check(tmp_path, monkeypatch, capsys):
+    """A seed the run no longer trains (WARM_SPREAD_SEEDS: 0) has its digest in results/preflight/<profile>.json."""
+    (tmp_path / "preflight").mkdir()
+    runs.atomic_write_json(tmp_path / "preflight" / "cpu.json", {"seeds": [0, 3], "kinds": {
+        "math seed 3": {"met": True, "base_digest": "c" * 64}, "qa seed 3": {"met": True, "base_digest": "d" * 64}}})
+    monkeypatch.setattr(base_digest, "rebuild_digest", lambda *a, **k: "c" * 64)
+    assert base_digest.main(["--profile", "cpu", "--kind", "math", "--seed", "3", "--results-root", str(tmp_path)]) == 0
+    assert base_digest.recorded_digest("cpu", "qa", 3, tmp_path) == "d" * 64
+    assert base_digest.recorded_digest("cpu", "math", 1, tmp_path) is None
+    assert "IDENTICAL" in capsys.readouterr().out

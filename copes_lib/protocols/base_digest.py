@@ -89,9 +89,21 @@ def rebuild_digest(profile: str, kind: str, seed: int, *, config=None, log=print
 
 
 def recorded_digest(profile: str, kind: str, seed: int, root: str | Path | None = None) -> str | None:
-    """The digest 01's summary of ``profile`` records for that base, or None."""
+    """The digest 01's summary of ``profile`` records for that base, else the one the pre-run seed check
+    (``results/preflight/<profile>.json``, :mod:`copes_lib.protocols.prerun_seed_check`) records, or None. The
+    check holds the seeds a run no longer trains (``WARM_SPREAD_SEEDS: 0``)."""
+    from copes_lib.protocols import prerun_seed_check
+
     summary = runs.load_summary(profile, SUBSTRATE_NOTEBOOK, root=root) or {}
-    return summary.get(digest_key(kind, seed))
+    if summary.get(digest_key(kind, seed)):
+        return summary[digest_key(kind, seed)]
+    path = prerun_seed_check.record_path(profile, root)
+    try:
+        rows = prerun_seed_check.seed_rows(runs.read_json(path)) if path.exists() else []
+    except (OSError, ValueError):
+        rows = []
+    return next((r["base_digest"] for r in rows if (r["kind"], r["seed"]) == (kind, int(seed)) and r["base_digest"]),
+                None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,16 +114,20 @@ def main(argv: list[str] | None = None) -> int:
                                                  "its sha256 with the digest notebook 01 recorded.")
     parser.add_argument("--profile", required=True, help="suite profile: smoke | cpu")
     parser.add_argument("--kind", required=True, choices=list(TASK_KINDS), help="which base")
-    parser.add_argument("--seed", type=int, default=0, help="warm-start seed (01's SEED, or a spread seed)")
+    parser.add_argument("--seed", type=int, default=0, help="warm-start seed (01's SEED, a spread seed, or a seed of "
+                        "the pre-run seed check)")
     parser.add_argument("--expected", default=None, help="compare with this digest instead of 01's summary")
-    parser.add_argument("--results-root", default=None, help="results folder holding <profile>/01_.../summary.json")
+    parser.add_argument("--results-root", default=None, help="results folder holding <profile>/01_.../summary.json "
+                        "(and preflight/<profile>.json)")
     args = parser.parse_args(argv)
     expected = args.expected or recorded_digest(args.profile, args.kind, args.seed, args.results_root)
     rebuilt = rebuild_digest(args.profile, args.kind, args.seed)
     print(f"rebuilt {args.kind} base, {args.profile} seed {args.seed}: {rebuilt}")
     if expected is None:
         print(f"no recorded digest ({digest_key(args.kind, args.seed)} is not in {SUBSTRATE_NOTEBOOK}'s summary of "
-              f"{args.profile}); run notebook 01 (make reproduce PROFILE={args.profile} ONLY=01) to record one")
+              f"{args.profile}, nor {args.kind} seed {args.seed} in results/preflight/{args.profile}.json); run notebook "
+              f"01 (make reproduce PROFILE={args.profile} ONLY=01) or make preflight PROFILE={args.profile} "
+              f"SEEDS={args.seed} RECORD=1 to record one")
         return 2
     same = rebuilt == expected
     print(f"recorded: {expected}\n{'IDENTICAL: the rebuild reproduces the base bit for bit' if same else 'DIFFERENT'}")
