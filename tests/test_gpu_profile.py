@@ -286,7 +286,7 @@ def _check_ran(repo: Path, proc: subprocess.CompletedProcess, stems: list[str]) 
         assert summary["profile"] == "gpu" and summary["notebook"] == stem
 
 
-@pytest.mark.slow
+@pytest.mark.slow(cost=250)
 def test_gpu_profile_runs_end_to_end_on_a_tiny_hybrid_checkpoint(tmp_path):
     """01-08 and 99 under the gpu profile on a random Qwen3.5 (hybrid attention), through the runner."""
     repo = _prepared_suite(tmp_path, "qwen3_5")
@@ -302,7 +302,7 @@ def test_gpu_profile_runs_end_to_end_on_a_tiny_hybrid_checkpoint(tmp_path):
     assert "not actionable on this base" in printed
 
 
-@pytest.mark.slow
+@pytest.mark.slow(cost=20)
 def test_gpu_profile_notebook_01_on_a_tiny_qwen3_checkpoint(tmp_path):
     """The other architecture the gpu profile takes: a random Qwen3 (full attention in every layer)."""
     repo = _prepared_suite(tmp_path, "qwen3")

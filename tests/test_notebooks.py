@@ -139,7 +139,7 @@ def _finite(value):
 ES_NOTEBOOKS = ("02_standard_es", "03_copes", "05_fixed_budget_math", "06_copes_ablations", "07_multihop_qa")
 
 
-@pytest.mark.slow
+@pytest.mark.slow(cost=480)
 def test_every_notebook_runs_under_smoke():
     """`make reproduce PROFILE=smoke`, in effect: every notebook succeeds and writes a finite summary.
 

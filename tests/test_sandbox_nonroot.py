@@ -80,7 +80,29 @@ def _restore(changed: list[tuple[str, int]]) -> None:
 
 
 @pytest.fixture(scope="module")
-def nonroot_runs():
+def nonroot_runs(tmp_path_factory, worker_id):
+    """{layers: results or a skip reason} of the attack runs as a throwaway user (:func:`_nonroot_runs`),
+    once per session: pytest-xdist may split this module's ~450 tests between its workers, and the second
+    reads the first's results (a JSON file in the session's temp folder, under a lock) instead of running
+    the ~35 s of attacks again."""
+    if worker_id == "master":  # no xdist: nothing to share
+        return _nonroot_runs()
+    shared = tmp_path_factory.getbasetemp().parent / "sandbox_nonroot_runs.json"
+    with open(shared.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not shared.exists():
+            try:
+                runs = {"runs": _nonroot_runs()}
+            except pytest.skip.Exception as skipped:
+                runs = {"skip": skipped.msg}
+            shared.write_text(json.dumps(runs))
+        runs = json.loads(shared.read_text())
+    if "skip" in runs:
+        pytest.skip(runs["skip"])
+    return runs["runs"]
+
+
+def _nonroot_runs() -> dict:
     """{layers: results or a skip reason} of the attack runs as a throwaway user, made and removed here.
 
     The o+x grants of :func:`_grant_traverse` last only while the runs do, under a lock (pytest-xdist
