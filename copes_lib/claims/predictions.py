@@ -27,8 +27,8 @@ from copes_lib.claims.verdicts import (
 
 def _judge_largest_gap(ctx: Context) -> Judgement:
     """Notebook 09, our own question: at the largest size, CoPES (paper protocol) vs ES with the
-    notebook's seeds x problems test (stats.compare): effect -> agrees, opposite -> opposite, else
-    inconclusive."""
+    notebook's seeds x latent units x problems test (stats.compare): effect -> agrees, opposite -> opposite,
+    else inconclusive."""
     tag = ctx["largest_size_tag"]
     verdict = ctx.summary.get(f"copes_paper_minus_es_verdict_{tag}")
     estimate = ctx.summary.get(f"copes_paper_minus_es_{tag}")
@@ -36,6 +36,8 @@ def _judge_largest_gap(ctx: Context) -> Judgement:
     if verdict is None or estimate is None:
         return Judgement(MISSING, f"no CoPES - ES comparison for size {tag}", "", f"no test recorded for size {tag}")
     interval = f" [{100 * low:+.1f}, {100 * high:+.1f}]" if low is not None and high is not None else ""
+    units = ctx.summary.get(f"units_{tag}")  # None: a 09 run before unit ids (problems treated as independent)
+    interval += f" over {units} latent units" if units is not None and interval else ""
     text = f"{tag} ({_fmt(ctx.summary.get(f'n_params_{tag}'))} parameters): {100 * estimate:+.1f} points{interval}"
     mapped = {stats.EFFECT: AGREES, stats.OPPOSITE: OPPOSITE}.get(verdict, INCONCLUSIVE)
     why = {AGREES: "interval excludes 0 in the predicted direction", OPPOSITE: "interval excludes 0 on the wrong side"
@@ -66,7 +68,8 @@ def _judge_slope(metric: str, what: str) -> Callable[[Context], Judgement]:
         slope, _, low, high = stats.slope_interval(*zip(*points))
         text = (f"{what}: slope {_fmt(slope)} per decade of parameters [{_fmt(low)}, {_fmt(high)}], "
                 f"{defined}")
-        power = (f"95% interval of the slope from the per-size 95% intervals (seeds x problems each); "
+        power = (f"95% interval of the slope from the per-size 95% intervals (seeds x latent units x problems "
+                 f"within units each); "
                  f"half-width {_fmt((high - low) / 2)} per decade")
         verdict = AGREES if low > 0 else OPPOSITE if high < 0 else INCONCLUSIVE
         why = {AGREES: "slope interval above 0", OPPOSITE: "slope interval below 0 (the other way)"}.get(

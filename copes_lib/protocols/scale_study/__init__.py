@@ -30,9 +30,12 @@ model). This module runs, on the suite's miniature substrate:
   slope interval excluding 0).
 
 Every arm is scored per validation problem (greedy, 0/1) at the budget step, so the CoPES - ES gap is
-judged with ``stats.compare`` (seeds x problems noise model). Gain recovery = (arm at the budget -
-base) / (full GRPO at its horizon ``GRPO_STEPS`` - base), as notebook 05 (the paper's reference is full
-GRPO's best); its interval counts ES-family seed noise only.
+judged with ``stats.compare``, and every interval of the study (gaps, gains over the base, gain recovery,
+the map's cells and predictions) is cluster-aware: it counts the seeds, the validation problems' latent
+units and the problems within units (``base.val_units``: ``Task.unit_id``, a cued base's cue letter; carried
+by every cell and map base as ``units``, docs/statistics.md#s6-latent-units-registered-2026-12-03). Gain
+recovery = (arm at the budget - base) / (full GRPO at its horizon ``GRPO_STEPS`` - base), as notebook 05 (the
+paper's reference is full GRPO's best), with ``stats.gain_recovery_interval`` (the arm's and GRPO's seeds).
 
 Departures (stated in the notebook too): sigma / alpha are the ES notebooks' cpu values, not tuned per
 size or method (the "per-method tuned" protocol of the issue is not run: a sweep per size does not fit
@@ -57,6 +60,7 @@ from copes_lib.protocols.scale_study.base import (
     Substrate,
     base_scores,
     budget_efficiency,
+    cell_units,
     data_profile,
     es_arm,
     es_arm_config,
@@ -69,6 +73,9 @@ from copes_lib.protocols.scale_study.base import (
     score_problems,
     scores,
     slug,
+    substrate_units,
+    unit_count,
+    val_units,
 )
 from copes_lib.protocols.scale_study.figures import (
     plot_lowrank_map,
@@ -154,6 +161,7 @@ __all__ = [
     "base_scores",
     "budget_efficiency",
     "cell_summary",
+    "cell_units",
     "data_profile",
     "es_arm",
     "es_arm_config",
@@ -210,6 +218,9 @@ __all__ = [
     "slope_test",
     "slug",
     "study_summary",
+    "substrate_units",
     "tagged_cells",
+    "unit_count",
+    "val_units",
     "warm_axis_table",
 ]

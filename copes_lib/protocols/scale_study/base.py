@@ -264,6 +264,62 @@ class Substrate:
     key: dict[str, Any]
     n_params: int
     warm_info: dict[str, Any]
+    units: tuple[str, ...] = ()  # each validation problem's latent unit (:func:`val_units`), in val_tasks' order
+
+
+def val_units(tasks: list, *, cued: bool = False) -> tuple[str, ...]:
+    """The latent unit of each validation problem, for 09's cluster-aware intervals
+    (docs/statistics.md#s6-latent-units-registered-2026-12-03): ``Task.unit_id`` (the subject name; a task
+    without one is its own unit: ``fixed_budget.problem_units``), or on a cued-prior base the cue the prior
+    keys on (``substrate.prior_cue``, the unit's first letter): there a letter's names behave alike, so the
+    letter is the unit to resample (docs/regime.md#r11-the-latent-unit-registered-2026-12-03)."""
+    from copes_lib.protocols.fixed_budget import problem_units
+    from copes_lib.substrate import prior_cue
+
+    names = problem_units(tasks)
+    if not cued:
+        return names
+    return tuple(prior_cue(t) if getattr(t, "unit_id", "") else name for t, name in zip(tasks, names))
+
+
+def substrate_units(params: ScaleStudyParams, sub: Any, *, cued: bool = False) -> tuple[str, ...] | None:
+    """A base's unit ids: ``Substrate.units``; where a base carries none (a substrate built elsewhere), from its
+    validation tasks, else from the validation ids of its cache key through the task loader
+    (``load_tasks(data_profile, "math", "val")``), so a unit is never dropped where the problems are known;
+    None where nothing names the problems."""
+    if getattr(sub, "units", None):
+        return tuple(sub.units)
+    if getattr(sub, "val_tasks", None):
+        return val_units(sub.val_tasks, cued=cued)
+    ids = (getattr(sub, "key", None) or {}).get("val_ids")
+    if not ids:
+        return None
+    from copes_lib.tasks import load_tasks
+
+    by_id = {t.id: t for t in load_tasks(data_profile(params), "math", "val")}
+    missing = [i for i in ids if i not in by_id]
+    if missing:
+        raise ConfigError(f"validation ids {missing[:3]} of a cached base are not in the {data_profile(params)} "
+                          "validation split: its problems' units cannot be recovered; rerun with FORCE")
+    return val_units([by_id[i] for i in ids], cued=cued)
+
+
+def cell_units(cell: dict[str, Any]) -> tuple[str, ...] | None:
+    """The unit ids a cell or map base carries (``run_cell`` / ``run_map_base`` put them there), else None:
+    every problem its own unit, as before unit ids existed."""
+    return tuple(cell["units"]) if cell.get("units") else None
+
+
+def unit_count(cell: dict[str, Any]) -> tuple[int, float | None]:
+    """(units, Kish's effective number of units) the intervals of a cell or map base rest on; without unit ids
+    (problems, None)."""
+    from copes_lib import stats
+
+    units = cell_units(cell)
+    if not units:
+        return len(cell["base"]["scores"]), None
+    sizes = np.unique(np.asarray(units), return_counts=True)[1]
+    return len(sizes), stats.effective_units(sizes)
 
 
 class ScoredObjective(AgentObjective):
@@ -382,9 +438,11 @@ def load_substrate(params: ScaleStudyParams, size: str, warm_steps: int | None =
             key.update(latent_prior=prior, lr_decay=recipe.lr_decay)
             if prior == "graded":
                 key.update(graded_low=recipe.graded_low, graded_high=recipe.graded_high)
+    cued = latent and recipe.protocol == "latent" and recipe.latent_prior == "cued"
     return Substrate(size, trained_steps, model, tokenizer, env, objective, val, rollout_config, key,
                      substrate.count_model_params(model), {k: info.get(k) for k in ("steps", "params", "train_time_s",
-                                                                              "cached", "converged")})
+                                                                              "cached", "converged")},
+                     val_units(val, cued=cued))
 
 
 # =========================================================================== arms
@@ -487,26 +545,37 @@ def grpo_horizon_accuracy(cell: dict[str, Any]) -> float:
     return float(np.mean([np.mean(r["horizon_scores"]) for r in cell["grpo"]]))
 
 
-def gain_recovery(cell: dict[str, Any], arm: str) -> dict[str, float | None]:
-    """Mean and t-interval over seeds of (arm at the budget - base) / (full GRPO at its horizon - base)
-    (05's rule); None where GRPO did not gain."""
-    from copes_lib.stats import mean_ci
+def _recovery(cell: dict[str, Any], arm: str, reference: np.ndarray) -> dict[str, Any]:
+    """(arm - base) / (reference - base) with ``stats.gain_recovery_interval``: the arm's and the reference's
+    seeds, the latent units and the problems within them resampled (:func:`cell_units`)."""
+    from copes_lib import stats
 
+    arms = {"method": scores(cell, arm), "base": scores(cell, "base"), "full_grpo": reference}
+    seeds = {name: tuple(range(len(x))) for name, x in arms.items()}
+    rec = stats.gain_recovery_interval(stats.ScoreSet("val", arms, seeds, units=cell_units(cell)), "method")
+    return {"mean": _finite(rec.estimate), "low": _finite(rec.low), "high": _finite(rec.high), "note": rec.note}
+
+
+def gain_recovery(cell: dict[str, Any], arm: str) -> dict[str, Any]:
+    """(arm at the budget - base) / (full GRPO at its horizon - base) (05's rule) with its 95% interval over
+    the arm's and full GRPO's seeds, the latent units and the problems within them
+    (``stats.gain_recovery_interval``; docs/statistics.md#s6-latent-units-registered-2026-12-03); None where
+    GRPO did not gain."""
     base = float(scores(cell, "base").mean())
     grpo_gain = grpo_horizon_accuracy(cell) - base
     if grpo_gain <= 0:
         return {"mean": None, "low": None, "high": None, "grpo_gain": grpo_gain}
-    per_seed = (scores(cell, arm).mean(axis=1) - base) / grpo_gain
-    mean, low, high = mean_ci(per_seed)
-    return {"mean": mean, "low": _finite(low), "high": _finite(high), "grpo_gain": grpo_gain}
+    reference = np.asarray([r["horizon_scores"] for r in cell["grpo"]], dtype=float)
+    return {**_recovery(cell, arm, reference), "grpo_gain": grpo_gain}
 
 
 def gap(cell: dict[str, Any], protocol: str = "paper"):
-    """stats.compare of CoPES (``protocol``) - ES on the same problems, seeds paired."""
+    """stats.compare of CoPES (``protocol``) - ES on the same problems, seeds paired, cluster-aware over the
+    cell's latent units (:func:`cell_units`)."""
     from copes_lib import stats
 
     return stats.compare(scores(cell, f"copes_{protocol}"), scores(cell, "es"), name=f"copes_{protocol} - es",
-                         expected_sign=1, paired_seeds=True)
+                         expected_sign=1, paired_seeds=True, units=cell_units(cell))
 
 
 def _finite(v: float | None) -> float | None:
@@ -515,16 +584,14 @@ def _finite(v: float | None) -> float | None:
 
 def budget_efficiency(cell: dict[str, Any], arm: str = "es") -> dict[str, float | None]:
     """ES's measured per-step efficiency in training: (arm at the budget - base) / (full GRPO at the
-    budget - base), both ``STEPS`` steps from the same base; mean and t-interval over the arm's seeds
-    (GRPO's gain taken as known); None where GRPO did not gain at the budget."""
-    from copes_lib.stats import mean_ci
-
+    budget - base), both ``STEPS`` steps from the same base, with its 95% interval over the arm's and full
+    GRPO's seeds, the latent units and the problems within them (as :func:`gain_recovery`); None where GRPO
+    did not gain at the budget."""
     base = float(scores(cell, "base").mean())
     grpo_gain = float(scores(cell, "grpo").mean()) - base
     if grpo_gain <= 0:
         return {"mean": None, "low": None, "high": None, "grpo_budget_gain": grpo_gain}
-    mean, low, high = mean_ci((scores(cell, arm).mean(axis=1) - base) / grpo_gain)
-    return {"mean": mean, "low": _finite(low), "high": _finite(high), "grpo_budget_gain": grpo_gain}
+    return {**_recovery(cell, arm, scores(cell, "grpo")), "grpo_budget_gain": grpo_gain}
 
 
 _Z95 = 1.959963984540054

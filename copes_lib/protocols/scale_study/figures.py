@@ -88,7 +88,7 @@ def _gain_recovery_panel(ax, params, cells, n_params, fits) -> None:
     # the x range reaches 4B where this panel's own lines are extrapolated
     _size_axis(ax, n_params, {k: f for k, f in fits.items() if k.startswith("gain_recovery_")})
     ax.set_ylabel("gain recovery (fraction of GRPO's gain)")
-    ax.set_title("gain recovery at the budget (95% t-interval over seeds)")
+    ax.set_title("gain recovery at the budget (95% interval: seeds x latent units x problems)")
     ax.legend(fontsize=7)
 
 
@@ -103,7 +103,7 @@ def _gap_panel(ax, params, cells, n_params, fits) -> None:
     ax.axhline(0, color="k", lw=0.5)
     _size_axis(ax, n_params, fits)  # as drawn since the first run: 4B where any line of the figure reaches it
     ax.set_ylabel("validation accuracy difference (points)")
-    ax.set_title("CoPES - ES at the budget (95% interval, seeds x problems)")
+    ax.set_title("CoPES - ES at the budget (95% interval, seeds x latent units x problems)")
     ax.legend(fontsize=7)
 
 
@@ -299,7 +299,7 @@ def plot_lowrank_map(params: ScaleStudyParams, map_keys: dict[str, Any], lowrank
         ax.set_xticks(range(len(lowrank_cells)), lowrank_cells)
         ax.legend(fontsize=7)
     ax_gain.set_ylabel("strict gain Delta S (points)")
-    ax_gain.set_title(f"full rank vs rank {params.MAP_LOWRANK_RANK} (95% interval, seeds x problems)", fontsize=9)
+    ax_gain.set_title(f"full rank vs rank {params.MAP_LOWRANK_RANK} (95% interval, seeds x latent units x problems)", fontsize=9)
     ax_diff.set_ylabel("low rank - full rank, strict (points)")
     ax_diff.set_title(f"paired by seed; overall reading: {map_keys['map_lowrank_prediction']}", fontsize=9)
     fig.tight_layout()

@@ -23,9 +23,12 @@ from copes_lib.protocols.scale_study.base import (
     Substrate,
     _cached_json,
     _finite,
+    cell_units,
     data_profile,
     load_substrate,
     score_problems,
+    substrate_units,
+    unit_count,
 )
 from copes_lib.protocols.scale_study.mechanism_study import mechanism
 from copes_lib.regime import LOWRANK_MARGIN
@@ -268,13 +271,15 @@ def map_preflight_summary(params: ScaleStudyParams, base_run: dict[str, Any]) ->
     g2|e1>`` with ``_verdict`` (docs/preflight.md P1's floors; ``not measured`` where E1 had no calibrated sigma),
     ``preflight_sigma``, ``preflight_e1_map_sigma``, ``preflight_failed`` (the measured preconditions that fail),
     and R's analogue ``preflight_r_analogue`` (+ ``_low``, ``_high``, ``_verdict``): full GRPO's strict gain at
-    ``MAP_GRPO_STEPS`` over the base on validation (seeds x problems), judged by R's floor. Empty without a preflight."""
+    ``MAP_GRPO_STEPS`` over the base on validation (seeds x latent units x problems within units), judged by R's
+    floor. Empty without a preflight."""
     from copes_lib.protocols.preflight import PreflightCriterion, judge
 
     pre = base_run.get("preflight")
     if not pre:
         return {}
-    reference = map_delta(base_run["base"], [{"strict": r["horizon_strict"]} for r in base_run["grpo"]], "strict")
+    reference = map_delta(base_run["base"], [{"strict": r["horizon_strict"]} for r in base_run["grpo"]], "strict",
+                          units=cell_units(base_run))
     r_value, r_low, r_high = _finite(reference.estimate), _finite(reference.low), _finite(reference.high)
     verdict = judge({**pre["values"], "R": r_value, "R_low": r_low}, PreflightCriterion(**pre["criterion"]))
     if pre["sigma"] is None:  # no sigma of the ladder made enough members differ: E1 fails (docs/preflight.md P3, 1)
@@ -293,10 +298,13 @@ def map_preflight_summary(params: ScaleStudyParams, base_run: dict[str, Any]) ->
 
 def run_map_base(params: ScaleStudyParams, sub: Substrate, regime: str, p: float | None, log=print
                  ) -> dict[str, Any]:
-    """Every cell of one map base: {"base", "grpo", "mechanism", "cells": {N: {arm: [runs]}}, ...}."""
+    """Every cell of one map base: {"base", "grpo", "mechanism", "cells": {N: {arm: [runs]}}, "units", ...};
+    ``units``: each validation problem's latent unit (``Substrate.units``, from the tasks: the cached scores carry
+    none; a cued base's unit is its cue letter), which every interval of the base's cells resamples."""
     base = map_base(params, sub)
     out: dict[str, Any] = {"regime": regime, "p": p, "n_params": sub.n_params, "warm_steps": sub.warm_steps,
-                           "converged": sub.warm_info.get("converged"), "base": base}
+                           "converged": sub.warm_info.get("converged"), "base": base,
+                           "units": list(substrate_units(params, sub, cued=regime == "latent") or ())}
     log(f"[{NOTEBOOK}] map {map_tag(regime, p)}: strict {np.mean(base['strict']):.3f} lenient "
         f"{np.mean(base['lenient']):.3f}")
     out["grpo"] = [map_grpo_arm(params, sub, g) for g in range(params.MAP_GRPO_SEEDS)]
@@ -324,37 +332,40 @@ def _rows(runs_: list[dict[str, Any]], metric: str) -> np.ndarray:
     return np.asarray([r[metric] for r in runs_], dtype=float)
 
 
-def map_delta(base: dict[str, Any], runs_: list[dict[str, Any]], metric: str):
+def map_delta(base: dict[str, Any], runs_: list[dict[str, Any]], metric: str, *, units=None):
     """stats.compare of an arm's ``metric`` (strict, lenient, or ``protocol`` = strict - lenient per
-    problem) against its base's, seeds x problems: Delta S, Delta L, Delta S - Delta L."""
+    problem) against its base's: Delta S, Delta L, Delta S - Delta L; seeds x latent units x problems within
+    units with ``units`` (the base's :func:`cell_units`), else seeds x problems."""
     from copes_lib import stats
 
     def pick(rows, m):
         return _rows(rows, "strict") - _rows(rows, "lenient") if m == "protocol" else _rows(rows, m)
 
     return stats.compare(pick(runs_, metric), pick([base], metric), name=f"delta {metric}", expected_sign=1,
-                         paired_seeds=False)
+                         paired_seeds=False, units=units)
 
 
 def map_gain_recovery(base_run: dict[str, Any], runs_: list[dict[str, Any]]) -> dict[str, float | None]:
     """Strict gain recovery (arm - base) / (full GRPO at its horizon - base) with stats.gain_recovery_interval
-    (problems and both arms' seeds resampled: GRPO's seed noise is inside the interval)."""
+    (the base's latent units, the problems within them and both arms' seeds resampled: GRPO's seed noise is
+    inside the interval)."""
     from copes_lib import stats
 
     grpo = np.asarray([r["horizon_strict"] for r in base_run["grpo"]], dtype=float)
     arms = {"method": _rows(runs_, "strict"), "base": _rows([base_run["base"]], "strict"), "full_grpo": grpo}
     seeds = {name: tuple(range(len(x))) for name, x in arms.items()}
-    rec = stats.gain_recovery_interval(stats.ScoreSet("strict", arms, seeds), "method")
+    rec = stats.gain_recovery_interval(stats.ScoreSet("strict", arms, seeds, units=cell_units(base_run)), "method")
     return {"mean": _finite(rec.estimate), "low": _finite(rec.low), "high": _finite(rec.high),
             "grpo_gain": float(grpo.mean() - np.mean(base_run["base"]["strict"])), "note": rec.note}
 
 
-def map_gap(cell: dict[str, list], a: str = "copes", b: str = "es"):
-    """stats.compare of arm ``a`` - arm ``b`` in strict accuracy, same base, seeds paired."""
+def map_gap(cell: dict[str, list], a: str = "copes", b: str = "es", *, units=None):
+    """stats.compare of arm ``a`` - arm ``b`` in strict accuracy, same base, seeds paired; cluster-aware over
+    ``units`` (the base's :func:`cell_units`)."""
     from copes_lib import stats
 
     return stats.compare(_rows(cell[a], "strict"), _rows(cell[b], "strict"), name=f"{a} - {b}", expected_sign=1,
-                         paired_seeds=True)
+                         paired_seeds=True, units=units)
 
 
 def line_fit(x: list[float], values: list[float | None], lows: list[float | None],
@@ -390,9 +401,9 @@ def map_predictions(params: ScaleStudyParams, bases: dict[tuple[str, float | Non
 
     latent = {p: b for (regime, p), b in bases.items() if regime == "latent"}
     skill = bases.get(("skill_gap", None))
-    # R2: Delta S of ES at p = 0, N = MAP_HEADLINE_N (seeds x problems)
+    # R2: Delta S of ES at p = 0, N = MAP_HEADLINE_N (seeds x latent units x problems within units)
     if 0.0 in latent:
-        c = map_delta(latent[0.0]["base"], latent[0.0]["cells"][n0]["es"], "strict")
+        c = map_delta(latent[0.0]["base"], latent[0.0]["cells"][n0]["es"], "strict", units=cell_units(latent[0.0]))
         put("R2", c.estimate, c.low, c.high)
     else:
         put("R2", None, None, None)
@@ -412,7 +423,7 @@ def map_predictions(params: ScaleStudyParams, bases: dict[tuple[str, float | Non
         if d_eff is None or not d_eff > 0:
             continue
         for n, cell in b["cells"].items():
-            c = map_gap(cell)
+            c = map_gap(cell, units=cell_units(b))
             xs.append(math.log10(n / d_eff))
             vs.append(c.estimate)
             lo.append(c.low)
@@ -461,11 +472,11 @@ def recovery_contrast(latent: dict[str, Any] | None, skill: dict[str, Any] | Non
 
 def map_cell_summary(base_run: dict[str, Any], n: int) -> dict[str, Any]:
     """Flat values of one map cell (keys without the ``map_`` prefix and the cell's tag)."""
-    cell, base = base_run["cells"][n], base_run["base"]
+    cell, base, units = base_run["cells"][n], base_run["base"], cell_units(base_run)
     s: dict[str, Any] = {}
     for arm in [a for a in (*MAP_ARMS, *MAP_LOWRANK_ARMS) if a in cell]:
         for metric, name in (("strict", "delta_s"), ("lenient", "delta_l"), ("protocol", "delta_protocol")):
-            c = map_delta(base, cell[arm], metric)
+            c = map_delta(base, cell[arm], metric, units=units)
             s[f"{arm}_{name}"], s[f"{arm}_{name}_low"], s[f"{arm}_{name}_high"] = (
                 c.estimate, _finite(c.low), _finite(c.high))
         s[f"{arm}_strict"] = float(_rows(cell[arm], "strict").mean())
@@ -477,7 +488,7 @@ def map_cell_summary(base_run: dict[str, Any], n: int) -> dict[str, Any]:
         s[f"{arm}_step_s"] = float(np.mean([r["mean_step_s"] for r in cell[arm]]))
     for a, b in [(a, b) for a, b in (("copes", "es"), ("es", "es_shuffled"), ("copes", "es_sqrtk"),
                                      *MAP_LOWRANK_ARMS.items()) if a in cell and b in cell]:
-        c = map_gap(cell, a, b)
+        c = map_gap(cell, a, b, units=units)
         s[f"{a}_minus_{b}"], s[f"{a}_minus_{b}_low"], s[f"{a}_minus_{b}_high"] = (
             c.estimate, _finite(c.low), _finite(c.high))
         s[f"{a}_minus_{b}_verdict"] = c.verdict
@@ -511,6 +522,8 @@ def map_summary(params: ScaleStudyParams, bases: dict[tuple[str, float | None], 
                     f"map_grpo_strict_{tag}": float(grpo.mean()),
                     f"map_grpo_lenient_{tag}": float(np.mean([r["horizon_lenient"] for r in b["grpo"]])),
                     f"map_grpo_seed_sd_{tag}": float(grpo.mean(axis=1).std(ddof=1)) if len(grpo) > 1 else None})
+        # the units every interval of the base's cells rests on (its problems where none are recorded)
+        out[f"map_units_{tag}"], out[f"map_units_effective_{tag}"] = unit_count(b)
         d_eff = base_d_eff(b)
         out[f"map_d_eff_{tag}"], out[f"map_d_eff_source_{tag}"] = d_eff["d_eff"], d_eff["source"]
         out[f"map_d_eff_low_{tag}"], out[f"map_d_eff_high_{tag}"] = d_eff["low"], d_eff["high"]
@@ -545,7 +558,7 @@ def map_lowrank_summary(params: ScaleStudyParams, bases: dict, keys: dict[str, A
 
 def save_map_scores(params: ScaleStudyParams, out_dir: str | Path, bases: dict) -> None:
     """Per-seed per-problem strict and lenient scores of every map cell (stats contract), metric
-    ``map_<strict|lenient>_<tag>``."""
+    ``map_<strict|lenient>_<tag>``, with each problem's latent unit."""
     from copes_lib import stats
 
     for (regime, p), b in bases.items():
@@ -556,4 +569,4 @@ def save_map_scores(params: ScaleStudyParams, out_dir: str | Path, bases: dict) 
                         **{arm: _rows(rows, metric) for arm, rows in cell.items()}}
                 seeds = {"base": [0], "full_grpo": [42 + g for g in range(len(b["grpo"]))],
                          **{arm: [params.ES_SEED + s for s in range(len(rows))] for arm, rows in cell.items()}}
-                stats.save_scores(out_dir, f"map_{metric}_{map_tag(regime, p, n)}", arms, seeds)
+                stats.save_scores(out_dir, f"map_{metric}_{map_tag(regime, p, n)}", arms, seeds, units=cell_units(b))

@@ -17,6 +17,7 @@ from copes_lib.protocols.scale_study.base import (
     Substrate,
     _finite,
     base_scores,
+    cell_units,
     es_arm,
     es_family_arms,
     gain_recovery,
@@ -24,14 +25,19 @@ from copes_lib.protocols.scale_study.base import (
     grpo_arm,
     grpo_horizon_accuracy,
     scores,
+    substrate_units,
+    unit_count,
 )
 from copes_lib.protocols.scale_study.mechanism_study import mechanism, mechanism_summary
 
 
 def run_cell(params: ScaleStudyParams, sub: Substrate, *, with_mechanism: bool = True, log=print) -> dict[str, Any]:
-    """Every arm at one (size, warm start): {"base", "grpo": [...], arm: [...], "mechanism": rows}."""
+    """Every arm at one (size, warm start): {"base", "grpo": [...], arm: [...], "mechanism": rows, "units": each
+    validation problem's latent unit (``Substrate.units``: the cached scores carry none, so they come from the
+    tasks), which every interval of the cell resamples}."""
     cell: dict[str, Any] = {"size": sub.size, "warm_steps": sub.warm_steps, "n_params": sub.n_params,
-                            "base": base_scores(params, sub)}
+                            "base": base_scores(params, sub),
+                            "units": list(substrate_units(params, sub) or ())}
     log(f"[{NOTEBOOK}] {sub.size} ({sub.n_params:,} params, warm {sub.warm_steps}): base "
         f"{cell['base']['accuracy']:.3f}")
     cell["grpo"] = [grpo_arm(params, sub, g) for g in range(params.GRPO_SEEDS)]
@@ -77,7 +83,9 @@ def slope_test(n_params: list[float], values: list[float | None], lows: list[flo
 
 def cell_summary(params: ScaleStudyParams, cell: dict[str, Any], tag: str) -> dict[str, Any]:
     """The flat summary keys of one cell, suffixed ``_<tag>``."""
+    n_units, effective = unit_count(cell)  # what every interval of the cell rests on (problems without unit ids)
     s: dict[str, Any] = {"n_params": cell["n_params"], "warm_steps": cell["warm_steps"],
+                         "units": n_units, "units_effective": effective,
                          "base_val_accuracy": float(scores(cell, "base").mean()),
                          "grpo_val_accuracy": float(scores(cell, "grpo").mean()),
                          "grpo_horizon_val_accuracy": grpo_horizon_accuracy(cell)}
@@ -106,10 +114,11 @@ def scores_digest(out_dir: str | Path) -> str | None:
 
 
 def save_cell_scores(params: ScaleStudyParams, out_dir: str | Path, cell: dict[str, Any], tag: str) -> None:
-    """Per-seed per-problem scores of a cell as metric ``val_accuracy_at_budget_<tag>`` (stats contract)."""
+    """Per-seed per-problem scores of a cell as metric ``val_accuracy_at_budget_<tag>`` (stats contract), with
+    each problem's latent unit."""
     from copes_lib import stats
 
     arms = {arm: scores(cell, arm) for arm in ["base", "grpo", *es_family_arms(params)]}
     seeds = {"base": [0], "grpo": [42 + g for g in range(params.GRPO_SEEDS)],
              **{arm: [params.ES_SEED + s for s in range(params.SEEDS)] for arm in es_family_arms(params)}}
-    stats.save_scores(out_dir, f"val_accuracy_at_budget_{tag}", arms, seeds)
+    stats.save_scores(out_dir, f"val_accuracy_at_budget_{tag}", arms, seeds, units=cell_units(cell))

@@ -10,12 +10,14 @@ from typing import Any
 from copes_lib import stats
 from copes_lib.protocols.scale_study.base import (
     ScaleStudyParams,
+    cell_units,
     es_family_arms,
     gain_recovery,
     gap,
     grpo_horizon_accuracy,
     scores,
     slug,
+    unit_count,
 )
 from copes_lib.protocols.scale_study.map_study import (
     MAP_ARMS,
@@ -59,13 +61,15 @@ def warm_axis_table(params: ScaleStudyParams, cells: dict[str, dict[str, Any]], 
 
 
 def size_table(params: ScaleStudyParams, cells: dict[str, dict[str, Any]]):
-    """Per size: each arm's gain recovery (fraction of full GRPO's gain, mean over seeds, t-interval) and
-    each protocol's CoPES - ES gap (seeds x problems)."""
+    """Per size: the latent units its intervals rest on, each arm's gain recovery (fraction of full GRPO's gain,
+    95% interval over seeds, latent units and problems within units) and each protocol's CoPES - ES gap (the
+    same noise, seeds paired)."""
     import pandas as pd
 
     rows = []
     for size, c in cells.items():
-        row = {"size": size, "params": c["n_params"]}
+        n_units, effective = unit_count(c)
+        row = {"size": size, "params": c["n_params"], "units": n_units, "effective units": effective}
         for arm in es_family_arms(params):
             rec = gain_recovery(c, arm)
             row[f"recovery_{arm}"] = rec["mean"]
@@ -86,14 +90,15 @@ def mechanism_table(cells: dict[str, dict[str, Any]], mech_by_size: dict[str, di
 
 def map_table(params: ScaleStudyParams, map_bases: dict[tuple[str, float | None], dict[str, Any]],
               map_keys: dict[str, Any]):
-    """One row per map cell (regime, p, N): the base's and full GRPO's strict accuracy, each arm's Delta S,
-    Delta L and gain recovery, and the contrasts (CoPES - ES, ES - shuffled, CoPES - ES at sqrt(K) alpha,
-    low rank - full rank)."""
+    """One row per map cell (regime, p, N): the latent units its intervals rest on (a cued base's are its cue
+    letters), the base's and full GRPO's strict accuracy, each arm's Delta S, Delta L and gain recovery, and the
+    contrasts (CoPES - ES, ES - shuffled, CoPES - ES at sqrt(K) alpha, low rank - full rank)."""
     import pandas as pd
 
     def row(regime: str, p: float | None, n: int) -> dict[str, Any]:
         base, cell = map_tag(regime, p), map_tag(regime, p, n)
         return {"regime": regime, "p": p, "N": n, "K": params.map_subspaces(n),
+                "units": map_keys.get(f"map_units_{base}"),
                 "base strict": map_keys[f"map_base_strict_{base}"],
                 "base lenient": map_keys[f"map_base_lenient_{base}"],
                 "GRPO strict": map_keys[f"map_grpo_strict_{base}"],
@@ -179,6 +184,8 @@ def study_summary(params: ScaleStudyParams, cells: dict[str, dict[str, Any]], wa
         summary.update(cell_summary(params, c, tag))
     summary.update(map_keys)  # the map and prediction_R2/R5/R6/R7 (docs/mechanism.md#m6-the-map-of-where-es-and-copes-work)
     a, b = scores(cells[last], f"copes_{params.protocols()[0]}"), scores(cells[last], "es")
-    summary["power_note"] = (stats.power_note(a, b, n_seeds=max(params.SEEDS, 8), scale=100, unit=" points")
-                             if params.SEEDS >= 2 else stats.power_note(a, b, scale=100, unit=" points"))
+    units = cell_units(cells[last])  # the MDE over the latent units, as every interval of the cell
+    summary["power_note"] = (stats.power_note(a, b, n_seeds=max(params.SEEDS, 8), scale=100, unit=" points",
+                                              units=units)
+                             if params.SEEDS >= 2 else stats.power_note(a, b, scale=100, unit=" points", units=units))
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in summary.items()}
