@@ -51,7 +51,7 @@ def test_every_seed_met_and_the_runs_base_agrees(tmp_path):
     assert keys["prerun_seed_check_met"] is True and keys["prerun_seed_check_seeds"] == [0, 1, 2, 3, 4]
     assert keys["prerun_seed_check_math_run_base"] == keys["prerun_seed_check_qa_run_base"] == "agrees"
     assert keys["prerun_seed_check_recipe_matches"] is True and keys["prerun_seed_check_math_seed4_strict_tail"] == 0.25
-    assert keys["prerun_seed_check_file"].endswith("cpu.json")
+    assert keys["prerun_seed_check_file"].endswith("cpu.json") and keys["prerun_seed_check_commit"] is None  # untracked
     text = "\n".join(result["lines"])
     assert "math: seeds 0, 1, 2, 3, 4" in text and "every checked seed met" in text and "agrees" in text
     assert len(psc.table(result)) == 10 and keys["prerun_seed_check_qa_seed4_margin_g_spearman"] is None

@@ -228,6 +228,7 @@ def summary_keys(result: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {
         "prerun_seed_check_file": result["file"],
         "prerun_seed_check_commit": fg.get("commit"), "prerun_seed_check_committed": fg.get("committed"),
+        "prerun_seed_check_uncommitted_changes": fg.get("uncommitted_changes"),
         "prerun_seed_check_recipe_matches": None if result["recipe_differences"] is None
         else not result["recipe_differences"],
         "prerun_seed_check_seeds": sorted({s for seeds in result["seeds"].values() for s in seeds}),
