@@ -94,7 +94,7 @@ help:
 	@echo "make report [PROFILE=cpu]  reports/<profile>/index.html from the results there (cpu: the committed run)"
 	@echo "make test      ruff + pytest (unit tests and every notebook under the smoke profile)"
 	@echo "make lab       JupyterLab from .venv (LAB_ARGS=\"--no-browser --port 8888\" to pass options)"
-	@echo "make preflight [PROFILE=cpu] [SEEDS=0,1,2,3,4] [RECORD=1] [STRICT=1]  the testbed's preconditions on the profile's base,"
+	@echo "make preflight [PROFILE=cpu] [SEEDS=0,1,2,3,4] [JOBS=2] [RECORD=1] [STRICT=1]  the testbed's preconditions on the profile's base,"
 	@echo "               per warm-start seed; exit 0 holds, 2 not actionable, 1 error (docs/preflight.md)"
 	@echo "make venv      create/update .venv from requirements.txt (no-op when up to date)"
 	@echo "make venv-gpu  create/update .venv-gpu from requirements-gpu.txt (PROFILE=gpu does it itself);"
@@ -196,12 +196,13 @@ validate: venv
 # The testbed's preconditions on the profile's base, before any experiment (docs/preflight.md). Exit 0: every
 # precondition holds, or the profile does not enforce them (smoke: says that "not actionable" is expected there);
 # 2: not actionable (STRICT=1: on smoke too); 1: an error, in one line. Writes reports/preflight/$(PROFILE).json
-# and .png; RECORD=1 writes the committed results/preflight/ and figures/preflight/ instead.
+# and .png; RECORD=1 writes the committed results/preflight/ and figures/preflight/ instead. JOBS=2 measures two
+# (kind, seed) pairs at once, each in its own process (logs in reports/preflight/logs/).
 RECORD ?=
 STRICT ?=
 preflight: venv
 	$(BIN)/python -m copes_lib.protocols.preflight --profile $(PROFILE) $(if $(SEEDS),--seeds $(SEEDS)) \
-		$(if $(call truthy,$(RECORD)),--record) $(if $(call truthy,$(STRICT)),--strict)
+		$(if $(JOBS),--jobs $(JOBS)) $(if $(call truthy,$(RECORD)),--record) $(if $(call truthy,$(STRICT)),--strict)
 
 # Opens at the repository root (notebooks/, results/, reports/, figures/ all reachable); as root (common
 # in GPU containers) Jupyter refuses to start without --allow-root.

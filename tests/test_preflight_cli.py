@@ -101,3 +101,50 @@ def test_make_preflight_passes_record_and_strict():
 
     assert "--record" not in dry() and "--strict" not in dry("PROFILE=smoke")
     assert "--record" in dry("RECORD=1") and "--strict" in dry("STRICT=1")
+    assert "--jobs 2" in dry("PROFILE=cpu") and "--jobs 3" in dry("JOBS=3")
+
+
+def test_jobs_measure_each_pair_in_its_own_process_then_tabulate_them_together(roots, monkeypatch, capsys):
+    _measured(monkeypatch, GOOD)
+    commands, real_run = [], subprocess.run
+
+    def fake_run(command, **kw):
+        if "copes_lib.protocols.preflight" not in command:  # git state and the like
+            return real_run(command, **kw)
+        commands.append(command)
+        stdout = kw["stdout"]
+        stdout.write(f"measured {command}\n")
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    assert pf.main(["--profile", "cpu", "--kinds", "math,qa", "--seeds", "0,1", "--jobs", "2"]) == 0
+    pairs = sorted((c[c.index("--kinds") + 1], c[c.index("--seeds") + 1]) for c in commands)
+    assert pairs == [("math", "0"), ("math", "1"), ("qa", "0"), ("qa", "1")]
+    assert all(c[:3] == [sys.executable, "-m", "copes_lib.protocols.preflight"] and "--measure-only" in c
+               for c in commands)
+    out = capsys.readouterr().out
+    assert "measuring 4 (kind, seed) pairs, 2 at a time" in out and "qa seed 1: measured" in out
+    assert "math seed 1" in runs.read_json(roots / "reports" / "preflight" / "cpu.json")["kinds"]
+    assert (roots / "reports" / "preflight" / "logs" / "cpu_qa_seed1.log").read_text().startswith("measured")
+
+
+def test_a_failed_worker_is_one_line_naming_its_pair_and_log(roots, monkeypatch, capsys):
+    _measured(monkeypatch, GOOD)
+    real_run = subprocess.run
+    monkeypatch.setattr(subprocess, "run", lambda command, **kw: subprocess.CompletedProcess(command, 1)
+                        if "copes_lib.protocols.preflight" in command else real_run(command, **kw))
+    assert preflight_cli.guarded(pf.main, ["--profile", "cpu", "--kinds", "math", "--seeds", "0,1", "--jobs", "2"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "math seed 0 failed (exit 1)" in err[0] and "cpu_math_seed0.log" in err[0]
+
+
+def test_a_measure_only_worker_writes_no_table_and_no_file(roots, monkeypatch, capsys):
+    _measured(monkeypatch, GOOD)
+    assert pf.main(["--profile", "cpu", "--kinds", "math", "--seeds", "1", "--measure-only"]) == 0
+    assert "kind" not in capsys.readouterr().out and not (roots / "reports" / "preflight" / "cpu.json").exists()
+
+
+def test_jobs_below_one_is_a_one_line_error(capsys):
+    with pytest.raises(SystemExit) as stop:
+        pf.main(["--profile", "cpu", "--jobs", "0"])
+    assert stop.value.code == 1 and "--jobs 0: an integer >= 1 expected" in capsys.readouterr().err

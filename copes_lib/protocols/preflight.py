@@ -530,6 +530,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ``.png`` (``--record``: the committed ``results/preflight/`` and ``figures/preflight/``). Exit 0 when every
     precondition holds (or the profile does not enforce them), 2 when not actionable, 1 on an error
     (:mod:`copes_lib.protocols.preflight_cli`)."""
+    import argparse
     import datetime
     import json
 
@@ -545,7 +546,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seeds", default="", help="comma-separated warm-start seeds, a full preflight on each seed's "
                         "base (docs/preflight.md#p85-the-bases-targets-gate-on-every-seed-the-run-uses: 0,1,2,3,4 before "
                         "a run); default: 01's SEED, with P2's targets on the run's other seeds")
+    parser.add_argument("--jobs", type=int, default=1, help="measure this many (kind, seed) pairs at once, each in its "
+                        "own process (one thread each; `make preflight JOBS=2` on 2 cores), then tabulate them together")
+    parser.add_argument("--measure-only", action="store_true", help=argparse.SUPPRESS)  # a --jobs worker
     args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs {args.jobs}: an integer >= 1 expected (the processes measuring at once)")
     try:
         seeds = [int(v) for v in args.seeds.split(",") if v.strip()]
     except ValueError:
@@ -556,6 +562,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.kinds:
         params = dataclasses.replace(params, PREFLIGHT_KINDS=args.kinds)
     warm = params.warm_start_config()
+    pairs = [(kind, seed) for kind in params.preflight_kinds() for seed in seeds or [params.SEED]]
+    if args.jobs > 1 and len(pairs) > 1:  # workers fill the cache; the loop below then reads it
+        preflight_cli.measure_in_parallel(args.profile, pairs, args.jobs, seeded=bool(seeds), force=args.force)
+        args.force = False
     reports = {}
     with threads.fixed_threads():
         for kind in params.preflight_kinds():
@@ -565,6 +575,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                prior=warm.latent_prior if warm.protocol == "latent" else None,
                                                graded=(warm.graded_low, warm.graded_high), warm_seed=seed,
                                                shape_seeds=[] if seeds else None, force=args.force)
+    if args.measure_only:
+        return preflight_cli.EXIT_HOLDS
     preflight_cli.print_table(table(reports), MEANING)
     out = {"profile": args.profile, "recipe": dataclasses.asdict(warm), "git": runs.git_state(),
            "threads": threads.thread_info(),

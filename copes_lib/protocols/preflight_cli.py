@@ -93,6 +93,36 @@ def finish(profile: str, failed: dict[str, list[str]], path: Path, figure: Path,
     return EXIT_NOT_ACTIONABLE
 
 
+def measure_in_parallel(profile: str, pairs: Sequence[tuple[str, int]], jobs: int, *, seeded: bool,
+                        force: bool = False) -> None:
+    """Measure each (kind, seed) pair in its own process, ``jobs`` at a time, so that a later in-process
+    pass finds every report cached. Each worker is this command for one pair (one thread, as every
+    measurement here); its output goes to ``reports/preflight/logs/<profile>_<kind>_seed<s>.log``. A failed
+    worker stops with one line naming its pair and its log."""
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
+    logs = REPORTS_ROOT / "preflight" / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+
+    def measure(pair: tuple[str, int]) -> tuple[tuple[str, int], int, Path]:
+        kind, seed = pair
+        command = [sys.executable, "-m", "copes_lib.protocols.preflight", "--profile", profile, "--kinds", kind,
+                   "--measure-only"] + (["--seeds", str(seed)] if seeded else []) + (["--force"] if force else [])
+        log = logs / f"{profile}_{kind}_seed{seed}.log"
+        with open(log, "w") as out:
+            status = subprocess.run(command, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT).returncode
+        return pair, status, log
+
+    print(f"measuring {len(pairs)} (kind, seed) pairs, {jobs} at a time; logs in "
+          f"{logs.relative_to(REPO_ROOT) if logs.is_relative_to(REPO_ROOT) else logs}")
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        for (kind, seed), status, log in pool.map(measure, pairs):
+            print(f"  {kind} seed {seed}: {'measured' if status == 0 else f'FAILED (exit {status})'}")
+            if status != 0:
+                raise ConfigError(f"the preflight of {kind} seed {seed} failed (exit {status}); its output: {log}")
+
+
 def guarded(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None) -> int:
     """``main(argv)``, with every error as one line on stderr and exit 1 (a crash's traceback goes to
     ``reports/preflight/error.txt``, named in that line)."""
@@ -116,5 +146,5 @@ def guarded(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | N
         return EXIT_ERROR
 
 
-__all__ = ["ArgumentParser", "add_options", "output_paths", "print_table", "finish", "guarded", "REPORTS_ROOT",
+__all__ = ["ArgumentParser", "add_options", "output_paths", "print_table", "finish", "guarded", "measure_in_parallel", "REPORTS_ROOT",
            "EXIT_HOLDS", "EXIT_ERROR", "EXIT_NOT_ACTIONABLE"]
