@@ -175,9 +175,11 @@ gpu-wheels:
 
 # No wall-clock limit: a busy machine makes tests slow, not failed (the smoke run prints each notebook's
 # duration). PYTEST_TIMEOUT=seconds turns on pytest-timeout's per-test limit as a safety net.
+# Two workers; tests/conftest.py starts the slow tests (@pytest.mark.slow(cost=...)) at the heads of the two
+# parts worksteal first hands out, so neither worker runs them back to back; --durations lists where the time went.
 test: venv
 	$(BIN)/ruff check .
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -n 2 --dist worksteal $(PYTEST_ARGS)
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -n 2 --dist worksteal --durations=25 $(PYTEST_ARGS)
 
 REPRODUCE_ARGS = --profile $(PROFILE) --jobs $(JOBS) $(if $(ONLY),--only $(ONLY)) $(if $(call truthy,$(FORCE)),--force) \
 	$(if $(call truthy,$(RERUN_FAILED)),--rerun-failed) $(if $(call truthy,$(VERBOSE)),--verbose) $(if $(call truthy,$(WAIT)),--wait)

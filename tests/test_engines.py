@@ -192,6 +192,7 @@ def test_an_installed_fla_that_transformers_does_not_use_is_refused(tokenizer, m
     check_gpu_engine(model)  # resolved to fla: accepted
 
 
+@pytest.mark.slow(cost=80)  # started first by tests/conftest.py (make test's worker balance)
 def test_every_engine_meets_the_kv_goals_at_the_gpu_checks_workload():
     """benchmarks/gpu_check.py's engine workload at its GPU shape (batch 64, 128 new tokens, forced
     scripts of up to 3 searches of ~450 tokens and 5 Python outputs of 4-200 tokens), a tiny Qwen3 (the

@@ -16,6 +16,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow(cost=70)  # started first by tests/conftest.py (make test's worker balance)
 def test_cpu_dry_run_writes_every_section_and_judges_nothing(tmp_path):
     assert sys.prefix != sys.base_prefix, "run from the venv: the GPU machine's python3 is a venv too"
     shim = tmp_path / "shim" / "bm25s"

