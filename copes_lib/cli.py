@@ -120,11 +120,11 @@ def select(notebooks: list[Path], only: str | None) -> list[Path]:
 def needs(notebooks: list[Path]) -> dict[str, set[str]]:
     """For each selected notebook, the selected notebooks that must finish before it starts.
 
-    >>> names = ["02_standard_es", "03_copes", "10_molora_substrate", "41_unregistered", "99_summary"]
+    >>> names = ["02_standard_es", "05_fixed_budget_math", "10_molora_substrate", "41_unregistered", "99_summary"]
     >>> {k: sorted(v) for k, v in needs([Path(n + ".ipynb") for n in names]).items()}  # doctest: +NORMALIZE_WHITESPACE
-    {'02_standard_es': [], '03_copes': ['02_standard_es'], '10_molora_substrate': [],
-     '41_unregistered': ['02_standard_es', '03_copes', '10_molora_substrate'],
-     '99_summary': ['02_standard_es', '03_copes', '10_molora_substrate']}
+    {'02_standard_es': [], '05_fixed_budget_math': ['02_standard_es'], '10_molora_substrate': [],
+     '41_unregistered': ['02_standard_es', '05_fixed_budget_math', '10_molora_substrate'],
+     '99_summary': ['02_standard_es', '05_fixed_budget_math', '10_molora_substrate']}
     """
     stems = [p.stem for p in sorted(notebooks)]
     out = {}

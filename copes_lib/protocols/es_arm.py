@@ -142,15 +142,40 @@ def _sweep_key(row: dict[str, Any]) -> tuple:
     return (row["final_val_accuracy"], row.get("final_reward_mean", 0.0))
 
 
+def _calibrated_sigma(params: StandardESNotebookParams) -> float | None:
+    """Notebook 01's calibrated sigma for TASK_KIND, or None when its preflight calibrated none (or has not run)."""
+    summary = runs.load_summary(params.PROFILE, "01_substrate_and_agent") or {}
+    calibrated = summary.get(f"preflight_{params.TASK_KIND}_sigma")
+    return float(calibrated) if isinstance(calibrated, (int, float)) and calibrated > 0 else None
+
+
 def registered_sigma(params: StandardESNotebookParams) -> tuple[float, str]:
     """(the sigma a sweep is centred on and ties go to, where it comes from): notebook 01's calibrated sigma
     for TASK_KIND (docs/preflight.md#p3-settings-rules-that-cannot-choose-a-no-op, rule 1) when 01's
     preflight calibrated one, else the notebook's SIGMA."""
-    summary = runs.load_summary(params.PROFILE, "01_substrate_and_agent") or {}
-    calibrated = summary.get(f"preflight_{params.TASK_KIND}_sigma")
-    if isinstance(calibrated, (int, float)) and calibrated > 0:
-        return float(calibrated), f"notebook 01's calibrated sigma for {params.TASK_KIND}"
+    calibrated = _calibrated_sigma(params)
+    if calibrated is not None:
+        return calibrated, f"notebook 01's calibrated sigma for {params.TASK_KIND}"
     return params.SIGMA, f"SIGMA (notebook 01 calibrated no sigma for {params.TASK_KIND})"
+
+
+def registered_setting(params: StandardESNotebookParams) -> tuple[float, float, str]:
+    """(sigma, alpha, where they come from): the registered default setting both ES sweeps are centred on
+    (docs/preflight.md#p3-settings-rules-that-cannot-choose-a-no-op, rule 1). Where notebook 01 calibrated a
+    sigma for TASK_KIND: that sigma and alpha = SWEEP_ALPHA_RATIO x sigma (0.5, the paper's ratio: the alpha
+    :func:`sigma_sweep` gives the sweep's default row); else the notebook's SIGMA and ALPHA (the gpu profile:
+    the paper's values).
+
+    Notebook 03's arms at ES's setting run here instead of at notebook 02's sweep choice, so 03 reads 01 only
+    and runs beside 02 (docs/cost.md, the P8.7 recipe against the 2-hour bound, plan item 2); 05 still runs
+    ES at 02's choice."""
+    calibrated = _calibrated_sigma(params)
+    if calibrated is None:
+        return (params.SIGMA, params.ALPHA,
+                f"the registered default: SIGMA and ALPHA (notebook 01 calibrated no sigma for {params.TASK_KIND})")
+    return (calibrated, params.SWEEP_ALPHA_RATIO * calibrated,
+            f"the registered default: notebook 01's calibrated sigma for {params.TASK_KIND}, "
+            f"alpha = SWEEP_ALPHA_RATIO x sigma = {params.SWEEP_ALPHA_RATIO:g} x sigma")
 
 
 def sigma_sweep(params: StandardESNotebookParams, agent: AgentSetup, subspaces: int) -> GridSweep:

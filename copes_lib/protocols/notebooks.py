@@ -32,7 +32,9 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "00_suite_overview": (),
     "01_substrate_and_agent": (),  # trains and caches the math and QA warm starts
     "02_standard_es": ("01_substrate_and_agent",),
-    "03_copes": ("02_standard_es",),  # ES's chosen sigma / alpha
+    # ES's setting in 03 is the registered default (01's calibrated sigma), not 02's sweep choice, so 03 runs
+    # beside 02 (docs/cost.md, the P8.7 recipe against the 2-hour bound, plan item 2)
+    "03_copes": ("01_substrate_and_agent",),
     "04_grpo": ("01_substrate_and_agent",),
     "05_fixed_budget_math": ("02_standard_es", "03_copes", "04_grpo"),  # tuned settings, 04's cached GRPO runs
     # 05's budget rule on 04's s* (not 05's summary), so 06 runs beside 05; its k1 / k4 (05's ES / CoPES runs)
