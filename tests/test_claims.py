@@ -1022,3 +1022,20 @@ def test_l4_rule_and_margin_are_09s():
     for low in grid:
         for high in [h for h in grid if h >= low]:
             assert words[claims.lowrank_reading(low, high, moved=True)[0]] == scale_study.lowrank_prediction(low, high)
+
+
+def test_a_readme_with_a_terms_block_holds_the_glossary_once_there(tmp_path):
+    rows = [{"claim": "A1", "paper": "A", "statement": "s", "paper_figure": "1", "ours": "o",
+             "verdict": claims.AGREES, "reason": "r", "power": "", "notebook": "05_fixed_budget_math"}]
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "results.md").write_text("<!-- results:start -->\n<!-- results:end -->\n")
+    (tmp_path / "README.md").write_text("# x\n<!-- terms:start -->\nold\n<!-- terms:end -->\n\nstory\n\n"
+                                        "<!-- results:start -->\n<!-- results:end -->\n")
+    assert claims.write_results_pages(tmp_path, rows, "cpu", significant=[]) == {"README.md": True,
+                                                                                 "docs/results.md": True}
+    readme = (tmp_path / "README.md").read_text()
+    assert readme.count("**strict accuracy**") == 1 and "old" not in readme
+    assert readme.index("**strict accuracy**") < readme.index("story") < readme.index("| claim | paper |")
+    for term in ("precondition", "regime criterion", "gate", "units"):
+        assert f"**{term}**" in readme
+    assert (tmp_path / "docs" / "results.md").read_text().count("**strict accuracy**") == 1
