@@ -619,6 +619,151 @@ def warm_start(profile: str, kind: str = "math", seed: int = 0, force: bool = Fa
     return model, tokenizer, {**info, "cached": False}
 
 
+# --------------------------------------------------------------------------- bases built in worker processes
+class WarmStartBuildError(RuntimeError):
+    """A warm start trained in a worker process (:func:`build_warm_starts`) failed; names the base and its log."""
+
+
+def build_log_dir(profile: str) -> Path:
+    """Where :func:`build_warm_starts` puts each worker's output by default: beside the runner's notebook logs."""
+    return runs.REPO_ROOT / "reports" / profile / "logs"
+
+
+def _tool_limits(profile: str) -> dict:
+    """The agent tool settings in effect in this process (part of a warm start's cache key), as the
+    keyword arguments of :class:`copes_lib.tasks.AgentToolSettings`, for a worker to set the same."""
+    from copes_lib.tasks import tool_settings
+
+    (math, top_k), (qa, _) = tool_settings(profile, "math"), tool_settings(profile, "qa")
+    return {"math_python_calls": math["python"], "math_search_calls": math["search"],
+            "qa_python_calls": qa["python"], "qa_search_calls": qa["search"], "search_top_k": top_k}
+
+
+def build_warm_starts(profile: str, pairs, config: WarmStartConfig, *, jobs: int, force: bool = False,
+                      log_dir: str | Path | None = None, log=print) -> dict[tuple[str, int], float]:
+    """Train every missing base of ``pairs`` (``(kind, seed)``) in a process of its own, ``jobs`` at a time, so
+    that :func:`warm_start` afterwards finds each one cached; returns ``{(kind, seed): seconds}`` of the bases
+    trained here (``force``: every pair, cached or not).
+
+    Each worker is ``python -m copes_lib.substrate build`` for one base (its output in
+    ``log_dir/warm_start_<kind>_seed<seed>.log``, default ``reports/<profile>/logs/``, beside the runner's
+    notebook logs). A worker trains exactly as :func:`warm_start` does in the caller's process, with the same
+    config (sent as JSON of ``dataclasses.asdict``), the same agent tool settings and cache root and
+    ``threads.N_FIXED`` threads (:func:`copes_lib.threads.fixed_threads`), so the weights are the same bits
+    (tests/test_build_warm_starts.py). The tokenizer is built here first, so workers never race for it. A failed
+    worker raises :class:`WarmStartBuildError` naming its kind, seed and log (after the others have finished).
+
+    Nothing happens (``{}``) with ``jobs`` 1 (the caller trains in its own process, one base after another), when
+    the base is loaded rather than trained (the gpu profile, ``config.model_path``), or when every base is cached.
+    """
+    import json
+    import subprocess
+    import sys
+    import tempfile
+    from concurrent.futures import ThreadPoolExecutor
+
+    from copes_lib.tasks import TASK_KINDS
+
+    if not isinstance(jobs, int) or jobs < 1:
+        raise ConfigError(f"jobs = {jobs!r}: an integer >= 1 expected (worker processes at once; 1 = none, "
+                          "in this process)")
+    bad = [kind for kind, _ in pairs if kind not in TASK_KINDS]
+    if bad:
+        raise ConfigError(f"kind = {bad[0]!r} is not valid; valid values: {list(TASK_KINDS)}")
+    if jobs == 1 or profile == "gpu" or config.model_path:
+        return {}
+    wanted = list(dict.fromkeys((kind, int(seed)) for kind, seed in pairs))
+    missing = [(k, s) for k, s in wanted if force or not warm_start_folder(profile, k, s, config=config)[1]]
+    if not missing:
+        return {}
+    get_tokenizer(profile, config.vocab_size, subject_tokens=config.subject_tokens)  # once, before the workers
+    logs = Path(log_dir) if log_dir is not None else build_log_dir(profile)
+    logs.mkdir(parents=True, exist_ok=True)
+    shown = logs.relative_to(runs.REPO_ROOT) if logs.is_relative_to(runs.REPO_ROOT) else logs
+    log(f"[warm_start] training {len(missing)} base(s) in worker processes, {jobs} at a time, "
+        f"{threads.N_FIXED} thread(s) each: {', '.join(f'{k} seed {s}' for k, s in missing)}; logs in {shown}")
+
+    with tempfile.TemporaryDirectory(prefix="copes-warm-") as tmp:
+        spec = Path(tmp) / "config.json"
+        spec.write_text(json.dumps({"config": dataclasses.asdict(config), "tools": _tool_limits(profile)}))
+
+        def train(pair: tuple[str, int]) -> tuple[tuple[str, int], int, Path, float]:
+            kind, seed = pair
+            out = logs / f"warm_start_{kind}_seed{seed}.log"
+            command = [sys.executable, "-m", "copes_lib.substrate", "build", "--profile", profile, "--kind", kind,
+                       "--seed", str(seed), "--config", str(spec), "--cache-root", str(runs.CACHE_ROOT)]
+            t0 = time.perf_counter()
+            with open(out, "w") as sink:
+                status = subprocess.run(command + (["--force"] if force else []), cwd=runs.REPO_ROOT, stdout=sink,
+                                        stderr=subprocess.STDOUT).returncode
+            return pair, status, out, time.perf_counter() - t0
+
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            done = list(pool.map(train, missing))
+    failed, built = [], {}
+    for (kind, seed), status, out, seconds in done:
+        lines = [line for line in out.read_text(errors="replace").splitlines() if line.strip()] if out.exists() else []
+        if status == 0 and not warm_start_folder(profile, kind, seed, config=config)[1]:
+            status, lines = "0 but no model where this process looks", lines + ["(a worker's cache key differs)"]
+        if status != 0:
+            failed.append(f"{kind} seed {seed} (exit {status}; its output: {out}; last line: "
+                          f"{lines[-1][:300] if lines else 'none'})")
+            continue
+        built[(kind, seed)] = seconds
+        log(f"[warm_start {kind}] seed {seed} trained in a worker process in {seconds:.0f} s")
+    if failed:
+        raise WarmStartBuildError(f"the warm start of {'; '.join(failed)} failed in its worker process; "
+                                  "rerun to retry (bases already trained stay cached)")
+    return built
+
+
+def _exit_with_parent() -> None:
+    """End this worker when the process that started it is gone (a stopped notebook), instead of training on."""
+    import threading
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(2.0)
+        os._exit(130)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def main(argv=None) -> int:
+    """``python -m copes_lib.substrate build --profile P --kind K --seed S --config FILE [--cache-root DIR]
+    [--force]``: train (or find cached) one base, as :func:`warm_start` would in the caller's process; the worker
+    of :func:`build_warm_starts`. ``FILE``: JSON ``{"config": dataclasses.asdict(WarmStartConfig), "tools":
+    AgentToolSettings's fields}``."""
+    import argparse
+    import json
+
+    from copes_lib.tasks import AgentToolSettings, use_tool_settings
+
+    parser = argparse.ArgumentParser(prog="python -m copes_lib.substrate", description=main.__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    build = commands.add_parser("build", help="train one base (a worker of build_warm_starts)")
+    build.add_argument("--profile", required=True, choices=("smoke", "cpu"))
+    build.add_argument("--kind", required=True)
+    build.add_argument("--seed", type=int, required=True)
+    build.add_argument("--config", required=True, help="JSON file: the WarmStartConfig and the tool settings")
+    build.add_argument("--cache-root", default="", help="the cache root (default: the repository's cache/)")
+    build.add_argument("--force", action="store_true", help="train even when the base is cached")
+    args = parser.parse_args(argv)
+    _exit_with_parent()
+    spec = json.loads(Path(args.config).read_text())
+    if args.cache_root:
+        runs.CACHE_ROOT = Path(args.cache_root)
+    use_tool_settings(args.profile, AgentToolSettings(**spec["tools"]))
+    config = WarmStartConfig(**spec["config"])
+    model, _, info = warm_start(args.profile, args.kind, args.seed, args.force, config=config,
+                                log=lambda line: print(line, flush=True))
+    print(f"[warm_start {args.kind}] seed {args.seed}: {info['steps']} steps, cached {info['cached']}, "
+          f"{info['cache_dir']}", flush=True)
+    return 0
+
+
 def describe(model, tokenizer) -> dict:
     """Size facts of a substrate (for tables)."""
     cfg = model.config
@@ -631,4 +776,11 @@ __all__ = ["WarmStartConfig", "MODEL_SIZES", "train_agent_tokenizer", "get_token
            "model_config", "count_model_params", "load_pretrained", "encode_trace", "warm_start", "warm_start_folder",
            "train_warm_start", "warm_rollout_config", "describe", "PROTOCOLS", "latent_reference", "latent_trace_mix", "PRIORS", "prior_cue", "cued_values",
            "graded_rates",
-           "graded_range", "unit_rates", "tail_mean", "TAIL_POINTS", "converged"]
+           "graded_range", "unit_rates", "tail_mean", "TAIL_POINTS", "converged", "build_warm_starts",
+           "WarmStartBuildError", "build_log_dir"]
+
+
+if __name__ == "__main__":  # the worker of build_warm_starts: the imported module's functions, not a second copy
+    from copes_lib.substrate import main as _main
+
+    raise SystemExit(_main())

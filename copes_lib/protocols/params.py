@@ -128,6 +128,9 @@ class SubstrateNotebookParams(NotebookParams):
                                         "rule; convergence is checked on the lenient curve)", ge=1)
     WARM_LATENT_QA_STEPS: int = param(1000, "latent protocol: QA warm-start steps, trained exactly (no stopping "
                                       "rule; convergence is checked on the lenient curve)", ge=1)
+    BUILD_JOBS: int = param(2, "processes that build 01's bases and preflights at once, one thread each (1: in "
+                            "this process, one after another; the runner gives 01 this many of its JOBS slots, at "
+                            "most JOBS: docs/cost.md)", ge=1)
     PREFLIGHT: bool = param(True, "measure the testbed's preconditions on the base (docs/preflight.md; the gpu "
                             "profile has no tuning split: off there)")
     PREFLIGHT_ENFORCE: bool = param(True, "a failed preflight stops make reproduce after this notebook (off in smoke, "
