@@ -13,7 +13,9 @@ unregistered notebook waits for every lower-numbered one); of the notebooks read
 the longest critical path starts first (:func:`critical_paths`: its own cost plus the longest chain of
 notebooks waiting on it, costs from the profile's last complete run, ``suite_run.json``), so that with
 ``--jobs 2`` the long chain 01 -> 04 -> 05 is not queued behind short notebooks. ``--jobs N`` runs up
-to N notebooks at once; every kernel gets ``threads.N_FIXED`` threads whatever N, the core count or
+to N notebooks at once; a notebook that runs processes of its own (:data:`SLOTS`: 01 builds its bases and
+preflights ``BUILD_JOBS`` at a time) takes that many of the N slots, at most N, and nothing overtakes it while it
+waits for them; every kernel gets ``threads.N_FIXED`` threads whatever N, the core count or
 ``OMP_NUM_THREADS`` (numbers must not depend on the machine); ``--jobs 1`` is one notebook after
 another in number order. Executed notebooks
 and their HTML land in ``reports/<profile>/``; a failing notebook does not stop the others. Each
@@ -62,6 +64,8 @@ from copes_lib.protocols import notebooks as suite
 
 # What each notebook reads from the others: suite.NEEDS (copes_lib/protocols/notebooks.py).
 NEEDS = suite.NEEDS
+# Notebooks that run processes of their own and the parameter that says how many: suite.SLOTS.
+SLOTS = suite.SLOTS
 
 # Notebooks with a budget of their own under a profile: a run without --only leaves them out and says so;
 # `make reproduce ONLY=09` (then ONLY=99 to refresh the claims) runs them (docs/cost.md).
@@ -168,6 +172,30 @@ def critical_paths(waiting: dict[str, set[str]], costs: dict[str, float]) -> dic
     for stem in sorted(waiting):
         path(stem)
     return paths
+
+
+def notebook_slots(parameters: dict[str, dict[str, Any]], jobs: int) -> dict[str, int]:
+    """How many of the run's ``jobs`` slots each notebook takes: 1, or for a notebook of :data:`SLOTS` its
+    parameter's value (injected, else the parameter class's default), at most ``jobs``. A value above ``jobs`` is
+    lowered to ``jobs`` in ``parameters`` (so the notebook starts no more processes than the slots it holds) and
+    said on the console (tests/test_runner.py)."""
+    import dataclasses
+
+    slots = {}
+    for stem, values in parameters.items():
+        name = SLOTS.get(stem)
+        if name is None:
+            slots[stem] = 1
+            continue
+        defaults = {f.name: f.default for f in dataclasses.fields(suite.params_class(stem))} \
+            if stem in suite.NOTEBOOKS else {}
+        wanted = int(values.get(name, defaults.get(name, 1)))
+        if wanted > jobs:
+            values[name] = jobs
+            print(f"[suite] {stem}: {name} {wanted} lowered to {jobs} (--jobs {jobs}): a notebook runs no more "
+                  "processes than the runner's slots", flush=True)
+        slots[stem] = max(1, min(wanted, jobs))
+    return slots
 
 
 def notebook_parameters(profile: str, stem: str, force: bool) -> dict[str, Any]:
@@ -429,6 +457,7 @@ def run_suite(
     default_selection = [p for p in discovered if p.stem not in OWN_BUDGET.get(profile, ())]
     # Validate everything first, so a typo in a profile fails before an hour of work.
     parameters = {p.stem: notebook_parameters(profile, p.stem, force) for p in notebooks}
+    slots = notebook_slots(parameters, jobs)
     with profile_lock(profile, results_root, wait=wait), _signals_interrupt(), _papermill_logs(verbose):
         status_path = reports_dir / "status.json"
         status = load_status(status_path)
@@ -452,15 +481,17 @@ def run_suite(
         return _run_locked(profile, notebooks, discovered, default_selection, parameters, status, status_path,
                            only=only, force=force, rerun_failed=rerun_failed, notebooks_dir=notebooks_dir,
                            reports_dir=reports_dir, results_root=results_root, figures_root=figures_root, jobs=jobs,
-                           verbose=verbose)
+                           verbose=verbose, slots=slots)
 
 
 def _run_locked(profile: str, notebooks: list[Path], discovered: list[Path], default_selection: list[Path],
                 parameters: dict[str, dict[str, Any]], status: dict[str, Any], status_path: Path, *,
                 only: str | None, force: bool, rerun_failed: bool, notebooks_dir: Path, reports_dir: Path,
                 results_root: str | Path | None, figures_root: str | Path | None, jobs: int,
-                verbose: bool = False) -> int:
-    """The body of :func:`run_suite`, with the profile's lock held."""
+                verbose: bool = False, slots: dict[str, int] | None = None) -> int:
+    """The body of :func:`run_suite`, with the profile's lock held. ``slots``: how many of the ``jobs`` slots
+    each notebook takes (:func:`notebook_slots`; 1 when not given)."""
+    slots = slots or {}
     total = len(notebooks)
     suite_t0, suite_started, code = time.perf_counter(), _now(), runs.git_state()
     lock = threading.Lock()
@@ -509,7 +540,10 @@ def _run_locked(profile: str, notebooks: list[Path], discovered: list[Path], def
     try:
         with _kernel_threads(jobs):
             while pending or running:
-                for path in [p for p in pending if waiting[p.stem] <= finished][: jobs - len(running)]:
+                for path in [p for p in pending if waiting[p.stem] <= finished]:
+                    held = sum(slots.get(stem, 1) for stem in running)
+                    if held + slots.get(path.stem, 1) > jobs:
+                        break  # it waits for its slots, and the ready notebooks behind it wait too (none overtakes)
                     pending.remove(path)
                     running.add(path.stem)
                     # daemon threads: a stopped run exits at once (its kernels follow, ipykernel's parent poller)

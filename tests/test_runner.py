@@ -416,3 +416,41 @@ def test_the_console_shows_one_line_per_notebook_and_the_log_holds_the_rest(suit
     assert cli.run_suite("smoke", only="01", verbose=True, **suite) == 0
     out = capsys.readouterr().out
     assert "OUTPUT OF A CELL" in out and "-- cell" in out
+
+
+def test_a_notebook_that_runs_its_own_processes_takes_its_slots(tmp_path, monkeypatch, capsys):
+    """01 builds its bases and preflights BUILD_JOBS at a time (copes_lib.protocols.notebooks.SLOTS): with JOBS=2 it
+    holds both slots, so nothing starts beside it; with JOBS=1 it takes 1 and runs with BUILD_JOBS lowered to 1."""
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    stamp = 'import time\nwith open("order.log", "a") as f:\n    f.write(f"{time.time()} {THIS} {WHEN}\\n")'
+    for stem in ("01_wide", "02_a", "03_b"):
+        _notebook(notebooks / f"{stem}.ipynb", f"THIS, WHEN = {stem!r}, 'start'", stamp,
+                  "BUILD_JOBS = globals().get('BUILD_JOBS', 0)\nwith open('build_jobs.log', 'a') as f:\n"
+                  "    f.write(f'{THIS} {BUILD_JOBS}\\n')", "WHEN = 'end'", stamp)
+    monkeypatch.setattr(cli, "NEEDS", {"01_wide": (), "02_a": (), "03_b": ()})
+    monkeypatch.setitem(cli.SLOTS, "01_wide", "BUILD_JOBS")
+    plain = cli.notebook_parameters
+    monkeypatch.setattr(cli, "notebook_parameters", lambda profile, stem, force: {
+        **plain(profile, stem, force), **({"BUILD_JOBS": 2} if stem == "01_wide" else {})})
+    kwargs = {"notebooks_dir": notebooks, "reports_dir": tmp_path / "reports", "results_root": tmp_path / "r",
+              "figures_root": tmp_path / "f"}
+    assert cli.run_suite("smoke", jobs=2, **kwargs) == 0
+    rows = [line.split() for line in (notebooks / "order.log").read_text().splitlines()]
+    at = {(name, when): float(t) for t, name, when in rows}
+    assert at[("01_wide", "start")] < at[("01_wide", "end")]  # 01 first (number order among equal paths) ...
+    assert min(at[(s, "start")] for s in ("02_a", "03_b")) > at[("01_wide", "end")], rows  # ... and alone
+    assert "01_wide 2" in (notebooks / "build_jobs.log").read_text().splitlines()
+    (notebooks / "build_jobs.log").unlink()
+    assert cli.run_suite("smoke", only="01", jobs=1, **kwargs) == 0
+    assert (notebooks / "build_jobs.log").read_text().split() == ["01_wide", "1"]
+    assert "01_wide: BUILD_JOBS 2 lowered to 1 (--jobs 1)" in capsys.readouterr().out
+
+
+def test_slots_follow_01s_build_jobs_under_each_profile():
+    assert cli.SLOTS == {"01_substrate_and_agent": "BUILD_JOBS"} and set(cli.SLOTS) <= set(registry.NOTEBOOKS)
+    stem = "01_substrate_and_agent"
+    cpu = {stem: cli.notebook_parameters("cpu", stem, False), "02_standard_es": {}}
+    assert cli.notebook_slots(cpu, 2) == {stem: 2, "02_standard_es": 1}  # the dataclass default, 2
+    assert cli.notebook_slots({stem: cli.notebook_parameters("smoke", stem, False)}, 2) == {stem: 1}  # smoke: 1
+    assert cli.notebook_slots({stem: {"BUILD_JOBS": 4}}, 3) == {stem: 3}

@@ -51,6 +51,14 @@ NEEDS: dict[str, tuple[str, ...]] = {
 }
 
 
+# Notebooks that run processes of their own: stem -> the parameter that says how many at once. The runner gives such
+# a notebook that many of its JOBS slots, at most JOBS (a larger value is lowered to JOBS for the run, so a suite
+# never keeps more than JOBS cores busy); nothing else starts in the slots it holds.
+SLOTS: dict[str, str] = {
+    "01_substrate_and_agent": "BUILD_JOBS",  # its math and QA bases, then its preflights, in parallel (docs/cost.md)
+}
+
+
 def params_class(notebook: str) -> type[NotebookParams]:
     """The parameter dataclass of ``notebook`` (its file stem, e.g. ``"02_standard_es"``)."""
     if notebook not in NOTEBOOKS:
