@@ -28,6 +28,7 @@ def _quiet(*args, **kwargs):
     pass
 
 
+@pytest.mark.slow(cost=25)  # started first by tests/conftest.py (make test's worker balance); 22 s measured
 def test_a_base_trained_in_a_worker_process_is_the_same_bits_as_one_trained_here(tmp_path, monkeypatch):
     config, pairs = _config(), [("math", 5), ("qa", 5)]
     monkeypatch.setattr(runs, "CACHE_ROOT", tmp_path / "workers")
