@@ -46,7 +46,7 @@ from copes_lib.tasks.units import UNIT_SPECS, UnitSpec, check_units, describe_un
 __all__ = ["GPUDataPaths", "use_gpu_data", "AgentToolSettings", "use_tool_settings", "Task", "load_tasks", "load_benchmarks", "load_passages", "task_ids", "data_fingerprint", "describe_split_file", "tool_settings", "SPLITS", "TASK_KINDS", "TAGS", "SEARCH_K",
            "TOOL_LIMITS", "TUNING_SPLIT", "check_tuning_disjoint", "format_prompt", "split_trace", "extract_answer", "math_reward", "qa_reward",
            "format_reward", "math_correctness", "qa_scores", "qa_metrics", "math_equal", "GENERATED_SIZES",
-           "UnitSpec", "UNIT_SPECS", "describe_units", "unit_report"]
+           "UnitSpec", "UNIT_SPECS", "describe_units", "unit_report", "profile_splits"]
 
 SPLITS_DIR = REPO_ROOT / "data" / "splits"
 #: docs/paper_a_copes.md#a4-task-agent-reward-and-data: math allows 3 search + 5 Python calls, QA 5 + 5.
@@ -343,10 +343,20 @@ def load_tasks(profile: str, kind: str, split: str) -> list[Task]:
     return list(_generated_tasks(profile, kind)[split])
 
 
+def profile_splits(profile: str) -> tuple[str, ...]:
+    """The splits ``profile`` has: train, val, test and, where the data are generated, the tuning split (the
+    gpu profile has none: its sweeps are off).
+
+    >>> profile_splits("cpu"), profile_splits("gpu")
+    (('train', 'val', 'test', 'tune'), ('train', 'val', 'test'))
+    """
+    return tuple(SPLITS) if profile == "gpu" else (*SPLITS, TUNING_SPLIT)
+
+
 def unit_report(profile: str, kind: str) -> dict[str, dict]:
-    """Per split of a generated profile: problems, distinct latent units, the largest unit's problems and
-    share (:func:`copes_lib.tasks.units.describe_units`); no model needed."""
-    return {split: describe_units(load_tasks(profile, kind, split)) for split in (*SPLITS, TUNING_SPLIT)}
+    """Per split of ``profile``: problems, distinct latent units, the largest unit's problems and share
+    (:func:`copes_lib.tasks.units.describe_units`); no model needed."""
+    return {split: describe_units(load_tasks(profile, kind, split)) for split in profile_splits(profile)}
 
 
 def task_ids(profile: str, kind: str, split: str) -> list[str]:
