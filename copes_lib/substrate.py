@@ -717,8 +717,9 @@ def build_warm_starts(profile: str, pairs, config: WarmStartConfig, *, jobs: int
     return built
 
 
-def _exit_with_parent() -> None:
-    """End this worker when the process that started it is gone (a stopped notebook), instead of training on."""
+def exit_with_parent() -> None:
+    """End this worker when the process that started it is gone (a stopped notebook or a killed `make
+    preflight`), instead of working on; a daemon thread polls the parent every 2 s."""
     import threading
 
     parent = os.getppid()
@@ -751,7 +752,7 @@ def main(argv=None) -> int:
     build.add_argument("--cache-root", default="", help="the cache root (default: the repository's cache/)")
     build.add_argument("--force", action="store_true", help="train even when the base is cached")
     args = parser.parse_args(argv)
-    _exit_with_parent()
+    exit_with_parent()
     spec = json.loads(Path(args.config).read_text())
     if args.cache_root:
         runs.CACHE_ROOT = Path(args.cache_root)
@@ -772,7 +773,7 @@ def describe(model, tokenizer) -> dict:
             "intermediate": cfg.intermediate_size}
 
 
-__all__ = ["WarmStartConfig", "MODEL_SIZES", "train_agent_tokenizer", "get_tokenizer", "build_agent_model",
+__all__ = ["WarmStartConfig", "MODEL_SIZES", "exit_with_parent", "train_agent_tokenizer", "get_tokenizer", "build_agent_model",
            "model_config", "count_model_params", "load_pretrained", "encode_trace", "warm_start", "warm_start_folder",
            "train_warm_start", "warm_rollout_config", "describe", "PROTOCOLS", "latent_reference", "latent_trace_mix", "PRIORS", "prior_cue", "cued_values",
            "graded_rates",

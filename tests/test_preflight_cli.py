@@ -140,8 +140,46 @@ def test_a_failed_worker_is_one_line_naming_its_pair_and_log(roots, monkeypatch,
 
 def test_a_measure_only_worker_writes_no_table_and_no_file(roots, monkeypatch, capsys):
     _measured(monkeypatch, GOOD)
+    import copes_lib.substrate
+
+    watched = []
+    monkeypatch.setattr(copes_lib.substrate, "exit_with_parent", lambda: watched.append(True))
     assert pf.main(["--profile", "cpu", "--kinds", "math", "--seeds", "1", "--measure-only"]) == 0
     assert "kind" not in capsys.readouterr().out and not (roots / "reports" / "preflight" / "cpu.json").exists()
+    assert watched == [True]  # a worker ends with the process that started it
+
+
+def test_a_worker_ends_when_the_process_that_started_it_is_killed(tmp_path):
+    """exit_with_parent: the grandchild (a worker) notices its parent's death and exits instead of working on."""
+    import os
+    import signal
+    import time
+
+    flag = tmp_path / "worker.pid"
+    worker = ("import os, time; from copes_lib.substrate import exit_with_parent; exit_with_parent(); "
+              f"open({str(flag)!r}, 'w').write(str(os.getpid())); time.sleep(600)")
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                               f"subprocess.Popen([sys.executable, '-c', {worker!r}]); time.sleep(600)"], cwd=REPO_ROOT)
+    for _ in range(3000):  # the worker has started once it wrote its pid (importing torch may be slow under load)
+        if flag.exists() and flag.read_text():
+            break
+        time.sleep(0.1)
+    pid = int(flag.read_text())
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    for _ in range(3000):  # it polls every 2 s
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        try:  # reap it if it became our child (it does not: it is re-parented to init), or just wait
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        time.sleep(0.1)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        pytest.fail("the worker outlived the process that started it")
 
 
 def test_jobs_below_one_is_a_one_line_error(capsys):

@@ -552,6 +552,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs {args.jobs}: an integer >= 1 expected (the processes measuring at once)")
+    if args.measure_only:  # a worker of measure_in_parallel: it ends with the process that started it
+        from copes_lib.substrate import exit_with_parent
+
+        exit_with_parent()
     try:
         seeds = [int(v) for v in args.seeds.split(",") if v.strip()]
     except ValueError:
