@@ -496,7 +496,8 @@ def table(reports: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 
 def plot(reports: dict[str, dict[str, Any]]):
     """Per kind: the histogram of per-prompt sampled protocol rates, and the member-spread curve over sigma
-    (share of members differing from the base) with the E1 floor and the calibrated sigma."""
+    (share of members differing from the base: the mean over the calibration's batches and the lowest batch,
+    which is what the rule reads) with the E1 floor, the calibrated sigma and E1's own measurement there."""
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(len(reports), 2, figsize=(10, 3.2 * len(reports)), squeeze=False)
@@ -507,10 +508,17 @@ def plot(reports: dict[str, dict[str, Any]]):
         left.set_ylabel("prompts")
         left.set_title(f"{kind}: G1 {r['values']['G1']:.2f}, G2 {r['values']['G2']:.2f}")
         sigmas = [row["sigma"] for row in r["calibration"]]
-        right.plot(sigmas, [row["share"] for row in r["calibration"]], marker="o", label="members differing")
+        right.plot(sigmas, [row["share"] for row in r["calibration"]], marker="o", label="members differing (mean)")
+        lowest = [row.get("min_share") for row in r["calibration"]]
+        if None not in lowest:
+            right.plot(sigmas, lowest, marker=".", ls="--", color="tab:blue", alpha=0.6,
+                       label="lowest calibration batch (the rule)")
         right.axhline(r["criterion"]["min_members_differ"], color="grey", ls=":", label="E1 floor")
         if r["sigma"] is not None:
             right.axvline(r["sigma"], color="green", ls="--", label=f"calibrated sigma {r['sigma']:g}")
+            if r["values"].get("E1") is not None:  # fresh members on the tuning prompts: the precondition itself
+                right.plot([r["sigma"]], [r["values"]["E1"]], marker="D", color="tab:red", ls="none",
+                           label=f"E1 {r['values']['E1']:.2f}, E2 {r['values']['E2']:.2f}")
         right.set_xscale("log")
         right.minorticks_off()  # the ladder's own values as ticks: log minor labels overlap
         right.set_xticks(sigmas, [f"{v:g}" for v in sigmas], rotation=30, fontsize=8)
@@ -518,7 +526,7 @@ def plot(reports: dict[str, dict[str, Any]]):
         right.set_xlabel("sigma")
         right.set_ylabel("share of members")
         right.set_title(f"{kind}: ES member spread over sigma")
-        right.legend(fontsize=8)
+        right.legend(fontsize=8, loc="upper left")  # the curve rises to the right: its upper left is empty
     fig.tight_layout()
     return fig
 
