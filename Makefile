@@ -36,6 +36,12 @@ PYTHON_GPU ?= $(shell for p in python3 python3.12 python3.11 python3.13; do \
 RUN_VENV := $(if $(filter gpu,$(PROFILE)),venv-gpu,venv)
 RUN_BIN := $(if $(filter gpu,$(PROFILE)),$(VENV_GPU)/bin,$(BIN))
 PROFILE ?= cpu
+# a candidate base design's overlay, profiles/recipes/<RECIPE>.yaml (docs/running.md#recipe-overlays); a design
+# runs this way until it passes its 5-seed check
+RECIPE ?=
+ifneq ($(strip $(RECIPE)),)
+export COPES_RECIPE := $(strip $(RECIPE))
+endif
 ONLY ?=
 FORCE ?=
 RERUN_FAILED ?=

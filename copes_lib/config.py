@@ -28,6 +28,13 @@ processes it starts (they inherit them through the ``COPES_EXPLICIT_PARAMS`` env
 Profiles are read strictly: a notebook section or a key written twice is an error naming the file
 and both lines, and a YAML syntax error names the file and line.
 
+A **recipe overlay** (``profiles/recipes/<name>.yaml``, chosen by the ``COPES_RECIPE`` environment variable,
+``make ... RECIPE=<name>``) lays a candidate design's values over one profile's sections: a base design
+that has not passed its 5-seed check runs only this way, never as a profile's default
+(docs/preflight.md#p810-the-next-design-registered-2026-12-04). The overlay names the profile it belongs
+to; under another profile, or with an unknown name, it is an error naming the valid values. Worker
+processes inherit the variable, so they read the same values.
+
 The notebooks' parameter classes live in :mod:`copes_lib.protocols.params` (and
 ``protocols.molora_params``); :mod:`copes_lib.protocols.notebooks` maps each notebook to its class.
 This module knows no notebook: its helpers take a parameter class, whose ``NOTEBOOK`` names its
@@ -52,6 +59,9 @@ import yaml
 PROFILES = ("smoke", "cpu", "gpu")
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PROFILE_DIR = REPO_ROOT / "profiles"
+RECIPE_DIR = PROFILE_DIR / "recipes"
+#: Environment variable naming the recipe overlay of this process and the processes it starts.
+RECIPE_ENV = "COPES_RECIPE"
 
 class ConfigError(ValueError):
     """A parameter is unknown, of the wrong type, or out of range. The message says how to fix it."""
@@ -257,7 +267,52 @@ def load_profile(profile: str, notebooks: typing.Collection[str] | None = None) 
             raise ConfigError(f"{path}: unknown notebook {notebook!r}; valid notebooks: {list(notebooks)}")
         if values is not None and not isinstance(values, dict):
             raise ConfigError(f"{path}: {notebook} must map parameter names to values")
-    return {nb: dict(values or {}) for nb, values in data.items()}
+    sections = {nb: dict(values or {}) for nb, values in data.items()}
+    overlay = recipe_overlay(profile)
+    for notebook, values in overlay.items():
+        if notebooks is not None and notebook not in notebooks:
+            raise ConfigError(f"{recipe_path(active_recipe())}: unknown notebook {notebook!r}; valid notebooks: "
+                              f"{list(notebooks)}")
+        sections[notebook] = {**sections.get(notebook, {}), **values}
+    return sections
+
+
+def recipe_names() -> list[str]:
+    """The recipe overlays shipped in ``profiles/recipes/``."""
+    return sorted(p.stem for p in RECIPE_DIR.glob("*.yaml"))
+
+
+def active_recipe() -> str | None:
+    """The recipe overlay named by ``COPES_RECIPE`` (None when unset or empty)."""
+    return (os.environ.get(RECIPE_ENV) or "").strip() or None
+
+
+def recipe_path(name: str | None) -> Path:
+    return RECIPE_DIR / f"{name}.yaml"
+
+
+def recipe_overlay(profile: str, name: str | None = None) -> dict[str, dict[str, Any]]:
+    """The sections the recipe overlay ``name`` (default: :func:`active_recipe`) lays over ``profile``; {}
+    without one. An unknown name, a file without ``profile:`` / ``sections:``, or an overlay of another
+    profile is a :class:`ConfigError` naming the valid values."""
+    name = name if name is not None else active_recipe()
+    if not name:
+        return {}
+    path = recipe_path(name)
+    if not path.is_file():
+        raise ConfigError(f"RECIPE ({RECIPE_ENV}) = {name!r} is not a recipe overlay; valid values: "
+                          f"{recipe_names()} (files in {RECIPE_DIR.relative_to(REPO_ROOT)}/), or unset")
+    data = read_yaml_strict(path) or {}
+    if not isinstance(data, dict) or not isinstance(data.get("sections"), dict) or "profile" not in data:
+        raise ConfigError(f"{path}: a recipe overlay maps 'profile' to a profile name and 'sections' to "
+                          "{notebook: {PARAM: value}}")
+    if data["profile"] != profile:
+        raise ConfigError(f"RECIPE = {name!r} is an overlay of profile {data['profile']!r}, not {profile!r}; "
+                          f"run it with PROFILE={data['profile']}, or unset RECIPE")
+    for notebook, values in data["sections"].items():
+        if not isinstance(values, dict):
+            raise ConfigError(f"{path}: {notebook} must map parameter names to values")
+    return {nb: dict(values) for nb, values in data["sections"].items()}
 
 
 def yaml_params(profile: str, cls: type[NotebookParams]) -> dict[str, Any]:
