@@ -100,7 +100,7 @@ help:
 	@echo "make report [PROFILE=cpu]  reports/<profile>/index.html from the results there (cpu: the committed run)"
 	@echo "make test      ruff + pytest (unit tests and every notebook under the smoke profile)"
 	@echo "make lab       JupyterLab from .venv (LAB_ARGS=\"--no-browser --port 8888\" to pass options)"
-	@echo "make preflight [PROFILE=cpu] [SEEDS=0,1,2,3,4] [JOBS=2] [RECORD=1] [STRICT=1]  the testbed's preconditions on the profile's base,"
+	@echo "make preflight [PROFILE=cpu] [RECIPE=name] [KINDS=math,qa] [SEEDS=0,1,2,3,4] [JOBS=2] [RECORD=1] [STRICT=1]  the testbed's preconditions on the profile's base,"
 	@echo "               per warm-start seed; exit 0 holds, 2 not actionable, 1 error (docs/preflight.md)"
 	@echo "make venv      create/update .venv from requirements.txt (no-op when up to date)"
 	@echo "make venv-gpu  create/update .venv-gpu from requirements-gpu.txt (PROFILE=gpu does it itself);"
@@ -209,7 +209,7 @@ validate: venv
 RECORD ?=
 STRICT ?=
 preflight: venv
-	$(BIN)/python -m copes_lib.protocols.preflight --profile $(PROFILE) $(if $(SEEDS),--seeds $(SEEDS)) \
+	$(BIN)/python -m copes_lib.protocols.preflight --profile $(PROFILE) $(if $(SEEDS),--seeds $(SEEDS)) $(if $(KINDS),--kinds $(KINDS)) \
 		$(if $(JOBS),--jobs $(JOBS)) $(if $(call truthy,$(RECORD)),--record) $(if $(call truthy,$(STRICT)),--strict)
 
 # Opens at the repository root (notebooks/, results/, reports/, figures/ all reachable); as root (common
