@@ -50,9 +50,12 @@ def add_options(parser: argparse.ArgumentParser) -> None:
 
 def output_paths(profile: str, record: bool) -> tuple[Path, Path]:
     """The JSON and the figure of this preflight (see the module docstring)."""
+    from copes_lib.protocols.prerun_seed_check import record_name
+
+    name = record_name(profile)  # <profile>-<recipe> under a recipe overlay
     if record:
-        return runs.RESULTS_ROOT / "preflight" / f"{profile}.json", runs.FIGURES_ROOT / "preflight" / f"{profile}.png"
-    return REPORTS_ROOT / "preflight" / f"{profile}.json", REPORTS_ROOT / "preflight" / f"{profile}.png"
+        return runs.RESULTS_ROOT / "preflight" / f"{name}.json", runs.FIGURES_ROOT / "preflight" / f"{name}.png"
+    return REPORTS_ROOT / "preflight" / f"{name}.json", REPORTS_ROOT / "preflight" / f"{name}.png"
 
 
 def print_table(rows: list[dict[str, Any]], meaning: dict[str, str]) -> None:

@@ -41,9 +41,19 @@ PRECONDITIONS = ("G1", "G2", "E1", "E2", "R", "U")
 _LABEL = re.compile(r"^(?P<kind>\w+)(?: seed (?P<seed>\d+))?$")
 
 
-def record_path(profile: str, root: str | Path | None = None) -> Path:
-    """``results/preflight/<profile>.json`` (``root``: another results folder)."""
-    return Path(root if root is not None else runs.RESULTS_ROOT) / "preflight" / f"{profile}.json"
+def record_name(profile: str, recipe: str | None = None) -> str:
+    """The record's file stem: ``<profile>`` for the profile's own recipe, ``<profile>-<recipe>`` under a
+    recipe overlay (``recipe``; default: :func:`copes_lib.config.active_recipe`), so a candidate's check never
+    overwrites the default's."""
+    from copes_lib.config import active_recipe
+
+    recipe = recipe if recipe is not None else active_recipe()
+    return f"{profile}-{recipe}" if recipe else profile
+
+
+def record_path(profile: str, root: str | Path | None = None, recipe: str | None = None) -> Path:
+    """``results/preflight/<record_name>.json`` (``root``: another results folder)."""
+    return Path(root if root is not None else runs.RESULTS_ROOT) / "preflight" / f"{record_name(profile, recipe)}.json"
 
 
 def _number(value: Any) -> float | None:
@@ -246,4 +256,4 @@ def summary_keys(result: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["COMMAND", "record_path", "seed_rows", "compare", "check", "table", "summary_keys"]
+__all__ = ["COMMAND", "record_name", "record_path", "seed_rows", "compare", "check", "table", "summary_keys"]
