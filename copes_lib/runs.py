@@ -436,6 +436,29 @@ def check_summary(summary: dict[str, Any]) -> None:
 
 
 # notebook -> (wall clock, perf_counter) of its first cell in this process (mark_notebook_start).
+def run_commands(commands: Sequence[tuple[Any, Sequence[str], Path]], jobs: int, *,
+                 cwd: str | Path = REPO_ROOT) -> list[tuple[Any, int, Path, float]]:
+    """Run each ``(label, argv, log)`` as its own process, ``jobs`` at a time, each one's output (stdout and
+    stderr) in its ``log``; returns ``(label, exit status, log, seconds)`` in the order given, after every
+    command has ended (a failure does not stop the others: the caller decides what a failure means).
+    The one place the suite runs worker processes side by side (the preflight's pairs, notebook 01's bases)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs = {jobs!r}: an integer >= 1 expected (processes at once)")
+
+    def run(item: tuple[Any, Sequence[str], Path]) -> tuple[Any, int, Path, float]:
+        label, argv, log = item
+        Path(log).parent.mkdir(parents=True, exist_ok=True)
+        started = time.perf_counter()
+        with open(log, "w") as sink:
+            status = subprocess.run(list(argv), cwd=cwd, stdout=sink, stderr=subprocess.STDOUT).returncode
+        return label, status, Path(log), time.perf_counter() - started
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(run, commands))
+
+
 _NOTEBOOK_START: dict[str, tuple[_dt.datetime, float]] = {}
 
 

@@ -657,10 +657,8 @@ def build_warm_starts(profile: str, pairs, config: WarmStartConfig, *, jobs: int
     the base is loaded rather than trained (the gpu profile, ``config.model_path``), or when every base is cached.
     """
     import json
-    import subprocess
     import sys
     import tempfile
-    from concurrent.futures import ThreadPoolExecutor
 
     from copes_lib.tasks import TASK_KINDS
 
@@ -687,19 +685,13 @@ def build_warm_starts(profile: str, pairs, config: WarmStartConfig, *, jobs: int
         spec = Path(tmp) / "config.json"
         spec.write_text(json.dumps({"config": dataclasses.asdict(config), "tools": _tool_limits(profile)}))
 
-        def train(pair: tuple[str, int]) -> tuple[tuple[str, int], int, Path, float]:
-            kind, seed = pair
-            out = logs / f"warm_start_{kind}_seed{seed}.log"
-            command = [sys.executable, "-m", "copes_lib.substrate", "build", "--profile", profile, "--kind", kind,
-                       "--seed", str(seed), "--config", str(spec), "--cache-root", str(runs.CACHE_ROOT)]
-            t0 = time.perf_counter()
-            with open(out, "w") as sink:
-                status = subprocess.run(command + (["--force"] if force else []), cwd=runs.REPO_ROOT, stdout=sink,
-                                        stderr=subprocess.STDOUT).returncode
-            return pair, status, out, time.perf_counter() - t0
+        def command(kind: str, seed: int) -> list[str]:
+            return [sys.executable, "-m", "copes_lib.substrate", "build", "--profile", profile, "--kind", kind,
+                    "--seed", str(seed), "--config", str(spec), "--cache-root", str(runs.CACHE_ROOT),
+                    *(["--force"] if force else [])]
 
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            done = list(pool.map(train, missing))
+        done = runs.run_commands([((kind, seed), command(kind, seed), logs / f"warm_start_{kind}_seed{seed}.log")
+                                  for kind, seed in missing], jobs)
     failed, built = [], {}
     for (kind, seed), status, out, seconds in done:
         lines = [line for line in out.read_text(errors="replace").splitlines() if line.strip()] if out.exists() else []

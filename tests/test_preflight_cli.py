@@ -186,3 +186,54 @@ def test_jobs_below_one_is_a_one_line_error(capsys):
     with pytest.raises(SystemExit) as stop:
         pf.main(["--profile", "cpu", "--jobs", "0"])
     assert stop.value.code == 1 and "--jobs 0: an integer >= 1 expected" in capsys.readouterr().err
+
+
+def _counting(monkeypatch, values):
+    measured = []
+
+    def fake(profile, kind, *a, warm_seed=0, **kw):
+        measured.append((kind, warm_seed))
+        return {**_fake_report(values), "warm_seed": warm_seed}
+
+    monkeypatch.setattr(pf, "run_preflight", fake)
+    return measured
+
+
+def test_recording_is_resumable_seed_by_seed(roots, monkeypatch, capsys):
+    measured = _counting(monkeypatch, GOOD)
+    assert pf.main(["--profile", "cpu", "--kinds", "math", "--seeds", "1", "--record"]) == 0
+    assert pf.main(["--profile", "cpu", "--kinds", "math", "--seeds", "1,2", "--record"]) == 0
+    assert measured == [("math", 1), ("math", 2)]  # seed 1 was recorded: not measured again
+    assert "already recorded in cpu.json for this recipe, not measured again: math seed 1" in capsys.readouterr().out
+    record = runs.read_json(roots / "results" / "preflight" / "cpu.json")
+    assert sorted(record["kinds"]) == ["math seed 1", "math seed 2"] and record["seeds"] == [1, 2]
+    assert all(e["recorded_utc"] and e["groups"]["protocol_rate"] for e in record["kinds"].values())
+    assert {"recipe", "settings", "criterion"} <= set(record)
+    assert pf.main(["--profile", "cpu", "--kinds", "math", "--seeds", "1", "--record", "--force"]) == 0
+    assert measured[-1] == ("math", 1)
+
+
+def test_recording_over_another_recipes_record_is_a_one_line_error(roots, monkeypatch, capsys):
+    _counting(monkeypatch, GOOD)
+    assert pf.main(["--profile", "cpu", "--kinds", "math", "--seeds", "1", "--record"]) == 0
+    path = roots / "results" / "preflight" / "cpu.json"
+    record = runs.read_json(path)
+    record["recipe"]["latent_math_steps"] += 1
+    record["settings"]["calibration_batches"] += 1
+    runs.atomic_write_json(path, record)
+    capsys.readouterr()
+    assert preflight_cli.guarded(pf.main, ["--profile", "cpu", "--kinds", "math", "--seeds", "2", "--record"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "records another check" in err[0]
+    assert "recipe.latent_math_steps" in err[0] and "settings.calibration_batches" in err[0]
+    assert runs.read_json(path) == record  # untouched
+
+
+def test_a_recipe_overlay_records_into_its_own_file(roots, monkeypatch, capsys):
+    _counting(monkeypatch, GOOD)
+    monkeypatch.setenv("COPES_RECIPE", "p8.10")
+    assert pf.main(["--profile", "cpu", "--kinds", "math", "--seeds", "1", "--record"]) == 0
+    record = runs.read_json(roots / "results" / "preflight" / "cpu-p8.10.json")
+    assert record["recipe_name"] == "p8.10" and record["settings"]["calibration_batches"] == 4
+    assert not (roots / "results" / "preflight" / "cpu.json").exists()
+    assert (roots / "figures" / "preflight" / "cpu-p8.10.png").exists()

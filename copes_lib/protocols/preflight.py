@@ -502,7 +502,11 @@ def plot(reports: dict[str, dict[str, Any]]):
 
     fig, axes = plt.subplots(len(reports), 2, figsize=(10, 3.2 * len(reports)), squeeze=False)
     for (left, right), (kind, r) in zip(axes, reports.items()):
-        left.hist(r["groups"]["protocol_rate"], bins=np.linspace(0, 1, 11), color="tab:blue", edgecolor="white")
+        rates = (r.get("groups") or {}).get("protocol_rate")
+        if rates is not None:
+            left.hist(rates, bins=np.linspace(0, 1, 11), color="tab:blue", edgecolor="white")
+        else:  # a record written before the rates were kept
+            left.text(0.5, 0.5, "per-prompt rates not recorded", ha="center", va="center", transform=left.transAxes)
         left.set_xlabel(f"per-prompt sampled protocol rate (G = {r['settings']['group_size']}, T = "
                         f"{r['settings']['temperature']})")
         left.set_ylabel("prompts")
@@ -531,11 +535,18 @@ def plot(reports: dict[str, dict[str, Any]]):
     return fig
 
 
+#: what a record keeps of each (kind, seed)'s report: enough to judge, tabulate and plot it without the cache
+RECORDED = ("values", "verdicts", "met", "failed", "sigma", "alpha", "shape", "seed_shapes", "units", "warm_seed",
+            "calibration", "notes", "settings", "criterion", "seconds", "base_digest")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m copes_lib.protocols.preflight --profile cpu [--kinds math,qa]`` (``make preflight``): the
     preflight of notebook 01 on the profile's cached base (trained first if missing), with 01's PREFLIGHT_*
     parameters, before any experiment: prints the table, writes ``reports/preflight/<profile>.json`` and
-    ``.png`` (``--record``: the committed ``results/preflight/`` and ``figures/preflight/``). Exit 0 when every
+    ``.png`` (``--record``: the committed ``results/preflight/<profile>[-<recipe>].json`` and its figure, to which
+    the measured seeds are added: a (kind, seed) the record already holds for the same recipe is not measured
+    again, and a record of another recipe is an error, never overwritten). Exit 0 when every
     precondition holds (or the profile does not enforce them), 2 when not actionable, 1 on an error
     (:mod:`copes_lib.protocols.preflight_cli`)."""
     import argparse
@@ -543,6 +554,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import json
 
     from copes_lib import threads
+    from copes_lib.config import active_recipe
     from copes_lib.protocols import preflight_cli
     from copes_lib.protocols.substrate_setup import substrate_params
 
@@ -574,35 +586,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.kinds:
         params = dataclasses.replace(params, PREFLIGHT_KINDS=args.kinds)
     warm = params.warm_start_config()
+    settings, criterion = params.preflight_settings(), PreflightCriterion()
+    path, figure = preflight_cli.output_paths(args.profile, args.record)
+    key = preflight_cli.record_key(warm, settings, criterion)
+    earlier = preflight_cli.earlier_record(path, key) if args.record and not args.measure_only else {}
     pairs = [(kind, seed) for kind in params.preflight_kinds() for seed in seeds or [params.SEED]]
+    label = (lambda kind, seed: f"{kind} seed {seed}") if seeds else (lambda kind, seed: kind)
+    done = [pair for pair in pairs if label(*pair) in earlier and not args.force]
+    if done:  # resumable: what the record already holds for this recipe is not measured again
+        print(f"already recorded in {path.name} for this recipe, not measured again: "
+              f"{', '.join(label(*pair) for pair in done)} (--force / FORCE=1 measures them again)")
+    pairs = [pair for pair in pairs if pair not in done]
     if args.jobs > 1 and len(pairs) > 1:  # workers fill the cache; the loop below then reads it
         preflight_cli.measure_in_parallel(args.profile, pairs, args.jobs, seeded=bool(seeds), force=args.force)
         args.force = False
     reports = {}
     with threads.fixed_threads():
-        for kind in params.preflight_kinds():
-            for seed in seeds or [params.SEED]:
-                label = f"{kind} seed {seed}" if seeds else kind
-                reports[label] = run_preflight(args.profile, kind, params.preflight_settings(), PreflightCriterion(),
-                                               prior=warm.latent_prior if warm.protocol == "latent" else None,
-                                               graded=(warm.graded_low, warm.graded_high), warm_seed=seed,
-                                               shape_seeds=[] if seeds else None, force=args.force)
+        for kind, seed in pairs:
+            reports[label(kind, seed)] = run_preflight(
+                args.profile, kind, settings, criterion, prior=warm.latent_prior if warm.protocol == "latent" else None,
+                graded=(warm.graded_low, warm.graded_high), warm_seed=seed, shape_seeds=[] if seeds else None,
+                force=args.force)
     if args.measure_only:
         return preflight_cli.EXIT_HOLDS
-    preflight_cli.print_table(table(reports), MEANING)
-    out = {"profile": args.profile, "recipe": dataclasses.asdict(warm), "git": runs.git_state(),
+    git = runs.git_state()
+    written = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    measured = {name: {**{k: r[k] for k in RECORDED if k in r}, "groups": {"protocol_rate": r["groups"]["protocol_rate"]},
+                       "recorded_git": git.get("commit"), "recorded_utc": written}
+                for name, r in reports.items()}
+    entries = {**earlier, **json.loads(json.dumps(measured, default=str))}
+    preflight_cli.print_table(table(entries), MEANING)
+    out = {"profile": args.profile, "recipe_name": active_recipe(), **key, "git": git,
            "threads": threads.thread_info(),
-           "seeds": seeds or [params.SEED],
-           "written_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-           "kinds": {kind: {k: r[k] for k in ("values", "verdicts", "met", "failed", "sigma", "alpha", "shape",
-                                                "seed_shapes", "units", "warm_seed", "calibration", "notes", "settings",
-                                                "criterion", "seconds", "base_digest") if k in r}
-                     for kind, r in reports.items()}}
-    path, figure = preflight_cli.output_paths(args.profile, args.record)
-    runs.atomic_write_json(path, json.loads(json.dumps(out, default=str)))
+           "seeds": sorted({int(r["warm_seed"]) for r in entries.values() if r.get("warm_seed") is not None}),
+           "written_utc": written, "kinds": entries}
+    runs.atomic_write_json(path, out)
     figure.parent.mkdir(parents=True, exist_ok=True)
-    plot(reports).savefig(figure, dpi=110)
-    failed = {kind: r["failed"] for kind, r in reports.items()}
+    plot(entries).savefig(figure, dpi=110)
+    failed = {kind: r["failed"] for kind, r in entries.items()}
     failed = {k: v for k, v in failed.items() if v}
     return preflight_cli.finish(args.profile, failed, path, figure, record=args.record,
                                 enforce=params.PREFLIGHT_ENFORCE, strict=args.strict)

@@ -8,8 +8,10 @@ preflight (``PREFLIGHT_ENFORCE``, as ``make reproduce`` would stop after noteboo
 1 anything else: a bad option, a bad parameter, a crash (one line; the traceback goes to a file).
 
 Files: by default ``reports/preflight/<profile>.json`` and ``.png`` (not tracked by git), so a preflight never
-silently replaces the committed measurement ``results/preflight/cpu.json`` / ``figures/preflight/cpu.png``;
-``--record`` (``make preflight RECORD=1``) writes there, and says that it did.
+silently replaces the committed measurement ``results/preflight/<profile>[-<recipe>].json`` and its figure;
+``--record`` (``make preflight RECORD=1``) adds the seeds it measures to that record (resumable: a (kind, seed)
+the record holds for the same recipe, settings and criterion is not measured again; a record of another check
+is an error naming the fields that differ), and says that it did.
 """
 
 from __future__ import annotations
@@ -58,6 +60,43 @@ def output_paths(profile: str, record: bool) -> tuple[Path, Path]:
     return REPORTS_ROOT / "preflight" / f"{name}.json", REPORTS_ROOT / "preflight" / f"{name}.png"
 
 
+def record_key(warm: Any, settings: Any, criterion: Any) -> dict[str, Any]:
+    """What makes two measurements the same check: the warm-start recipe, the preflight's settings and its
+    criterion, as plain JSON (a record holds them at its top level)."""
+    import dataclasses
+    import json
+
+    plain = {"recipe": dataclasses.asdict(warm), "settings": settings.to_dict(), "criterion": criterion.to_dict()}
+    return json.loads(json.dumps(plain, default=str))
+
+
+def earlier_record(path: Path, key: dict[str, Any]) -> dict[str, Any]:
+    """The entries (``"<kind> seed <s>"``: report) a record at ``path`` already holds for the check ``key``
+    (:func:`record_key`); {} when there is no record. A record of another recipe, settings or criterion is a
+    :class:`ConfigError` naming the file, the fields that differ and what to do: a record is added to, never
+    overwritten by another check."""
+    if not path.exists():
+        return {}
+    shown = path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path
+    try:
+        record = runs.read_json(path)
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"{shown} is unreadable ({error}); restore it (git checkout -- {shown}) before "
+                          "recording into it") from None
+    entries = record.get("kinds") or {}
+    differing = sorted(f"recipe.{k}" for k in set(key["recipe"]) | set(record.get("recipe") or {})
+                       if key["recipe"].get(k) != (record.get("recipe") or {}).get(k))
+    for part in ("settings", "criterion"):  # older records keep them per entry only
+        theirs = [record[part]] if part in record else [e.get(part) for e in entries.values() if e.get(part)]
+        differing += sorted({f"{part}.{k}" for t in theirs for k in set(key[part]) | set(t)
+                             if key[part].get(k) != t.get(k)})
+    if differing:
+        raise ConfigError(f"{shown} records another check (differs in {', '.join(differing[:6])}"
+                          f"{', ...' if len(differing) > 6 else ''}); RECORD=1 only adds seeds to the record of the "
+                          f"same recipe: choose the RECIPE it belongs to, or move it aside (git mv {shown} ...) first")
+    return dict(entries)
+
+
 def print_table(rows: list[dict[str, Any]], meaning: dict[str, str]) -> None:
     """The preconditions, one per line under a header row, then what each id means."""
     columns = [("kind", "kind"), ("precondition", "id"), ("verdict", "verdict"), ("ours", "ours"),
@@ -78,7 +117,8 @@ def finish(profile: str, failed: dict[str, list[str]], path: Path, figure: Path,
     """Say where the files went and what the verdict means; return the exit status."""
     shown = [str(p.relative_to(REPO_ROOT)) if p.is_relative_to(REPO_ROOT) else str(p) for p in (path, figure)]
     if record:
-        print(f"recorded: wrote {shown[0]} and {shown[1]} (replacing what was there; `git diff` shows the change)")
+        print(f"recorded: wrote {shown[0]} and {shown[1]} (the seeds measured now added to those it held; "
+              "`git diff` shows the change)")
     else:
         print(f"wrote {shown[0]} and {shown[1]} (the committed results/preflight/ is untouched; RECORD=1 / --record "
               "writes there)")
@@ -102,28 +142,23 @@ def measure_in_parallel(profile: str, pairs: Sequence[tuple[str, int]], jobs: in
     pass finds every report cached. Each worker is this command for one pair (one thread, as every
     measurement here); its output goes to ``reports/preflight/logs/<profile>_<kind>_seed<s>.log``. A failed
     worker stops with one line naming its pair and its log."""
-    import subprocess
-    from concurrent.futures import ThreadPoolExecutor
-
     logs = REPORTS_ROOT / "preflight" / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
 
-    def measure(pair: tuple[str, int]) -> tuple[tuple[str, int], int, Path]:
-        kind, seed = pair
-        command = [sys.executable, "-m", "copes_lib.protocols.preflight", "--profile", profile, "--kinds", kind,
-                   "--measure-only"] + (["--seeds", str(seed)] if seeded else []) + (["--force"] if force else [])
-        log = logs / f"{profile}_{kind}_seed{seed}.log"
-        with open(log, "w") as out:
-            status = subprocess.run(command, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT).returncode
-        return pair, status, log
+    def command(kind: str, seed: int) -> list[str]:
+        return [sys.executable, "-m", "copes_lib.protocols.preflight", "--profile", profile, "--kinds", kind,
+                "--measure-only", *(["--seeds", str(seed)] if seeded else []), *(["--force"] if force else [])]
 
     print(f"measuring {len(pairs)} (kind, seed) pairs, {jobs} at a time; logs in "
-          f"{logs.relative_to(REPO_ROOT) if logs.is_relative_to(REPO_ROOT) else logs}")
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        for (kind, seed), status, log in pool.map(measure, pairs):
-            print(f"  {kind} seed {seed}: {'measured' if status == 0 else f'FAILED (exit {status})'}")
-            if status != 0:
-                raise ConfigError(f"the preflight of {kind} seed {seed} failed (exit {status}); its output: {log}")
+          f"{logs.relative_to(REPO_ROOT) if logs.is_relative_to(REPO_ROOT) else logs}", flush=True)
+    done = runs.run_commands([((kind, seed), command(kind, seed), logs / f"{profile}_{kind}_seed{seed}.log")
+                              for kind, seed in pairs], jobs)
+    for (kind, seed), status, _log, _seconds in done:
+        print(f"  {kind} seed {seed}: {'measured' if status == 0 else f'FAILED (exit {status})'}")
+    failed = [(kind, seed, status, log) for (kind, seed), status, log, _ in done if status != 0]
+    if failed:
+        raise ConfigError("; ".join(f"the preflight of {kind} seed {seed} failed (exit {status}); its output: {log}"
+                                    for kind, seed, status, log in failed) + " (pairs measured are cached: rerun "
+                          "to retry the rest)")
 
 
 def guarded(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None) -> int:
@@ -149,5 +184,5 @@ def guarded(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | N
         return EXIT_ERROR
 
 
-__all__ = ["ArgumentParser", "add_options", "output_paths", "print_table", "finish", "guarded", "measure_in_parallel", "REPORTS_ROOT",
+__all__ = ["ArgumentParser", "add_options", "output_paths", "record_key", "earlier_record", "print_table", "finish", "guarded", "measure_in_parallel", "REPORTS_ROOT",
            "EXIT_HOLDS", "EXIT_ERROR", "EXIT_NOT_ACTIONABLE"]
