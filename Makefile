@@ -210,7 +210,7 @@ RECORD ?=
 STRICT ?=
 preflight: venv
 	$(BIN)/python -m copes_lib.protocols.preflight --profile $(PROFILE) $(if $(SEEDS),--seeds $(SEEDS)) $(if $(KINDS),--kinds $(KINDS)) \
-		$(if $(JOBS),--jobs $(JOBS)) $(if $(call truthy,$(RECORD)),--record) $(if $(call truthy,$(STRICT)),--strict)
+		$(if $(JOBS),--jobs $(JOBS)) $(if $(call truthy,$(RECORD)),--record) $(if $(call truthy,$(STRICT)),--strict) $(if $(call truthy,$(FORCE)),--force)
 
 # Opens at the repository root (notebooks/, results/, reports/, figures/ all reachable); as root (common
 # in GPU containers) Jupyter refuses to start without --allow-root.
