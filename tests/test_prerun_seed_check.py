@@ -75,11 +75,12 @@ def test_one_failed_seed_fails_the_check_and_a_different_base_is_reported_not_fa
     runs.check_summary(keys)  # flat, as run.finish needs it
 
 
-def test_a_missing_file_is_said_plainly_with_the_command(tmp_path):
+def test_a_missing_file_is_said_plainly_with_the_command(tmp_path, monkeypatch):
+    monkeypatch.delenv("COPES_RECIPE", raising=False)
     result = psc.check("cpu", 0, _bases(), recipe=RECIPE, root=tmp_path)
     assert result["met"] is None and not result["exists"] and not result["run_seed_checked"]
     assert result["lines"] == [f"no pre-run seed check committed for this profile ({tmp_path}/preflight/cpu.json does "
-                               "not exist): run make preflight PROFILE=cpu SEEDS=0,1,2,3,4 RECORD=1"]
+                               "not exist): run make preflight PROFILE=cpu SEEDS=0,1,2,3,4 JOBS=2 RECORD=1"]
     keys = psc.summary_keys(result)
     assert keys["prerun_seed_check_file"] is None and keys["prerun_seed_check_seeds"] == []
     assert keys["prerun_seed_check_math_run_base"] == "not checked" and keys["prerun_seed_check_met"] is None
@@ -147,3 +148,10 @@ def test_make_preflight_records_each_bases_digest_and_when_it_wrote(tmp_path, mo
     result = psc.check("cpu", 0, {"math": {"digest": "digest-math-0", "strict_tail": 0.25, "lenient_tail": 0.95}},
                        root=tmp_path / "results")
     assert result["comparisons"]["math"]["agreement"] == "agrees" and result["seeds"] == {"math": [0, 1]}
+
+
+def test_under_a_recipe_overlay_the_check_reads_and_names_the_overlays_record(tmp_path, monkeypatch):
+    monkeypatch.setenv("COPES_RECIPE", "p8.10")
+    result = psc.check("cpu", 0, _bases(), recipe=RECIPE, root=tmp_path)
+    assert result["lines"] == [f"no pre-run seed check committed for this profile ({tmp_path}/preflight/cpu-p8.10.json "
+                               "does not exist): run make preflight PROFILE=cpu RECIPE=p8.10 SEEDS=0,1,2,3,4 JOBS=2 RECORD=1"]

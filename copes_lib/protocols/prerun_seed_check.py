@@ -35,7 +35,7 @@ from copes_lib import runs
 from copes_lib.config import REPO_ROOT
 
 #: the command that writes (and commits, with git) the check notebook 01 reads
-COMMAND = "make preflight PROFILE={profile} SEEDS=0,1,2,3,4 RECORD=1"
+COMMAND = "make preflight PROFILE={profile}{recipe} SEEDS=0,1,2,3,4 JOBS=2 RECORD=1"
 #: the preconditions shown per seed (docs/preflight.md#p1-the-preconditions, P8.4)
 PRECONDITIONS = ("G1", "G2", "E1", "E2", "R", "U")
 _LABEL = re.compile(r"^(?P<kind>\w+)(?: seed (?P<seed>\d+))?$")
@@ -148,7 +148,9 @@ def check(profile: str, run_seed: int, run_bases: Mapping[str, Mapping[str, Any]
     local checkpoint, gpu profile): no warm-start seed exists, so nothing is read."""
     path = record_path(profile, root)
     shown = str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
-    command = COMMAND.format(profile=profile)
+    from copes_lib.config import active_recipe
+
+    command = COMMAND.format(profile=profile, recipe=f" RECIPE={active_recipe()}" if active_recipe() else "")
     out: dict[str, Any] = {"profile": profile, "file": None, "exists": path.exists(), "rows": [], "seeds": {},
                            "met": None, "failed": [], "run_seed": int(run_seed), "run_seed_checked": False,
                            "recipe_differences": None, "git": None, "file_git": None, "written": None,
