@@ -660,7 +660,7 @@ def build_warm_starts(profile: str, pairs, config: WarmStartConfig, *, jobs: int
     import sys
     import tempfile
 
-    from copes_lib.tasks import TASK_KINDS
+    from copes_lib.tasks import TASK_KINDS, data_variant
 
     if not isinstance(jobs, int) or jobs < 1:
         raise ConfigError(f"jobs = {jobs!r}: an integer >= 1 expected (worker processes at once; 1 = none, "
@@ -683,7 +683,8 @@ def build_warm_starts(profile: str, pairs, config: WarmStartConfig, *, jobs: int
 
     with tempfile.TemporaryDirectory(prefix="copes-warm-") as tmp:
         spec = Path(tmp) / "config.json"
-        spec.write_text(json.dumps({"config": dataclasses.asdict(config), "tools": _tool_limits(profile)}))
+        spec.write_text(json.dumps({"config": dataclasses.asdict(config), "tools": _tool_limits(profile),
+                                    "qa_data": data_variant(profile, "qa")}))
 
         def command(kind: str, seed: int) -> list[str]:
             return [sys.executable, "-m", "copes_lib.substrate", "build", "--profile", profile, "--kind", kind,
@@ -728,11 +729,11 @@ def main(argv=None) -> int:
     """``python -m copes_lib.substrate build --profile P --kind K --seed S --config FILE [--cache-root DIR]
     [--force]``: train (or find cached) one base, as :func:`warm_start` would in the caller's process; the worker
     of :func:`build_warm_starts`. ``FILE``: JSON ``{"config": dataclasses.asdict(WarmStartConfig), "tools":
-    AgentToolSettings's fields}``."""
+    AgentToolSettings's fields, "qa_data": the QA data variant}``."""
     import argparse
     import json
 
-    from copes_lib.tasks import AgentToolSettings, use_tool_settings
+    from copes_lib.tasks import AgentToolSettings, use_qa_data, use_tool_settings
 
     parser = argparse.ArgumentParser(prog="python -m copes_lib.substrate", description=main.__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -749,6 +750,7 @@ def main(argv=None) -> int:
     if args.cache_root:
         runs.CACHE_ROOT = Path(args.cache_root)
     use_tool_settings(args.profile, AgentToolSettings(**spec["tools"]))
+    use_qa_data(args.profile, spec.get("qa_data", "standard"))
     config = WarmStartConfig(**spec["config"])
     model, _, info = warm_start(args.profile, args.kind, args.seed, args.force, config=config,
                                 log=lambda line: print(line, flush=True))
