@@ -169,25 +169,28 @@ def train_agent_tokenizer(texts: list[str], vocab_size: int, whole_words: tuple[
 
 
 def tokenizer_texts(profile: str) -> list[str]:
-    """Training text of the tokenizer: train-split prompts and traces, and both search corpora."""
+    """Training text of the tokenizer: train-split prompts and traces, and both search corpora, of the
+    standard data whatever ``QA_DATA`` says: the large QA variant's texts are built from the same syllables and
+    templates, and one tokenizer keeps a math base (whose key does not name the QA data) the same model under
+    either variant."""
     from copes_lib.tasks import format_prompt, load_passages, load_tasks
 
     texts = []
     for kind in ("math", "qa"):
-        texts += [format_prompt(t) + t.reference for t in load_tasks(profile, kind, "train")]
-        texts += [text for _, _, text in load_passages(profile, kind)]
+        texts += [format_prompt(t) + t.reference for t in load_tasks(profile, kind, "train", "standard")]
+        texts += [text for _, _, text in load_passages(profile, kind, "standard")]
     return texts
 
 
 def get_tokenizer(profile: str, vocab_size: int, force: bool = False, subject_tokens: bool = False):
-    """The profile's tokenizer, trained once and cached (key: vocabulary size + data fingerprints, and
+    """The profile's tokenizer, trained once and cached (key: vocabulary size + the standard data's fingerprints, and
     ``subject_tokens``: every subject name of copes_lib.tasks.units one token)."""
     from transformers import AutoTokenizer
 
     from copes_lib.tasks import data_fingerprint
     from copes_lib.tasks.units import SUBJECTS
 
-    data = {kind: data_fingerprint(profile, kind) for kind in ("math", "qa")}
+    data = {kind: data_fingerprint(profile, kind, "standard") for kind in ("math", "qa")}  # tokenizer_texts' data
     identity = {"vocab_size": vocab_size, "data": data, **({"subject_tokens": len(SUBJECTS)} if subject_tokens else {})}
     folder = runs.cache_dir(profile, "tokenizer", runs.cache_key(identity))
     final = folder / "tokenizer"

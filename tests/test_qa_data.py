@@ -120,6 +120,17 @@ def test_cache_keys_and_the_search_index_differ_between_variants():
     assert math_keys["standard"] == math_keys["large"]  # math has no variant: its bases stay where they were
 
 
+def test_the_tokenizer_is_the_standard_datas_under_either_variant():
+    """A math base's key does not name the QA data, so the tokenizer it was trained with must not change with it."""
+    from copes_lib.substrate import tokenizer_texts
+
+    standard = tokenizer_texts("smoke")
+    use_qa_data("smoke", "large")
+    assert tokenizer_texts("smoke") == standard
+    texts = set(standard)  # and the large variant's own passages are not in them
+    assert any(text not in texts for _, _, text in load_passages("smoke", "qa", "large"))
+
+
 @pytest.mark.parametrize(("profile", "variant", "said"), [
     ("cpu", "huge", "QA_DATA = 'huge' is not valid; valid values: ['standard', 'large']"),
     ("gpu", "large", "QA_DATA = 'large' is not valid on the gpu profile (its QA data are QA_TRAIN_JSONL / "
@@ -129,6 +140,9 @@ def test_a_wrong_variant_is_a_one_line_error_naming_the_valid_values(profile, va
     with pytest.raises(ConfigError) as error:
         use_qa_data(profile, variant)
     assert str(error.value) == said
+
+    with pytest.raises(ConfigError, match=r"data variant = 'large' is not valid for math; valid values: \['standard'\]"):
+        load_tasks("smoke", "math", "val", "large")
 
 
 def test_the_parameter_checks_its_value():
@@ -176,9 +190,9 @@ def test_a_record_names_a_non_standard_data_variant_beside_its_recipe():
     is another recipe than one on the standard data with the same warm-start config; standard keys are as before."""
     import dataclasses
 
-    from copes_lib.protocols.prerun_seed_check import _recipe_differences
     from copes_lib.protocols.preflight import PreflightCriterion
     from copes_lib.protocols.preflight_cli import record_key
+    from copes_lib.protocols.prerun_seed_check import _recipe_differences
     from copes_lib.protocols.substrate_setup import substrate_params
     from copes_lib.tasks import recipe_data
 

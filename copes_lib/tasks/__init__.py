@@ -114,6 +114,16 @@ def recipe_data(profile: str) -> dict:
     return {} if variant == "standard" else {"qa_data": variant}
 
 
+def _variant(profile: str, kind: str, variant: str | None) -> str:
+    """``variant``, or the one in effect when None; a variant math has not, or an unknown one, is an error."""
+    if variant is None:
+        return data_variant(profile, kind)
+    valid = list(QA_DATA_VARIANTS) if kind == "qa" else ["standard"]
+    if variant not in valid:
+        raise ConfigError(f"data variant = {variant!r} is not valid for {kind}; valid values: {valid}")
+    return variant
+
+
 def _data_name(kind: str, variant: str) -> str:
     """``kind`` for the standard data, ``<kind>-<variant>`` otherwise (split file names, task id prefixes)."""
     return kind if variant == "standard" else f"{kind}-{variant}"
@@ -400,12 +410,13 @@ def load_benchmarks(profile: str, kind: str) -> dict[str, list[Task]]:
 
 
 # --------------------------------------------------------------------------- public
-def load_tasks(profile: str, kind: str, split: str) -> list[Task]:
-    """The tasks of one split, in a fixed order (a fresh list; Task objects are immutable)."""
+def load_tasks(profile: str, kind: str, split: str, variant: str | None = None) -> list[Task]:
+    """The tasks of one split, in a fixed order (a fresh list; Task objects are immutable); generated data of
+    ``variant`` (default: the one in effect, :func:`data_variant`)."""
     _check(profile, kind, split)
     if profile == "gpu":
         return list(_gpu_tasks(kind, split))
-    return list(_generated_tasks(profile, kind, data_variant(profile, kind))[split])
+    return list(_generated_tasks(profile, kind, _variant(profile, kind, variant))[split])
 
 
 def profile_splits(profile: str) -> tuple[str, ...]:
@@ -436,7 +447,7 @@ def load_passages(profile: str, kind: str, variant: str | None = None) -> list[t
         from copes_lib.tasks.loaders import load_corpus_jsonl
 
         return load_corpus_jsonl(_require(_gpu_paths().search_corpus_jsonl, "SEARCH_CORPUS_JSONL"))
-    return list(_generated_world(profile, kind, data_variant(profile, kind) if variant is None else variant)[0])
+    return list(_generated_world(profile, kind, _variant(profile, kind, variant))[0])
 
 
 def tool_settings(profile: str, kind: str) -> tuple[dict[str, int], int]:
@@ -450,22 +461,25 @@ def tool_settings(profile: str, kind: str) -> tuple[dict[str, int], int]:
             p.search_top_k)
 
 
-def describe_split_file(profile: str, kind: str) -> dict:
-    """The saved split record (ids per split and content fingerprints); generated on first use.
-    Reading it is cheap, so cache keys use it instead of generating the tasks."""
+def describe_split_file(profile: str, kind: str, variant: str | None = None) -> dict:
+    """The saved split record (ids per split and content fingerprints) of ``variant`` (default: the one in
+    effect); generated on first use. Reading it is cheap, so cache keys use it instead of generating the tasks."""
     _check(profile, kind)
     if profile == "gpu":
         raise ConfigError("the gpu profile's splits come from local files; use load_tasks")
-    path = split_file(profile, kind)
+    variant = _variant(profile, kind, variant)
+    path = split_file(profile, kind, variant)
     if not path.exists():
-        _generated_tasks(profile, kind, data_variant(profile, kind))
+        _generated_tasks(profile, kind, variant)
     return json.loads(path.read_text())
 
 
-def data_fingerprint(profile: str, kind: str) -> dict:
-    """What a cache key needs to know about the generated data: split fingerprints, sizes, search k (and a
-    non-standard data variant's name; the standard data's keys are as before variants existed)."""
+def data_fingerprint(profile: str, kind: str, variant: str | None = None) -> dict:
+    """What a cache key needs to know about the generated data of ``variant`` (default: the one in effect):
+    split fingerprints, sizes, search k (and a non-standard variant's name; the standard data's keys are as
+    before variants existed)."""
     limits, top_k = tool_settings(profile, kind)
-    variant = data_variant(profile, kind)
-    return {"splits": describe_split_file(profile, kind)["fingerprint"], "sizes": generated_sizes(profile, kind, variant),
+    variant = _variant(profile, kind, variant)
+    return {"splits": describe_split_file(profile, kind, variant)["fingerprint"],
+            "sizes": generated_sizes(profile, kind, variant),
             "search_k": top_k, "limits": limits, "seed": DATA_SEED, **_variant_field(variant)}
