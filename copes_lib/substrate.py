@@ -169,25 +169,28 @@ def train_agent_tokenizer(texts: list[str], vocab_size: int, whole_words: tuple[
 
 
 def tokenizer_texts(profile: str) -> list[str]:
-    """Training text of the tokenizer: train-split prompts and traces, and both search corpora."""
+    """Training text of the tokenizer: train-split prompts and traces, and both search corpora, of the
+    standard data whatever ``QA_DATA`` says: the large QA variant's texts are built from the same syllables and
+    templates, and one tokenizer keeps a math base (whose key does not name the QA data) the same model under
+    either variant."""
     from copes_lib.tasks import format_prompt, load_passages, load_tasks
 
     texts = []
     for kind in ("math", "qa"):
-        texts += [format_prompt(t) + t.reference for t in load_tasks(profile, kind, "train")]
-        texts += [text for _, _, text in load_passages(profile, kind)]
+        texts += [format_prompt(t) + t.reference for t in load_tasks(profile, kind, "train", "standard")]
+        texts += [text for _, _, text in load_passages(profile, kind, "standard")]
     return texts
 
 
 def get_tokenizer(profile: str, vocab_size: int, force: bool = False, subject_tokens: bool = False):
-    """The profile's tokenizer, trained once and cached (key: vocabulary size + data fingerprints, and
+    """The profile's tokenizer, trained once and cached (key: vocabulary size + the standard data's fingerprints, and
     ``subject_tokens``: every subject name of copes_lib.tasks.units one token)."""
     from transformers import AutoTokenizer
 
     from copes_lib.tasks import data_fingerprint
     from copes_lib.tasks.units import SUBJECTS
 
-    data = {kind: data_fingerprint(profile, kind) for kind in ("math", "qa")}
+    data = {kind: data_fingerprint(profile, kind, "standard") for kind in ("math", "qa")}  # tokenizer_texts' data
     identity = {"vocab_size": vocab_size, "data": data, **({"subject_tokens": len(SUBJECTS)} if subject_tokens else {})}
     folder = runs.cache_dir(profile, "tokenizer", runs.cache_key(identity))
     final = folder / "tokenizer"
@@ -660,7 +663,7 @@ def build_warm_starts(profile: str, pairs, config: WarmStartConfig, *, jobs: int
     import sys
     import tempfile
 
-    from copes_lib.tasks import TASK_KINDS
+    from copes_lib.tasks import TASK_KINDS, data_variant
 
     if not isinstance(jobs, int) or jobs < 1:
         raise ConfigError(f"jobs = {jobs!r}: an integer >= 1 expected (worker processes at once; 1 = none, "
@@ -683,7 +686,8 @@ def build_warm_starts(profile: str, pairs, config: WarmStartConfig, *, jobs: int
 
     with tempfile.TemporaryDirectory(prefix="copes-warm-") as tmp:
         spec = Path(tmp) / "config.json"
-        spec.write_text(json.dumps({"config": dataclasses.asdict(config), "tools": _tool_limits(profile)}))
+        spec.write_text(json.dumps({"config": dataclasses.asdict(config), "tools": _tool_limits(profile),
+                                    "qa_data": data_variant(profile, "qa")}))
 
         def command(kind: str, seed: int) -> list[str]:
             return [sys.executable, "-m", "copes_lib.substrate", "build", "--profile", profile, "--kind", kind,
@@ -728,11 +732,11 @@ def main(argv=None) -> int:
     """``python -m copes_lib.substrate build --profile P --kind K --seed S --config FILE [--cache-root DIR]
     [--force]``: train (or find cached) one base, as :func:`warm_start` would in the caller's process; the worker
     of :func:`build_warm_starts`. ``FILE``: JSON ``{"config": dataclasses.asdict(WarmStartConfig), "tools":
-    AgentToolSettings's fields}``."""
+    AgentToolSettings's fields, "qa_data": the QA data variant}``."""
     import argparse
     import json
 
-    from copes_lib.tasks import AgentToolSettings, use_tool_settings
+    from copes_lib.tasks import AgentToolSettings, use_qa_data, use_tool_settings
 
     parser = argparse.ArgumentParser(prog="python -m copes_lib.substrate", description=main.__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -749,6 +753,7 @@ def main(argv=None) -> int:
     if args.cache_root:
         runs.CACHE_ROOT = Path(args.cache_root)
     use_tool_settings(args.profile, AgentToolSettings(**spec["tools"]))
+    use_qa_data(args.profile, spec.get("qa_data", "standard"))
     config = WarmStartConfig(**spec["config"])
     model, _, info = warm_start(args.profile, args.kind, args.seed, args.force, config=config,
                                 log=lambda line: print(line, flush=True))

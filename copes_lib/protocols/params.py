@@ -171,6 +171,9 @@ class SubstrateNotebookParams(NotebookParams):
     QA_PYTHON_CALLS: int = param(5, "Python calls per QA trajectory (paper: 5)", ge=0)
     QA_SEARCH_CALLS: int = param(5, "search calls per QA trajectory (paper: 5)", ge=0)
     SEARCH_TOP_K: int = param(1, "passages returned per search call (Search-R1 / the paper: 3)", ge=1)
+    QA_DATA: str = param("standard", "generated QA data (smoke / cpu): standard, or large (twice the training "
+                         "problems from twice-as-large worlds, cpu 10,000; docs/preflight.md P8.9 (b)); gpu: "
+                         "standard only", choices=("standard", "large"))
     RETRIEVER: str = param("bm25", "gpu search tool: bm25, or dense (EMBEDDING_MODEL_PATH + FAISS, the paper's "
                            "E5 setup); built once under cache/ and memory-mapped", choices=("bm25", "dense"))
     EMBEDDING_MODEL_PATH: str = param("", "gpu, RETRIEVER dense: local encoder folder (e.g. e5-base-v2)")
@@ -189,6 +192,9 @@ class SubstrateNotebookParams(NotebookParams):
             self.preflight_settings()
         except ConfigError as error:
             raise ConfigError(f"{error} (the PREFLIGHT_* parameters)") from None
+        if self.PROFILE == "gpu" and self.QA_DATA != "standard":
+            raise ConfigError(f"QA_DATA = {self.QA_DATA!r} is not valid on the gpu profile (its QA data are "
+                              "QA_TRAIN_JSONL / QA_TEST_FILES); valid values: ['standard']")
         if self.PROFILE != "gpu" and self.MODEL_SIZE not in MODEL_SIZES:
             raise ConfigError(f"MODEL_SIZE = {self.MODEL_SIZE!r}; valid values: {list(MODEL_SIZES)}")
         from copes_lib.tasks.loaders import parse_test_files

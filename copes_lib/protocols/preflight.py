@@ -556,7 +556,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from copes_lib import threads
     from copes_lib.config import active_recipe
     from copes_lib.protocols import preflight_cli
-    from copes_lib.protocols.substrate_setup import substrate_params
+    from copes_lib.protocols.substrate_setup import substrate_params, use_profile_data
+    from copes_lib.tasks import recipe_data
 
     parser = preflight_cli.ArgumentParser(prog="python -m copes_lib.protocols.preflight", description=main.__doc__)
     preflight_cli.add_options(parser)
@@ -588,7 +589,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     warm = params.warm_start_config()
     settings, criterion = params.preflight_settings(), PreflightCriterion()
     path, figure = preflight_cli.output_paths(args.profile, args.record)
-    key = preflight_cli.record_key(warm, settings, criterion)
+    use_profile_data(args.profile)  # the QA data variant, which the record names
+    key = preflight_cli.record_key(warm, settings, criterion, recipe_data(args.profile))
     earlier = preflight_cli.earlier_record(path, key) if args.record and not args.measure_only else {}
     pairs = [(kind, seed) for kind in params.preflight_kinds() for seed in seeds or [params.SEED]]
     label = (lambda kind, seed: f"{kind} seed {seed}") if seeds else (lambda kind, seed: kind)

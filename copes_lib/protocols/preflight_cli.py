@@ -60,13 +60,15 @@ def output_paths(profile: str, record: bool) -> tuple[Path, Path]:
     return REPORTS_ROOT / "preflight" / f"{name}.json", REPORTS_ROOT / "preflight" / f"{name}.png"
 
 
-def record_key(warm: Any, settings: Any, criterion: Any) -> dict[str, Any]:
-    """What makes two measurements the same check: the warm-start recipe, the preflight's settings and its
-    criterion, as plain JSON (a record holds them at its top level)."""
+def record_key(warm: Any, settings: Any, criterion: Any, data: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What makes two measurements the same check: the warm-start recipe (with ``data``, a non-standard data
+    variant: :func:`copes_lib.tasks.recipe_data`), the preflight's settings and its criterion, as plain JSON
+    (a record holds them at its top level)."""
     import dataclasses
     import json
 
-    plain = {"recipe": dataclasses.asdict(warm), "settings": settings.to_dict(), "criterion": criterion.to_dict()}
+    plain = {"recipe": {**dataclasses.asdict(warm), **(data or {})}, "settings": settings.to_dict(),
+             "criterion": criterion.to_dict()}
     return json.loads(json.dumps(plain, default=str))
 
 

@@ -33,6 +33,7 @@ from typing import Any
 
 from copes_lib import runs
 from copes_lib.config import REPO_ROOT
+from copes_lib.tasks import recipe_data
 
 #: the command that writes (and commits, with git) the check notebook 01 reads
 COMMAND = "make preflight PROFILE={profile}{recipe} SEEDS=0,1,2,3,4 JOBS=2 RECORD=1"
@@ -126,12 +127,13 @@ def compare(row: Mapping[str, Any] | None, *, digest: str | None, strict_tail: f
             "text": text or "neither a digest nor the tail means on both sides"}
 
 
-def _recipe_differences(recorded: Mapping[str, Any] | None, recipe: Any) -> list[str] | None:
-    """Fields where the record's warm-start recipe differs from ``recipe`` (None when the record has none)."""
+def _recipe_differences(recorded: Mapping[str, Any] | None, recipe: Any, data: Mapping[str, Any]) -> list[str] | None:
+    """Fields where the record's warm-start recipe differs from ``recipe`` with ``data`` (a non-standard data
+    variant, :func:`copes_lib.tasks.recipe_data`) (None when the record has none)."""
     if recorded is None or recipe is None:
         return None
-    ours = json.loads(json.dumps(dataclasses.asdict(recipe) if dataclasses.is_dataclass(recipe) else dict(recipe),
-                                 default=str))
+    ours = json.loads(json.dumps({**(dataclasses.asdict(recipe) if dataclasses.is_dataclass(recipe) else dict(recipe)),
+                                  **data}, default=str))
     return sorted(k for k in set(ours) | set(recorded) if ours.get(k) != recorded.get(k))
 
 
@@ -169,7 +171,7 @@ def check(profile: str, run_seed: int, run_bases: Mapping[str, Mapping[str, Any]
         return out
     rows = seed_rows(record)
     out.update(file=shown, rows=rows, git=record.get("git"), file_git=_file_git(path), written=record.get("written_utc"),
-               recipe_differences=_recipe_differences(record.get("recipe"), recipe))
+               recipe_differences=_recipe_differences(record.get("recipe"), recipe, recipe_data(profile)))
     out["seeds"] = {kind: sorted({r["seed"] for r in rows if r["kind"] == kind and r["seed"] is not None})
                     for kind in dict.fromkeys(r["kind"] for r in rows)}
     out["failed"] = [f"{r['kind']} seed {r['seed']}: {', '.join(r['failed']) or 'not judged'}" for r in rows

@@ -42,9 +42,10 @@ def control_config(profile: str) -> WarmStartConfig:
 
 
 def use_profile_data(profile: str) -> None:
-    """Give ``copes_lib.tasks`` the profile's agent tool limits and, on the gpu profile, its local data
-    files (smoke and cpu tasks are generated)."""
+    """Give ``copes_lib.tasks`` the profile's agent tool limits, its QA data variant (``QA_DATA``) and, on the
+    gpu profile, its local data files (smoke and cpu tasks are generated)."""
     params = substrate_params(profile)
     tasks.use_tool_settings(profile, params.tool_settings())
+    tasks.use_qa_data(profile, params.QA_DATA)
     if profile == "gpu":
         tasks.use_gpu_data(params.gpu_data_paths())

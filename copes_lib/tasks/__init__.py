@@ -46,6 +46,7 @@ from copes_lib.tasks.units import UNIT_SPECS, UnitSpec, check_units, describe_un
 __all__ = ["GPUDataPaths", "use_gpu_data", "AgentToolSettings", "use_tool_settings", "Task", "load_tasks", "load_benchmarks", "load_passages", "task_ids", "data_fingerprint", "describe_split_file", "tool_settings", "SPLITS", "TASK_KINDS", "TAGS", "SEARCH_K",
            "TOOL_LIMITS", "TUNING_SPLIT", "check_tuning_disjoint", "format_prompt", "split_trace", "extract_answer", "math_reward", "qa_reward",
            "format_reward", "math_correctness", "qa_scores", "qa_metrics", "math_equal", "GENERATED_SIZES",
+           "QA_DATA_VARIANTS", "LARGE_QA_SIZES", "use_qa_data", "data_variant", "generated_sizes", "recipe_data",
            "UnitSpec", "UNIT_SPECS", "describe_units", "unit_report", "profile_splits"]
 
 SPLITS_DIR = REPO_ROOT / "data" / "splits"
@@ -71,6 +72,67 @@ GENERATED_SIZES = {
 TUNING_SPLIT = "tune"
 TUNE_SIZES = {"smoke": {"math": 32, "qa": 32}, "cpu": {"math": 256, "qa": 256}}
 
+#: The QA data variants notebook 01's ``QA_DATA`` chooses (docs/preflight.md P8.9 (b)): ``standard`` is
+#: ``GENERATED_SIZES`` (every split file and cache key as before); ``large`` has twice the training problems
+#: (cpu: 10,000, as many as math, so 3,000 warm-start steps are ~10 epochs, not 19) from worlds twice as large
+#: (people, cities, companies; company names of 3 syllables, since 2 allow only ~2,300 over both worlds), with
+#: the same val / test / tune sizes and unit floors. Its split files are ``<profile>_qa-large*.json`` and its
+#: task ids start ``qa-large-``. The scaling keeps the training world as full as the standard one (10,000 of
+#: 11,000 distinct questions vs 5,000 of 5,500), so drawing them costs the same ~2.6 draws per problem.
+QA_DATA_VARIANTS = ("standard", "large")
+LARGE_QA_SIZES = {
+    "smoke": {"train": 4000, "val": 64, "test": 64, "people": 1000, "cities": 120, "companies": 1000,
+              "company_syllables": 3},
+    "cpu": {"train": 10000, "val": 512, "test": 512, "people": 2200, "cities": 300, "companies": 2200,
+            "company_syllables": 3},
+}
+
+
+_qa_data: dict[str, str] = {}  # profile -> QA data variant, set by the notebooks' parameter loading
+
+
+def use_qa_data(profile: str, variant: str) -> None:
+    """Give ``profile``'s QA tasks in this process the data variant ``variant`` (:data:`QA_DATA_VARIANTS`) from
+    now on; the gpu profile reads its QA data from local files, so only ``standard`` is valid there."""
+    valid = ["standard"] if profile == "gpu" else list(QA_DATA_VARIANTS)
+    if variant not in valid:
+        where = " on the gpu profile (its QA data are QA_TRAIN_JSONL / QA_TEST_FILES)" if profile == "gpu" else ""
+        raise ConfigError(f"QA_DATA = {variant!r} is not valid{where}; valid values: {valid}")
+    _qa_data[profile] = variant
+
+
+def data_variant(profile: str, kind: str) -> str:
+    """The data variant of ``kind`` in effect for ``profile`` in this process (math: always ``standard``)."""
+    return _qa_data.get(profile, "standard") if kind == "qa" else "standard"
+
+
+def recipe_data(profile: str) -> dict:
+    """What a record of a recipe (a preflight record, a shipped base) names beside its warm-start config
+    about the data: ``{}`` for the standard data (records as before variants existed), else ``{"qa_data": ...}``.
+    """
+    variant = data_variant(profile, "qa")
+    return {} if variant == "standard" else {"qa_data": variant}
+
+
+def _variant(profile: str, kind: str, variant: str | None) -> str:
+    """``variant``, or the one in effect when None; a variant math has not, or an unknown one, is an error."""
+    if variant is None:
+        return data_variant(profile, kind)
+    valid = list(QA_DATA_VARIANTS) if kind == "qa" else ["standard"]
+    if variant not in valid:
+        raise ConfigError(f"data variant = {variant!r} is not valid for {kind}; valid values: {valid}")
+    return variant
+
+
+def _data_name(kind: str, variant: str) -> str:
+    """``kind`` for the standard data, ``<kind>-<variant>`` otherwise (split file names, task id prefixes)."""
+    return kind if variant == "standard" else f"{kind}-{variant}"
+
+
+def generated_sizes(profile: str, kind: str, variant: str = "standard") -> dict:
+    """The generated miniature's sizes of ``kind`` (train / val / test problems, world sizes) in ``variant``."""
+    return GENERATED_SIZES[profile][kind] if variant == "standard" else LARGE_QA_SIZES[profile]
+
 
 def _check(profile: str, kind: str, split: str | None = None) -> None:
     if profile not in ("smoke", "cpu", "gpu"):
@@ -83,9 +145,10 @@ def _check(profile: str, kind: str, split: str | None = None) -> None:
 
 # --------------------------------------------------------------------------- generated miniature
 @functools.lru_cache(maxsize=8)
-def _generated_world(profile: str, kind: str) -> tuple[list[tuple[str, str, str]], dict, dict]:
+def _generated_world(profile: str, kind: str, variant: str = "standard"
+                     ) -> tuple[list[tuple[str, str, str]], dict, dict]:
     """(passages, {split: tasks without references}, {split: gold plans})."""
-    sizes, n_tune = GENERATED_SIZES[profile][kind], TUNE_SIZES[profile][kind]
+    sizes, n_tune = generated_sizes(profile, kind, variant), TUNE_SIZES[profile][kind]
     if kind == "math":
         facts = make_fact_items(sizes["fact_items"], DATA_SEED)
         passages = [(f"fact-{world}-{i}", f.name, f.passage())
@@ -94,10 +157,12 @@ def _generated_world(profile: str, kind: str) -> tuple[list[tuple[str, str, str]
         held, held_plans = generate_math_tasks(sizes["val"] + sizes["test"] + n_tune, DATA_SEED, "eval",
                                                facts["eval"], exclude={t.question for t in train})
     else:
-        kb = make_knowledge_base(sizes["people"], sizes["cities"], sizes["companies"], DATA_SEED)
-        passages = kb.passages()
-        train, train_plans = generate_qa_tasks(sizes["train"], DATA_SEED, "train", kb)
-        held, held_plans = generate_qa_tasks(sizes["val"] + sizes["test"] + n_tune, DATA_SEED, "eval", kb)
+        kb = make_knowledge_base(sizes["people"], sizes["cities"], sizes["companies"], DATA_SEED,
+                                 company_syllables=sizes.get("company_syllables", 2))
+        passages, prefix = kb.passages(), _data_name(kind, variant)
+        train, train_plans = generate_qa_tasks(sizes["train"], DATA_SEED, "train", kb, id_prefix=prefix)
+        held, held_plans = generate_qa_tasks(sizes["val"] + sizes["test"] + n_tune, DATA_SEED, "eval", kb,
+                                             id_prefix=prefix)
     n_val, n_held = sizes["val"], sizes["val"] + sizes["test"]
     tasks = {"train": train, "val": held[:n_val], "test": held[n_val:n_held], TUNING_SPLIT: held[n_held:]}
     plans = {"train": train_plans, "val": held_plans[:n_val], "test": held_plans[n_val:n_held],
@@ -105,10 +170,10 @@ def _generated_world(profile: str, kind: str) -> tuple[list[tuple[str, str, str]
     return passages, tasks, plans
 
 
-def _retriever(profile: str, kind: str):
+def _retriever(profile: str, kind: str, variant: str):
     from copes_lib.tasks.retrieval import shared_retriever
 
-    return shared_retriever(profile, kind)  # the search tool's own index: one build per process
+    return shared_retriever(profile, kind, variant)  # the search tool's own index: one build per process
 
 
 def _reference(plan: list, answer: str, passages: list[list]) -> str:
@@ -123,9 +188,9 @@ def _reference(plan: list, answer: str, passages: list[list]) -> str:
 
 
 @functools.lru_cache(maxsize=8)
-def _generated_tasks(profile: str, kind: str) -> dict[str, list[Task]]:
-    _, tasks, plans = _generated_world(profile, kind)
-    retriever = _retriever(profile, kind)
+def _generated_tasks(profile: str, kind: str, variant: str = "standard") -> dict[str, list[Task]]:
+    _, tasks, plans = _generated_world(profile, kind, variant)
+    retriever = _retriever(profile, kind, variant)
     out = {}
     for split in (*SPLITS, TUNING_SPLIT):
         queries = sorted({step[1] for plan in plans[split] for step in plan if step[0] == "search"})
@@ -135,10 +200,11 @@ def _generated_tasks(profile: str, kind: str) -> dict[str, list[Task]]:
             found = [results[step[1]] for step in plan if step[0] == "search"]
             with_refs.append(dataclasses.replace(task, reference=_reference(plan, task.answers[0], found)))
         out[split] = with_refs
+    name = _data_name(kind, variant)
     for split in ("val", "test", TUNING_SPLIT):  # docs/preflight.md#p8-many-independent-units-registered-2026-12-03
-        check_units(out[split], UNIT_SPECS[profile], f"{profile}/{kind} {split} split")
-    _check_split_file(profile, kind, {s: out[s] for s in SPLITS})
-    _check_tuning_file(profile, kind, out)
+        check_units(out[split], UNIT_SPECS[profile], f"{profile}/{name} {split} split")
+    _check_split_file(profile, kind, {s: out[s] for s in SPLITS}, variant)
+    _check_tuning_file(profile, kind, out, variant)
     return out
 
 
@@ -147,11 +213,18 @@ def _fingerprint(tasks: list[Task]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def split_file(profile: str, kind: str) -> Path:
-    return SPLITS_DIR / f"{profile}_{kind}.json"
+def split_file(profile: str, kind: str, variant: str | None = None) -> Path:
+    """``data/splits/<profile>_<kind>.json`` (a non-standard variant: ``<profile>_<kind>-<variant>.json``);
+    ``variant`` defaults to the one in effect (:func:`data_variant`)."""
+    variant = data_variant(profile, kind) if variant is None else variant
+    return SPLITS_DIR / f"{profile}_{_data_name(kind, variant)}.json"
 
 
-def _check_split_file(profile: str, kind: str, tasks: dict[str, list[Task]]) -> None:
+def _variant_field(variant: str) -> dict:
+    return {} if variant == "standard" else {"variant": variant}  # the standard records stay as they were
+
+
+def _check_split_file(profile: str, kind: str, tasks: dict[str, list[Task]], variant: str = "standard") -> None:
     """Save the split id lists on first use; afterwards check them (ids, content, disjointness)."""
     from copes_lib.runs import atomic_write_json, read_json
 
@@ -159,10 +232,10 @@ def _check_split_file(profile: str, kind: str, tasks: dict[str, list[Task]]) -> 
     for a in SPLITS:
         for b in SPLITS:
             if a < b and (set(ids[a]) & set(ids[b]) or {t.question for t in tasks[a]} & {t.question for t in tasks[b]}):
-                raise ValueError(f"{profile}/{kind}: splits {a} and {b} overlap")
-    record = {"profile": profile, "kind": kind, "ids": ids,
+                raise ValueError(f"{profile}/{_data_name(kind, variant)}: splits {a} and {b} overlap")
+    record = {"profile": profile, "kind": kind, **_variant_field(variant), "ids": ids,
               "fingerprint": {s: _fingerprint(tasks[s]) for s in SPLITS}}
-    path = split_file(profile, kind)
+    path = split_file(profile, kind, variant)
     if not path.exists():
         atomic_write_json(path, record)
         return
@@ -185,18 +258,20 @@ def check_tuning_disjoint(tuning: list[Task], others: dict[str, list[Task]], nam
                               f"{shared[0]!r}); a tuning split must be disjoint from {sorted(others)}")
 
 
-def tuning_file(profile: str, kind: str) -> Path:
-    return SPLITS_DIR / f"{profile}_{kind}_{TUNING_SPLIT}.json"
+def tuning_file(profile: str, kind: str, variant: str | None = None) -> Path:
+    variant = data_variant(profile, kind) if variant is None else variant
+    return SPLITS_DIR / f"{profile}_{_data_name(kind, variant)}_{TUNING_SPLIT}.json"
 
 
-def _check_tuning_file(profile: str, kind: str, tasks: dict[str, list[Task]]) -> None:
+def _check_tuning_file(profile: str, kind: str, tasks: dict[str, list[Task]], variant: str = "standard") -> None:
     """Save the tuning split's id list on first use; afterwards check it; always check disjointness."""
     from copes_lib.runs import atomic_write_json, read_json
 
     tuning = tasks[TUNING_SPLIT]
-    check_tuning_disjoint(tuning, {s: tasks[s] for s in SPLITS}, f"{profile}/{kind} tuning split")
-    record = {"profile": profile, "kind": kind, "ids": [t.id for t in tuning], "fingerprint": _fingerprint(tuning)}
-    path = tuning_file(profile, kind)
+    check_tuning_disjoint(tuning, {s: tasks[s] for s in SPLITS}, f"{profile}/{_data_name(kind, variant)} tuning split")
+    record = {"profile": profile, "kind": kind, **_variant_field(variant), "ids": [t.id for t in tuning],
+              "fingerprint": _fingerprint(tuning)}
+    path = tuning_file(profile, kind, variant)
     if not path.exists():
         atomic_write_json(path, record)
     elif read_json(path) != record:
@@ -335,12 +410,13 @@ def load_benchmarks(profile: str, kind: str) -> dict[str, list[Task]]:
 
 
 # --------------------------------------------------------------------------- public
-def load_tasks(profile: str, kind: str, split: str) -> list[Task]:
-    """The tasks of one split, in a fixed order (a fresh list; Task objects are immutable)."""
+def load_tasks(profile: str, kind: str, split: str, variant: str | None = None) -> list[Task]:
+    """The tasks of one split, in a fixed order (a fresh list; Task objects are immutable); generated data of
+    ``variant`` (default: the one in effect, :func:`data_variant`)."""
     _check(profile, kind, split)
     if profile == "gpu":
         return list(_gpu_tasks(kind, split))
-    return list(_generated_tasks(profile, kind)[split])
+    return list(_generated_tasks(profile, kind, _variant(profile, kind, variant))[split])
 
 
 def profile_splits(profile: str) -> tuple[str, ...]:
@@ -363,14 +439,15 @@ def task_ids(profile: str, kind: str, split: str) -> list[str]:
     return [t.id for t in load_tasks(profile, kind, split)]
 
 
-def load_passages(profile: str, kind: str) -> list[tuple[str, str, str]]:
-    """(id, title, text) of the search corpus of one task kind."""
+def load_passages(profile: str, kind: str, variant: str | None = None) -> list[tuple[str, str, str]]:
+    """(id, title, text) of the search corpus of one task kind (generated data: of ``variant``, default the
+    one in effect, :func:`data_variant`)."""
     _check(profile, kind)
     if profile == "gpu":
         from copes_lib.tasks.loaders import load_corpus_jsonl
 
         return load_corpus_jsonl(_require(_gpu_paths().search_corpus_jsonl, "SEARCH_CORPUS_JSONL"))
-    return list(_generated_world(profile, kind)[0])
+    return list(_generated_world(profile, kind, _variant(profile, kind, variant))[0])
 
 
 def tool_settings(profile: str, kind: str) -> tuple[dict[str, int], int]:
@@ -384,20 +461,25 @@ def tool_settings(profile: str, kind: str) -> tuple[dict[str, int], int]:
             p.search_top_k)
 
 
-def describe_split_file(profile: str, kind: str) -> dict:
-    """The saved split record (ids per split and content fingerprints); generated on first use.
-    Reading it is cheap, so cache keys use it instead of generating the tasks."""
+def describe_split_file(profile: str, kind: str, variant: str | None = None) -> dict:
+    """The saved split record (ids per split and content fingerprints) of ``variant`` (default: the one in
+    effect); generated on first use. Reading it is cheap, so cache keys use it instead of generating the tasks."""
     _check(profile, kind)
     if profile == "gpu":
         raise ConfigError("the gpu profile's splits come from local files; use load_tasks")
-    path = split_file(profile, kind)
+    variant = _variant(profile, kind, variant)
+    path = split_file(profile, kind, variant)
     if not path.exists():
-        _generated_tasks(profile, kind)
+        _generated_tasks(profile, kind, variant)
     return json.loads(path.read_text())
 
 
-def data_fingerprint(profile: str, kind: str) -> dict:
-    """What a cache key needs to know about the generated data: split fingerprints, sizes, search k."""
+def data_fingerprint(profile: str, kind: str, variant: str | None = None) -> dict:
+    """What a cache key needs to know about the generated data of ``variant`` (default: the one in effect):
+    split fingerprints, sizes, search k (and a non-standard variant's name; the standard data's keys are as
+    before variants existed)."""
     limits, top_k = tool_settings(profile, kind)
-    return {"splits": describe_split_file(profile, kind)["fingerprint"], "sizes": GENERATED_SIZES[profile][kind],
-            "search_k": top_k, "limits": limits, "seed": DATA_SEED}
+    variant = _variant(profile, kind, variant)
+    return {"splits": describe_split_file(profile, kind, variant)["fingerprint"],
+            "sizes": generated_sizes(profile, kind, variant),
+            "search_k": top_k, "limits": limits, "seed": DATA_SEED, **_variant_field(variant)}

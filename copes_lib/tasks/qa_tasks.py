@@ -65,8 +65,15 @@ def _word(rng: random.Random, parts: int) -> str:
 
 
 def make_knowledge_base(n_people: int, n_cities: int, n_companies: int, seed: int,
-                        n_countries: int = 12) -> KnowledgeBase:
-    """A KB with two disjoint worlds (``train`` and ``eval``) of the given sizes each."""
+                        n_countries: int = 12, company_syllables: int = 2) -> KnowledgeBase:
+    """A KB with two disjoint worlds (``train`` and ``eval``) of the given sizes each.
+
+    Company names are ``company_syllables`` syllables and a suffix: two give about 2,300 distinct names over
+    both worlds (the standard worlds use 2,200 of them), so a larger world needs three."""
+    if 2 * n_companies > len(_SYL) ** company_syllables * 4:  # fresh() would never find enough names
+        raise ValueError(f"n_companies = {n_companies} per world: {company_syllables}-syllable company names allow "
+                         f"about {len(_SYL) ** company_syllables * 4} in all; use company_syllables = "
+                         f"{company_syllables + 1} or fewer companies")
     rng = random.Random(f"qa-kb-{seed}")
     used: set[str] = set()
 
@@ -91,7 +98,7 @@ def make_knowledge_base(n_people: int, n_cities: int, n_companies: int, seed: in
                 (rng.choice(OCCUPATIONS), rng.choice(city_names))
         people_names = list(w.people)
         for _ in range(n_companies):
-            w.companies[fresh(lambda: _word(rng, 2) + rng.choice(("corp", "works", "soft", "labs")))] = \
+            w.companies[fresh(lambda: _word(rng, company_syllables) + rng.choice(("corp", "works", "soft", "labs")))] = \
                 (rng.choice(people_names), rng.choice(city_names))
         worlds[world_name] = w
     return KnowledgeBase(countries, worlds)
@@ -123,8 +130,9 @@ def generate_qa_problem(rng: random.Random, world: World, qtype: str) -> tuple[s
 
 
 def generate_qa_tasks(n: int, seed: int, world_name: str, kb: KnowledgeBase,
-                      exclude: set[str] = frozenset()) -> tuple[list[Task], list[list]]:
-    """``n`` distinct questions over one world, question types and askers (the units) in rotation."""
+                      exclude: set[str] = frozenset(), id_prefix: str = "qa") -> tuple[list[Task], list[list]]:
+    """``n`` distinct questions over one world, question types and askers (the units) in rotation; ids
+    ``<id_prefix>-<world>-<index>``."""
     rng = random.Random(f"qa-{world_name}-{seed}")
     askers = rotation(SUBJECTS, f"qa-units-{world_name}-{seed}")
     world = kb.worlds[world_name]
@@ -140,7 +148,7 @@ def generate_qa_tasks(n: int, seed: int, world_name: str, kb: KnowledgeBase,
         if question in seen:
             continue
         seen.add(question)
-        tasks.append(Task(f"qa-{world_name}-{len(tasks):06d}", "qa", f"{asker} asks: {question}", (answer,), hops,
+        tasks.append(Task(f"{id_prefix}-{world_name}-{len(tasks):06d}", "qa", f"{asker} asks: {question}", (answer,), hops,
                           unit_id=asker))
         plans.append(plan)
         asker = next(askers)

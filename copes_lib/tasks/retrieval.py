@@ -151,17 +151,20 @@ def file_retriever(corpus_path: str | Path, cache_root: str | Path, kind: str = 
 _SHARED: dict[tuple, Retriever] = {}
 
 
-def shared_retriever(profile: str, kind: str) -> Retriever:
+def shared_retriever(profile: str, kind: str, variant: str | None = None) -> Retriever:
     """The search tool's retriever of ``kind`` under ``profile``, built once per process and shared by
-    every environment. smoke / cpu: BM25 over the generated passages, in memory. gpu: the corpus file
+    every environment. smoke / cpu: BM25 over the generated passages of the data variant ``variant``
+    (default: the one in effect, :func:`copes_lib.tasks.data_variant`), in memory. gpu: the corpus file
     of notebook 01's ``SEARCH_CORPUS_JSONL`` through :func:`file_retriever` (``RETRIEVER``,
     ``EMBEDDING_MODEL_PATH``), cached on disk and memory-mapped."""
     if profile != "gpu":
-        if (profile, kind) not in _SHARED:
-            from copes_lib.tasks import load_passages
+        from copes_lib.tasks import data_variant, load_passages
 
-            _SHARED[(profile, kind)] = BM25Retriever([Passage(i, t, x) for i, t, x in load_passages(profile, kind)])
-        return _SHARED[(profile, kind)]
+        variant = data_variant(profile, kind) if variant is None else variant
+        if (profile, kind, variant) not in _SHARED:
+            passages = load_passages(profile, kind, variant)
+            _SHARED[(profile, kind, variant)] = BM25Retriever([Passage(i, t, x) for i, t, x in passages])
+        return _SHARED[(profile, kind, variant)]
     from copes_lib import runs
     from copes_lib.tasks import _gpu_paths, _require
 
