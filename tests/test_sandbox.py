@@ -5,6 +5,7 @@ import dataclasses
 import os
 import shutil
 import signal
+import socket
 import time
 import warnings
 from pathlib import Path
@@ -513,8 +514,6 @@ def test_a_malformed_worker_reply_is_a_failed_call(monkeypatch):
             assert sandbox.run("print(6 * 7)").output == "42\n"
     # bytes that are not JSON (or not UTF-8) are no reply
     from copes_lib.tools import sandbox as sbx
-
-    import socket
 
     ours, theirs = socket.socketpair()
     holder = type("W", (), {"channel": ours})()
