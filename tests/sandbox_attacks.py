@@ -94,13 +94,16 @@ FORGED = {
     "call the finisher from the code": ("import sys\nm = sys.modules['__main__']\nprint('forged')\n"
                                         "m._run_code(compile('pass', 'x', 'exec'), sys.audit, sys.stdout)",
                                         "PermissionError: sandbox: the end of a call"),
-    # a finalizer that runs a copy of the finisher from the child's own frame, once the code has raised
+    # a finalizer that runs a copy of the finisher from the child's own frame, once the code has raised.
+    # The outcome is what counts (the call fails, nothing is forged); the wording differs by version: on
+    # CPython 3.13 the failure's traceback reads the sandbox's own source, which the hook denies first.
     "finisher in a finalizer": ("import sys, types, functools\nm = sys.modules['__main__']\n"
                                 "fn = types.FunctionType(m._run_code.__code__, m.__dict__)\n"
                                 "class X:\n    pass\n"
                                 "X.__del__ = functools.partial(fn, compile('pass', 'x', 'exec'), sys.audit, sys.stdout)\n"
                                 "def f():\n    x = X()\n    raise ValueError('real failure')\nf()",
-                                ("ValueError: real failure", "PermissionError: sandbox: the end of a call")),
+                                ("ValueError: real failure", "PermissionError: sandbox: the end of a call",
+                                 "PermissionError: sandbox: reading")),
     # builtins replaced / a lying __class__, so that the hook would call the code back with its frames
     # (and through them its closure: the rules and the secret) in reach
     "replaced builtins": ("import builtins, sys\nreal = builtins.type\nleaks = []\n"
@@ -289,6 +292,23 @@ def fork():
 attempt("fork a process that leaves the call's group", fork)
 attempt("exec a shell", lambda: os.execv("/bin/sh", ["sh", "-c", "touch /tmp/copes_pwned"]))
 '''
+# The use-after-free and the bytecode patch (RESUME = 151, the 3.11 code layout) are CPython 3.11's: on
+# 3.12 and 3.13 the code runs but the hook stays on (measured: gc.get_objects is denied), so the attack
+# proves nothing there and its tests skip; tests/test_sandbox_reach.py simulates the hook switched off
+# on every version.
+MEMORY_ATTACK_PYTHON = (3, 11)
+
+
+def memory_attack_skip_reason() -> str | None:
+    """Why the memory-corruption attack cannot run on this Python (None on CPython 3.11)."""
+    here = sys.version_info[:2]
+    if sys.implementation.name == "cpython" and here == MEMORY_ATTACK_PYTHON:
+        return None
+    return (f"the pure-Python use-after-free of this attack is CPython 3.11's; on {sys.implementation.name} "
+            f"{here[0]}.{here[1]} it leaves the hook on and proves nothing (tests/test_sandbox_reach.py "
+            "simulates the hook switched off on every version)")
+
+
 # what must print STOPPED wherever the sandbox starts (the fork is judged by whether anything survives)
 MEMORY_STOPPED = ("read /etc/passwd", "read the repo", "write a .pth into site-packages", "write /tmp",
                   "exec a shell")
@@ -423,7 +443,8 @@ def run_attacks(site: str, layers: str, drop_privileges: bool = True, names=None
                                preload=CodeSandboxConfig().preload + "," + FAKE_PACKAGE,
                                allow_unconfined_files=unconfined(layers, without))
     attacks = catalogue(site)
-    if not unconfined(layers, without):  # with no file confinement it escapes (docs/sandbox.md): not run here
+    if not unconfined(layers, without) and memory_attack_skip_reason() is None:
+        # (with no file confinement it escapes, docs/sandbox.md: not run there; off CPython 3.11 it cannot run)
         attacks[MEMORY_NAME] = (memory_attack(site), None)
     results = {}
     with PythonSandbox(config) as box:

@@ -204,6 +204,8 @@ def test_memory_corruption_is_stopped_by_the_kernel_as_a_non_root_user(nonroot_r
     (not run with layers='hook-only', where nothing would: docs/sandbox.md)."""
     layers, results = nonroot_run
     mode, _, without = layers.partition(":")
+    if attacks.memory_attack_skip_reason():
+        pytest.skip(attacks.memory_attack_skip_reason())
     if attacks.unconfined(mode, without):
         pytest.skip("no kernel file confinement (the opt-in): the attack escapes (docs/sandbox.md); not run here")
     result = results[attacks.MEMORY_NAME]
