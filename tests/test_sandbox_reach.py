@@ -14,6 +14,7 @@ runs as a throwaway non-root user are in tests/test_sandbox_nonroot.py."""
 import dataclasses
 import os
 import socket
+import time
 
 import pytest
 
@@ -67,6 +68,36 @@ def test_the_calls_see_their_own_host_name():
         assert "own hostname" in box.layers["network_namespace"]
         result = box.run("import os\nprint(os.uname().nodename)")
         assert result.ok and result.output == socket.gethostname() + "\n", result  # (a copy, not a new name)
+
+
+def test_a_root_worker_is_out_of_reach_of_a_root_process_without_capabilities():
+    """As root without the uid drop, the calls run as root without capabilities; the worker is exec'd
+    non-dumpable, so such a process can neither read its /proc files nor (seccomp aside) ptrace it."""
+    import subprocess
+    import sys
+
+    if os.geteuid() != 0:
+        pytest.skip("not root")
+    probe = ("import os, sys\nfrom copes_lib.tools import isolation\nisolation.drop_capabilities()\n"
+             "pid = int(sys.argv[1])\n"
+             "for name in ('environ', 'mem'):\n"
+             "    try:\n        open(f'/proc/{pid}/{name}', 'rb').close()\n        print(name, 'OPENED')\n"
+             "    except OSError as exc:\n        print(name, type(exc).__name__)\n")
+    # the control: a dumpable root process without capabilities, as the worker is apart from dumpability
+    control = subprocess.Popen([sys.executable, "-c", "from copes_lib.tools import isolation\n"
+                                "isolation.drop_capabilities()\nimport time\ntime.sleep(60)"])
+    try:
+        time.sleep(1.0)  # (its capabilities dropped)
+        with PythonSandbox(CodeSandboxConfig(workers=1, drop_privileges=False)) as box:
+            worker = box.worker_pids()[0]
+            ours = subprocess.run([sys.executable, "-c", probe, str(control.pid)], capture_output=True, text=True)
+            theirs = subprocess.run([sys.executable, "-c", probe, str(worker)], capture_output=True, text=True)
+            assert box.run("print(1)").output == "1\n"
+    finally:
+        control.kill()
+        control.wait()
+    assert ours.stdout == "environ OPENED\nmem OPENED\n", ours  # (the check can see a dumpable process)
+    assert theirs.stdout == "environ PermissionError\nmem PermissionError\n", theirs
 
 
 # ---------------------------------------------------------------------------- the reply's nonce

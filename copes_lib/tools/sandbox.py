@@ -1602,6 +1602,13 @@ def _setup_main(settings: dict) -> None:
                 if iso.mount_private_proc():  # process 1 of the pid namespace, in a private mount namespace
                     active["pid_namespace"] = "the worker is process 1, a private /proc"
             # a root worker needs setuid() and cleanup rights; its children lose them at their setuid()
+            if os.geteuid() == 0:
+                # exec'd with its effective gid not its real one, the worker is made non-dumpable by the
+                # kernel (and stays so when it takes its gid back): a call's process of the same uid
+                # without capabilities (root without the uid drop) can then neither open its /proc
+                # files nor ptrace it. (A non-root host's user namespace maps one gid: there, the
+                # sockets, the masked /proc/1, Landlock and seccomp's ban on ptrace keep the worker apart.)
+                os.setresgid(os.getgid(), SANDBOX_GID, SANDBOX_GID)
             iso.harden(keep_capabilities=drop)
             if "landlock" in active:
                 fds = lambda paths: [fd for _, fd in iso.open_rule_paths(paths)]  # noqa: E731
@@ -1688,6 +1695,8 @@ def _zygote_state(settings: dict) -> dict:
 
 def _zygote_main(settings: dict) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if os.getegid() != os.getgid():  # (the set-up process's exec as root: see _setup_main)
+        os.setresgid(os.getgid(), os.getgid(), os.getgid())
     sys.dont_write_bytecode = True
     # private copies of the protocol pipes; fd 0/1 point elsewhere, so a stray print cannot corrupt them
     proto_in, proto_out = os.dup(0), os.dup(1)
