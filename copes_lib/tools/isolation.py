@@ -33,12 +33,13 @@ are per worker, inherited by every child:
   Landlock then decides what may run) and signals (confined by the pid namespace) stay open.
 - **no_new_privs**, and no capabilities (root workers that drop their children to 'nobody' keep theirs
   until the children's ``setuid``, which clears them).
-- **namespaces**, once per worker: a network namespace without interfaces (with a user namespace when
-  the host is not root), a mount namespace in which the worker's temp folder is a private tmpfs of
+- **namespaces**, once per worker: a network namespace without interfaces, with its own host name (UTS)
+  and System V IPC (with a user namespace when the host is not root), a mount namespace in which the worker's temp folder is a private tmpfs of
   ``temp_quota_mb`` (the total quota of a call's files, which vanish with the worker), and a pid
-  namespace in which the worker is process 1 and ``/proc`` is a fresh procfs of that namespace: its
-  children cannot name, let alone signal, a process of the host, and nothing they start outlives the
-  worker.
+  namespace in which the worker is process 1 and ``/proc`` is a fresh, read-only procfs of that
+  namespace with process 1 and the kernel's files masked (:func:`_mask_proc`): its children cannot name,
+  let alone signal, a process of the host, cannot reach the worker through ``/proc/1``, cannot write a
+  host setting, and nothing they start outlives the worker.
 
 :func:`probe` says which of these the running kernel offers; the sandbox records the active ones,
 refuses to start where neither Landlock nor the read-only view confines the file system (unless the

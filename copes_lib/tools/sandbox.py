@@ -13,16 +13,17 @@ built for many short calls on any Linux host, as root or not, without a containe
 
 How a call runs::
 
-    PythonSandbox (host) --pipe--> W set-up processes (``sandbox.py setup``): load ctypes, enter a
-                                   network, mount and pid namespace (the temp folder becomes a private
-                                   tmpfs, the calls' storage quota), fork the worker, which sets
+    PythonSandbox (host) --socket--> W set-up processes (``sandbox.py setup``): load ctypes, enter a
+                                   network, UTS, IPC, mount and pid namespace (the temp folder becomes a
+                                   private tmpfs, the calls' storage quota; /proc is read-only with the
+                                   worker and the kernel's files masked), fork the worker, which sets
                                    no_new_privs, Landlock (read the Python installation, write only the
                                    working folder) and seccomp on itself, then execve()s
         --> the worker (``sandbox.py serve``, process 1 of its pid namespace): a fresh interpreter that
             never loads ctypes; imports the allowed modules once
             --fork()--> a child, prepared BEFORE the call arrives: drops privileges (when root), sets
                         rlimits, waits for the call's secret and code; installs the audit hook,
-                        exec()s the code; the worker reads its stdout and status pipes and its exit
+                        exec()s the code; the worker reads its stdout and status sockets and its exit
                         status, then ends every process left in the namespace
 
 Why two processes (issue 33): once ``_ctypes`` is imported, its classes stay reachable through
@@ -41,7 +42,10 @@ module changes, and one bad call cannot damage the next. The folder is emptied w
 long paths (a subfolder's entries are renamed up before it is removed; a 1,500-deep chain costs
 milliseconds), the worker reports "ready" after that and only then reads the next call; a worker that
 exited, or died before "ready", is replaced and the call goes to the replacement. The host checks
-every reply's keys and types.
+every reply's keys and types, and the call's nonce in it (see _Worker.call). Every channel is a Unix
+socket pair, which no process can reopen through /proc (a pipe it can); as root the worker is
+non-dumpable. With the hook switched off, no call reaches its worker or another call
+(tests/test_sandbox_reach.py, docs/sandbox.md).
 
 Layers (``CodeSandboxConfig.layers``; :mod:`copes_lib.tools.isolation` probes which the kernel
 offers, the sandbox records them in ``PythonSandbox.layers`` and warns naming any that is missing;
@@ -331,7 +335,7 @@ def _truncate(text: str, limit: int) -> str:
 
 # ============================================================================ host side
 class _Worker:
-    """One zygote process and the pipes to it. Used by one thread at a time."""
+    """One zygote process and the socket to it. Used by one thread at a time."""
 
     def __init__(self, settings: dict):
         self.settings = settings
@@ -470,7 +474,7 @@ class _Worker:
         The code is sent at once (the worker reads it once it has cleaned up after the previous call, so
         its clean-up overlaps the host's work), and the worker's "ready" for that clean-up is read before
         the reply. A worker that exited between calls, or died or hung before "ready", never read the
-        code: it is replaced and the code sent again, so no call sees what a previous one left.
+        code: it is replaced and the code sent again, so no call finds the files or processes a previous one left.
 
         Every call carries a fresh nonce, which the worker learns only after the call's child was forked
         (so no call's memory holds the nonce of another) and repeats in its reply and in its next "ready":
@@ -1627,7 +1631,7 @@ def _setup_main(settings: dict) -> None:
     _write_message(1, {"server_pid": pid})
     os.write(release_w, b"x")
     os.close(release_w)
-    devnull = os.open(os.devnull, os.O_RDWR)  # the pipes to the host are the worker's alone
+    devnull = os.open(os.devnull, os.O_RDWR)  # the channel to the host is the worker's alone
     os.dup2(devnull, 0)
     os.dup2(devnull, 1)
     _, status = os.waitpid(pid, 0)
@@ -1698,7 +1702,7 @@ def _zygote_main(settings: dict) -> None:
     if os.getegid() != os.getgid():  # (the set-up process's exec as root: see _setup_main)
         os.setresgid(os.getgid(), os.getgid(), os.getgid())
     sys.dont_write_bytecode = True
-    # private copies of the protocol pipes; fd 0/1 point elsewhere, so a stray print cannot corrupt them
+    # private copies of the protocol socket; fd 0/1 point elsewhere, so a stray print cannot corrupt them
     proto_in, proto_out = os.dup(0), os.dup(1)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
@@ -1713,7 +1717,7 @@ def _zygote_main(settings: dict) -> None:
                                    "native_access": state["native_access"]})
         while True:
             header = _read_exact(proto_in, _HEADER.size)
-            if header is None:  # the host closed the pipe (close() or the host died)
+            if header is None:  # the host closed the channel (close() or the host died)
                 break
             message = _read_exact(proto_in, _HEADER.unpack(header)[0])
             if message is None or len(message) < NONCE_BYTES:
