@@ -553,8 +553,9 @@ def test_close_and_run_never_raise_after_a_deep_folder_and_a_killed_worker(witho
 
 def test_a_worker_killed_while_cleaning_up_never_fails_the_next_call():
     """Killed right after replying (while it empties a deep chain, or just after): the next call goes to
-    a replacement or to the cleaned worker, and is correct either way."""
-    with PythonSandbox(dataclasses.replace(FAST, workers=1)) as sandbox:
+    a replacement or to the cleaned worker, and is correct either way. (10 s to build the chain: on a
+    loaded machine the 1 s of FAST stopped it part-way, at 0984fea as now.)"""
+    with PythonSandbox(dataclasses.replace(FAST, workers=1, timeout_s=10.0)) as sandbox:
         code, _ = attacks.DEEP_FOLDERS["1,500-deep folder chain"]
         for _ in range(3):
             assert sandbox.run(code).output == "built\n"
