@@ -452,9 +452,12 @@ class _Worker:
         chunks, need, header = [], _HEADER.size, True
         while need:
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+            try:
+                if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+                    return None
+                chunk = os.read(fd, need)
+            except OSError:  # (a socket whose peer died with bytes unread says ECONNRESET, a pipe EOF)
                 return None
-            chunk = os.read(fd, need)
             if not chunk:
                 return None
             chunks.append(chunk)
@@ -1385,7 +1388,7 @@ def _run_one(code: bytes, settings: dict, state: dict) -> tuple[dict, dict]:
         view = memoryview(token + code)
         while view:
             view = view[os.write(child["code_w"], view):]
-    except BrokenPipeError:  # it died while preparing; its exit status explains why
+    except ConnectionError:  # it died while preparing (EPIPE or ECONNRESET); its exit status explains why
         pass
     os.close(child["code_w"])
     out_fd, status_fd, pidfd = child["out_r"], child["status_r"], child["pidfd"]
@@ -1397,7 +1400,10 @@ def _run_one(code: bytes, settings: dict, state: dict) -> tuple[dict, dict]:
 
     def read(fd: int) -> None:
         nonlocal status_data
-        chunk = os.read(fd, 65536)
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:  # (ECONNRESET: the child reset its end; as EOF)
+            chunk = b""
         if not chunk:
             open_fds.remove(fd)
         elif fd == out_fd:
@@ -1732,7 +1738,7 @@ def _zygote_main(settings: dict) -> None:
             _clean_up(child, state)
             state["spare"] = _fork_spare(settings, state)
             _write_message(proto_out, {"ready": True, "call": nonce})
-    except BrokenPipeError:
+    except ConnectionError:  # the host went away (EPIPE, or ECONNRESET on its socket)
         pass
     finally:
         spare = state.get("spare")
