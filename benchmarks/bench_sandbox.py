@@ -22,6 +22,9 @@ round of each counts, as the machine is shared): ``before`` is the sandbox of ``
 ``after_vs_before_run_many`` are the ratios a change's cost is judged by (the fail-closed sandbox with
 its per-call "ready" report and iterative clean-up: within 10% of the sandbox before it, i.e. >= 0.9).
 
+Also (issue 48) the seconds of one call that writes 2,000 small files where no private tmpfs bounds its
+storage (``without='namespaces'``: the hook counts it), before and after.
+
 Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_sandbox.py [--calls 300] [--workers 2]``
 """
 
@@ -117,6 +120,23 @@ def bench_sandbox(make_box, calls: int, workers: int) -> dict:
             "latency_ms_p95": latencies_ms[int(0.95 * (len(latencies_ms) - 1))]}
 
 
+QUOTA_FILES = 2000
+QUOTA_CODE = f"for i in range({QUOTA_FILES}):\n    open(f'f{{i}}', 'w').write('x')\nprint('made')"
+
+
+def bench_quota(make_box) -> float:
+    """Seconds of one call that writes QUOTA_FILES small files where no private tmpfs bounds the storage
+    (the hook counts it): the cost of the hook's quota accounting (issue 48: 13.2 s at 0984fea)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the missing namespaces are warned about)
+        with make_box() as box:
+            result = box.run(QUOTA_CODE)
+    assert result.ok and result.output == "made\n", result
+    return result.elapsed_s
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, default=300, help="sandbox calls per measurement")
@@ -142,6 +162,12 @@ def main() -> None:
             rounds[name].append(bench_sandbox(make, args.calls, args.workers))
     best = {name: {key: (min if key.startswith(("cpu", "latency")) else max)(r[key] for r in rs) for key in rs[0]}
             for name, rs in rounds.items()}
+    quota_s = {
+        "before": bench_quota(lambda: before.PythonSandbox(before.CodeSandboxConfig(
+            workers=1, memo_size=0, timeout_s=60.0, without="namespaces"))),
+        "after": bench_quota(lambda: PythonSandbox(CodeSandboxConfig(workers=1, memo_size=0, timeout_s=60.0,
+                                                                     without="namespaces"))),
+    }
     with PythonSandbox(CodeSandboxConfig(workers=1)) as box:
         layers = box.describe_layers()
     serial_cps, parallel_cps = best["after"]["run_calls_per_s"], best["after"]["run_many_calls_per_s"]
@@ -176,6 +202,7 @@ def main() -> None:
         "after_vs_before_run": serial_cps / best["before"]["run_calls_per_s"],
         "after_vs_before_run_many": parallel_cps / best["before"]["run_many_calls_per_s"],
         "after_vs_before_cpu": sandbox_cpu_ms / best["before"]["cpu_ms_per_call"],
+        "quota_files": QUOTA_FILES, "quota_files_s_before": quota_s["before"], "quota_files_s_after": quota_s["after"],
         "calls": args.calls,
         "baseline_calls": args.baseline_calls,
         "workers": args.workers,

@@ -300,6 +300,7 @@ def profile_lock(profile: str, results_root: str | Path | None = None, wait: boo
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / LOCK_NAME
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)  # CLOEXEC: kernels never inherit it
+    held = False  # only the holder writes the file: a refused run leaves the holder's record for the next
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -313,12 +314,14 @@ def profile_lock(profile: str, results_root: str | Path | None = None, wait: boo
                     "with --wait (make reproduce WAIT=1)") from None
             print(f"[suite] waiting for the run that holds {path} ({holder})", flush=True)
             fcntl.flock(fd, fcntl.LOCK_EX)
+        held = True
         runs.write_lock_holder(fd)
         yield path
     finally:
-        with contextlib.suppress(OSError):
-            os.ftruncate(fd, 0)  # a lock file that names nobody: no run holds it
-        os.close(fd)  # releases the lock
+        if held:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)  # a lock file that names nobody: no run holds it
+        os.close(fd)  # releases the lock (when held)
 
 
 def tidy_after_killed_run(profile: str, status: dict[str, Any], results_root: str | Path | None = None,

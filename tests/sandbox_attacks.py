@@ -94,13 +94,16 @@ FORGED = {
     "call the finisher from the code": ("import sys\nm = sys.modules['__main__']\nprint('forged')\n"
                                         "m._run_code(compile('pass', 'x', 'exec'), sys.audit, sys.stdout)",
                                         "PermissionError: sandbox: the end of a call"),
-    # a finalizer that runs a copy of the finisher from the child's own frame, once the code has raised
+    # a finalizer that runs a copy of the finisher from the child's own frame, once the code has raised.
+    # The outcome is what counts (the call fails, nothing is forged); the wording differs by version: on
+    # CPython 3.13 the failure's traceback reads the sandbox's own source, which the hook denies first.
     "finisher in a finalizer": ("import sys, types, functools\nm = sys.modules['__main__']\n"
                                 "fn = types.FunctionType(m._run_code.__code__, m.__dict__)\n"
                                 "class X:\n    pass\n"
                                 "X.__del__ = functools.partial(fn, compile('pass', 'x', 'exec'), sys.audit, sys.stdout)\n"
                                 "def f():\n    x = X()\n    raise ValueError('real failure')\nf()",
-                                ("ValueError: real failure", "PermissionError: sandbox: the end of a call")),
+                                ("ValueError: real failure", "PermissionError: sandbox: the end of a call",
+                                 "PermissionError: sandbox: reading")),
     # builtins replaced / a lying __class__, so that the hook would call the code back with its frames
     # (and through them its closure: the rules and the secret) in reach
     "replaced builtins": ("import builtins, sys\nreal = builtins.type\nleaks = []\n"
@@ -289,6 +292,23 @@ def fork():
 attempt("fork a process that leaves the call's group", fork)
 attempt("exec a shell", lambda: os.execv("/bin/sh", ["sh", "-c", "touch /tmp/copes_pwned"]))
 '''
+# The use-after-free and the bytecode patch (RESUME = 151, the 3.11 code layout) are CPython 3.11's: on
+# 3.12 and 3.13 the code runs but the hook stays on (measured: gc.get_objects is denied), so the attack
+# proves nothing there and its tests skip; tests/test_sandbox_reach.py simulates the hook switched off
+# on every version.
+MEMORY_ATTACK_PYTHON = (3, 11)
+
+
+def memory_attack_skip_reason() -> str | None:
+    """Why the memory-corruption attack cannot run on this Python (None on CPython 3.11)."""
+    here = sys.version_info[:2]
+    if sys.implementation.name == "cpython" and here == MEMORY_ATTACK_PYTHON:
+        return None
+    return (f"the pure-Python use-after-free of this attack is CPython 3.11's; on {sys.implementation.name} "
+            f"{here[0]}.{here[1]} it leaves the hook on and proves nothing (tests/test_sandbox_reach.py "
+            "simulates the hook switched off on every version)")
+
+
 # what must print STOPPED wherever the sandbox starts (the fork is judged by whether anything survives)
 MEMORY_STOPPED = ("read /etc/passwd", "read the repo", "write a .pth into site-packages", "write /tmp",
                   "exec a shell")
@@ -423,7 +443,8 @@ def run_attacks(site: str, layers: str, drop_privileges: bool = True, names=None
                                preload=CodeSandboxConfig().preload + "," + FAKE_PACKAGE,
                                allow_unconfined_files=unconfined(layers, without))
     attacks = catalogue(site)
-    if not unconfined(layers, without):  # with no file confinement it escapes (docs/sandbox.md): not run here
+    if not unconfined(layers, without) and memory_attack_skip_reason() is None:
+        # (with no file confinement it escapes, docs/sandbox.md: not run there; off CPython 3.11 it cannot run)
         attacks[MEMORY_NAME] = (memory_attack(site), None)
     results = {}
     with PythonSandbox(config) as box:
@@ -461,11 +482,153 @@ def start_refusal(without: str) -> str:
     return ""
 
 
+# Issue 48: a call whose hook is off (layers='kernel-only' simulates what memory corruption leaves: the
+# kernel layers and nothing else) tries to reach its worker, the other workers and their set-up
+# processes through /proc: reopen each descriptor for writing and write a well-formed reply frame into it
+# (the old protocol: 4-byte length + JSON), write the worker's memory, and reach the host's descriptors
+# (opened only, never written: they may be a terminal or a log). TARGETS / HOST are filled in below.
+CROSS_CALL_ATTACK = """import os, json, stat, struct
+reached = []
+body = json.dumps({"ok": True, "output": "forged", "error": "", "elapsed_s": 0.0}).encode()
+frame = struct.pack(">I", len(body)) + body + struct.pack(">I", 14) + b'{"ready": true}'
+def reopen(pid, write):
+    try:  # (Landlock may deny listing the folder and still let a descriptor be reopened by its number)
+        fds = set(os.listdir(f"/proc/{pid}/fd")) | set(map(str, range(64)))
+    except OSError:
+        fds = map(str, range(64))
+    for fd in fds:
+        try:
+            w = os.open(f"/proc/{pid}/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            if os.path.samestat(os.fstat(w), os.stat("/dev/null")):  # (everyone may write there)
+                pass
+            elif write and os.write(w, frame * 3) > 0:
+                reached.append(f"wrote /proc/{pid}/fd/{fd}")
+            elif not write and stat.S_ISFIFO(os.fstat(w).st_mode):
+                reached.append(f"opened the pipe /proc/{pid}/fd/{fd}")
+        except OSError:  # (a pidfd opens, but takes no bytes; Landlock scopes its signals)
+            pass
+        os.close(w)
+for pid in sorted(set(TARGETS + [1, os.getppid()]) - {os.getpid()}):
+    reopen(pid, True)
+    try:
+        with open(f"/proc/{pid}/mem", "r+b"):
+            reached.append(f"/proc/{pid}/mem")
+    except OSError:
+        pass
+reopen(HOST, False)
+print("REACHED", reached)
+"""
+INNOCENT = [(f"print({i} * 7)", f"{i * 7}\n") for i in range(12)] + [("print(undefined)", None)]
+
+
+# Issue 48: the host's kernel settings, from a call whose hook is off: write the (UTS-namespaced) host
+# and domain names through /proc/sys and sethostname(), open global settings for writing (opened only:
+# a write to core_pattern or drop_caches would act on the host) -- each must fail.
+KERNEL_SETTINGS_ATTACK = """import os
+reached = []
+for path in ("/proc/sys/kernel/domainname", "/proc/sys/kernel/hostname"):
+    try:
+        with open(path, "w") as handle:
+            handle.write("copes-sandbox-pwned")
+        reached.append("wrote " + path)
+    except OSError:
+        pass
+for path in ("/proc/sys/kernel/core_pattern", "/proc/sys/vm/drop_caches", "/proc/sysrq-trigger",
+             "/proc/sys/kernel/randomize_va_space"):
+    try:
+        os.close(os.open(path, os.O_WRONLY))
+        reached.append("opened " + path)
+    except OSError:
+        pass
+try:
+    import socket
+    socket.sethostname("copes-sandbox-pwned")
+    reached.append("sethostname")
+except (OSError, ImportError):  # (as 'nobody' under Landlock the socket module may not even load)
+    pass
+print("SETTINGS", reached)
+"""
+HOST_SETTINGS = ("/proc/sys/kernel/hostname", "/proc/sys/kernel/domainname", "/proc/sys/kernel/core_pattern")
+
+
+def host_settings() -> dict[str, str]:
+    return {path: Path(path).read_text() for path in HOST_SETTINGS}
+
+
+def cross_call_attack(targets: list[int], host: int) -> str:
+    return CROSS_CALL_ATTACK.replace("TARGETS", repr(list(targets))).replace("HOST", str(host))
+
+
+def sandbox_pids(box) -> list[int]:
+    """The workers and their set-up processes (the processes a call must not reach)."""
+    return sorted({pid for worker in box._workers for pid in (worker.proc.pid, worker.server_pid) if pid})
+
+
+def run_cross_call(layers: str, drop_privileges: bool, without: str = "") -> dict:
+    """The attack in one call, then innocent calls on every worker: what they returned and memoised."""
+    import warnings
+
+    from copes_lib.tools import CodeSandboxConfig, PythonSandbox, isolation
+
+    config = CodeSandboxConfig(timeout_s=2.0, workers=2, layers=layers, drop_privileges=drop_privileges,
+                               without=without, memo_size=64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", isolation.IsolationWarning)
+        box = PythonSandbox(config).start()
+    with box:
+        attack = box.run(cross_call_attack(sandbox_pids(box), os.getpid()))
+        later = [box.run(code) for code, _ in INNOCENT] + box.run_many([c + "  # batch" for c, _ in INNOCENT])
+        memo = {code: result.output for code, result in box._memo.items()}
+        before = host_settings()
+        settings = box.run(KERNEL_SETTINGS_ATTACK)
+        after = host_settings()
+        record = lambda r: {"ok": r.ok, "output": r.output, "error": r.error}  # noqa: E731
+        return {"layers": box.layers, "attack": record(attack), "later": [record(r) for r in later], "memo": memo,
+                "settings": record(settings), "host_before": before, "host_after": after}
+
+
+def kernel_settings_failure(record: dict) -> str | None:
+    """Why ``record`` (of :func:`run_cross_call`) shows a call reaching the host's kernel settings."""
+    if "SETTINGS" not in record["settings"]["output"]:
+        return f"the settings attack did not run to its end (so this proves nothing): {record['settings']}"
+    if "SETTINGS []" not in record["settings"]["output"]:
+        return f"the call reached the host's kernel settings: {record['settings']}"
+    if record["host_before"] != record["host_after"]:
+        return f"the host's settings changed: {record['host_before']} -> {record['host_after']}"
+    return None
+
+
+def cross_call_failure(record: dict) -> str | None:
+    """Why ``record`` (of :func:`run_cross_call`) shows one call reaching another; None when it does not."""
+    if "REACHED" not in record["attack"]["output"]:
+        return f"the attack did not run to its end (so this proves nothing): {record['attack']}"
+    if "REACHED []" not in record["attack"]["output"]:
+        return f"the call reached another process's descriptors or memory: {record['attack']}"
+    expected = [output for _, output in INNOCENT] * 2
+    for result, output in zip(record["later"], expected):
+        good = (result["ok"] and result["output"] == output) if output is not None else \
+            (not result["ok"] and result["error"].startswith("NameError"))
+        if not good:
+            return f"a later call's result changed: {result} (expected {output!r}); all: {record['later']}"
+    innocent = {code: output for code, output in INNOCENT if output is not None}
+    for code, output in record["memo"].items():
+        if code in innocent and output != innocent[code]:
+            return f"the memo holds {output!r} for {code!r}"
+    return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="run the sandbox attacks as this user; print JSON")
     parser.add_argument("--layers", default="auto", choices=("auto", "hook-only", "kernel-only"))
     parser.add_argument("--without", default="", help="CodeSandboxConfig.without: simulate a host lacking layers")
+    parser.add_argument("--cross-call", action="store_true", help="run run_cross_call (issue 48) instead")
     args = parser.parse_args()
+    if args.cross_call:
+        print(json.dumps({"uid": os.getuid(), "record": run_cross_call(args.layers, False, args.without)}))
+        return
     site = make_site()
     sys.path.insert(0, os.path.dirname(site))
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.dirname(site), os.environ.get("PYTHONPATH")]))

@@ -454,3 +454,17 @@ def test_slots_follow_01s_build_jobs_under_each_profile():
     assert cli.notebook_slots(cpu, 2) == {stem: 2, "02_standard_es": 1}  # the dataclass default, 2
     assert cli.notebook_slots({stem: cli.notebook_parameters("smoke", stem, False)}, 2) == {stem: 1}  # smoke: 1
     assert cli.notebook_slots({stem: {"BUILD_JOBS": 4}}, 3) == {stem: 3}
+
+
+def test_a_refused_run_leaves_the_holders_record_in_the_lock_file(tmp_path):
+    """Issue 48: only the lock's holder writes its file; a refused run used to empty it on the way out, so
+    the next refusal named nobody."""
+    with cli.profile_lock("smoke", results_root=tmp_path) as path:
+        record = path.read_text()
+        assert str(os.getpid()) in record
+        for _ in range(2):
+            with pytest.raises(cli.SuiteBusyError, match=f"kill {os.getpid()}"):
+                with cli.profile_lock("smoke", results_root=tmp_path):
+                    pass
+            assert path.read_text() == record
+    assert path.read_text() == ""  # the holder empties it when it lets go

@@ -5,6 +5,7 @@ import dataclasses
 import os
 import shutil
 import signal
+import socket
 import time
 import warnings
 from pathlib import Path
@@ -250,9 +251,11 @@ def test_a_dead_worker_is_replaced(box):
     victim = box.worker_pids()[0]
     victim_dir = Path(box._workers[0].base_dir)
     os.kill(victim, signal.SIGKILL)
-    time.sleep(0.1)
+    deadline = time.monotonic() + 10.0  # dead, not dying: on a loaded machine 0.1 s was not always enough
+    while _alive(victim) and time.monotonic() < deadline:  # (at 0984fea as now)
+        time.sleep(0.02)
     results = box.run_many(["print('a')", "print('b')", "print('c')"])
-    assert [r.output for r in results] == ["a\n", "b\n", "c\n"]
+    assert [r.output for r in results] == ["a\n", "b\n", "c\n"], results
     assert victim not in box.worker_pids()
     assert not victim_dir.exists()  # the host removed the dead zygote's temp dir
     _assert_serves(box)
@@ -396,7 +399,9 @@ def test_preloads_that_give_native_memory_access_are_named_in_a_warning():
 
 
 def test_without_a_private_tmpfs_the_quota_counts_bytes_and_entries():
-    config = dataclasses.replace(FAST, workers=1, without="namespaces", temp_quota_mb=1, file_size_mb=1)
+    # (10 s: 4,096 folders took ~1.1 s under load at 0984fea as now, past FAST's 1 s)
+    config = dataclasses.replace(FAST, workers=1, without="namespaces", temp_quota_mb=1, file_size_mb=1,
+                                 timeout_s=10.0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", isolation.IsolationWarning)
         sandbox = PythonSandbox(config).start()
@@ -431,8 +436,8 @@ def test_probe_measures_in_a_child_process():
 def test_without_names_only_layers_that_can_be_left_out():
     with pytest.raises(ConfigError, match="without: 'selinux'"):
         CodeSandboxConfig(without="selinux")
-    with pytest.raises(ConfigError, match="without needs layers='auto'"):
-        CodeSandboxConfig(without="landlock", layers="kernel-only")
+    with pytest.raises(ConfigError, match="without needs layers='auto' or 'kernel-only'"):
+        CodeSandboxConfig(without="landlock", layers="hook-only")
 
 
 # ---------------------------------------------------------------------------- issue 40
@@ -474,6 +479,8 @@ def test_memory_corruption_from_pure_python_is_stopped_by_the_kernel(hostile_box
     of each host mode still stop. (hook-only has none: it escapes there, so it is not run; the opt-in's
     documented risk.)"""
     box = hostile_box
+    if attacks.memory_attack_skip_reason():
+        pytest.skip(attacks.memory_attack_skip_reason())
     if attacks.unconfined(box.config.layers, box.config.without):
         pytest.skip("no kernel file confinement (the opt-in): the attack escapes (docs/sandbox.md); not run here")
     result = box.run(attacks.memory_attack(box.site))
@@ -514,14 +521,13 @@ def test_a_malformed_worker_reply_is_a_failed_call(monkeypatch):
     # bytes that are not JSON (or not UTF-8) are no reply
     from copes_lib.tools import sandbox as sbx
 
-    read_fd, write_fd = os.pipe()
-    fake = type("P", (), {"stdout": os.fdopen(read_fd, "rb")})()
-    holder = type("W", (), {"proc": fake})()
+    ours, theirs = socket.socketpair()
+    holder = type("W", (), {"channel": ours})()
     for payload in (b"\xff{", b"{\"ok\": tru"):
-        os.write(write_fd, sbx._HEADER.pack(len(payload)) + payload)
+        theirs.sendall(sbx._HEADER.pack(len(payload)) + payload)
         assert sbx._Worker._receive(holder, time.monotonic() + 5) is None
-    os.close(write_fd)
-    fake.stdout.close()
+    theirs.close()
+    ours.close()
 
 
 @pytest.mark.parametrize("without", ["", "namespaces"])
@@ -551,8 +557,9 @@ def test_close_and_run_never_raise_after_a_deep_folder_and_a_killed_worker(witho
 
 def test_a_worker_killed_while_cleaning_up_never_fails_the_next_call():
     """Killed right after replying (while it empties a deep chain, or just after): the next call goes to
-    a replacement or to the cleaned worker, and is correct either way."""
-    with PythonSandbox(dataclasses.replace(FAST, workers=1)) as sandbox:
+    a replacement or to the cleaned worker, and is correct either way. (10 s to build the chain: on a
+    loaded machine the 1 s of FAST stopped it part-way, at 0984fea as now.)"""
+    with PythonSandbox(dataclasses.replace(FAST, workers=1, timeout_s=10.0)) as sandbox:
         code, _ = attacks.DEEP_FOLDERS["1,500-deep folder chain"]
         for _ in range(3):
             assert sandbox.run(code).output == "built\n"

@@ -25,6 +25,9 @@ REPO = Path(__file__).resolve().parent.parent
 # both (that one with the opt-in allow_unconfined_files, as it refuses otherwise)
 LAYERS = ("auto", "hook-only", "kernel-only", "auto:landlock", "auto:namespaces", "auto:landlock,namespaces")
 NAMES = list(attacks.catalogue("SITE"))
+# issue 48: the hook switched off (layers='kernel-only') on this host and on simulated hosts without
+# Landlock (the read-only view) or without namespaces: one call against the others and the host's settings
+CROSS = ("", "landlock", "namespaces")
 
 
 def _run_as(user: pwd.struct_passwd, argv: list[str], timeout_s: float = 300) -> subprocess.CompletedProcess:
@@ -142,6 +145,16 @@ def _nonroot_runs() -> dict:
                     assert report["uid"] == entry.pw_uid != 0
                     runs[layers] = report["results"]
                     runs["refusal"] = report["refusal"]
+                for without in CROSS:
+                    done = _run_as(entry, [sys.executable, "-m", "tests.sandbox_attacks", "--cross-call",
+                                           "--layers", "kernel-only", "--without", without])
+                    if done.returncode and "lacks" in done.stderr:
+                        runs[f"cross:{without}"] = done.stderr.strip().splitlines()[-1]
+                        continue
+                    assert done.returncode == 0, done.stderr[-2000:]
+                    report = json.loads(done.stdout)
+                    assert report["uid"] == entry.pw_uid != 0
+                    runs[f"cross:{without}"] = report["record"]
             finally:
                 _restore(changed)
         assert _processes_of(entry.pw_uid) == [], "processes of the throwaway user survived"
@@ -191,6 +204,8 @@ def test_memory_corruption_is_stopped_by_the_kernel_as_a_non_root_user(nonroot_r
     (not run with layers='hook-only', where nothing would: docs/sandbox.md)."""
     layers, results = nonroot_run
     mode, _, without = layers.partition(":")
+    if attacks.memory_attack_skip_reason():
+        pytest.skip(attacks.memory_attack_skip_reason())
     if attacks.unconfined(mode, without):
         pytest.skip("no kernel file confinement (the opt-in): the attack escapes (docs/sandbox.md); not run here")
     result = results[attacks.MEMORY_NAME]
@@ -204,3 +219,15 @@ def test_a_non_root_host_without_file_confinement_refuses(nonroot_runs):
     message = nonroot_runs["refusal"]
     assert message.startswith("the Python sandbox refuses to start"), message
     assert "allow_unconfined_files=True" in message and "Landlock" in message
+
+
+@pytest.mark.parametrize("without", CROSS)
+def test_a_call_with_the_hook_off_cannot_touch_another_call_or_the_host_as_a_non_root_user(nonroot_runs, without):
+    """Issue 48 as a non-root user, whose calls run as the worker's own uid: the worker stays out of
+    reach (socket channels, a masked /proc/1), so no later call's result or memo entry changes, and no
+    host setting can be written (a UTS namespace, a read-only, masked /proc)."""
+    record = nonroot_runs[f"cross:{without}"]
+    if isinstance(record, str):
+        pytest.skip(f"kernel-only, without={without!r}, as a non-root user: {record}")
+    assert attacks.cross_call_failure(record) is None, attacks.cross_call_failure(record)
+    assert attacks.kernel_settings_failure(record) is None, attacks.kernel_settings_failure(record)

@@ -33,12 +33,13 @@ are per worker, inherited by every child:
   Landlock then decides what may run) and signals (confined by the pid namespace) stay open.
 - **no_new_privs**, and no capabilities (root workers that drop their children to 'nobody' keep theirs
   until the children's ``setuid``, which clears them).
-- **namespaces**, once per worker: a network namespace without interfaces (with a user namespace when
-  the host is not root), a mount namespace in which the worker's temp folder is a private tmpfs of
+- **namespaces**, once per worker: a network namespace without interfaces, with its own host name (UTS)
+  and System V IPC (with a user namespace when the host is not root), a mount namespace in which the worker's temp folder is a private tmpfs of
   ``temp_quota_mb`` (the total quota of a call's files, which vanish with the worker), and a pid
-  namespace in which the worker is process 1 and ``/proc`` is a fresh procfs of that namespace: its
-  children cannot name, let alone signal, a process of the host, and nothing they start outlives the
-  worker.
+  namespace in which the worker is process 1 and ``/proc`` is a fresh, read-only procfs of that
+  namespace with process 1 and the kernel's files masked (:func:`_mask_proc`): its children cannot name,
+  let alone signal, a process of the host, cannot reach the worker through ``/proc/1``, cannot write a
+  host setting, and nothing they start outlives the worker.
 
 :func:`probe` says which of these the running kernel offers; the sandbox records the active ones,
 refuses to start where neither Landlock nor the read-only view confines the file system (unless the
@@ -97,6 +98,7 @@ _SCOPE_ABSTRACT_UNIX, _SCOPE_SIGNAL = 1, 2  # ABI >= 6
 _PR_SET_NO_NEW_PRIVS, _PR_GET_SECCOMP, _PR_SET_SECCOMP, _PR_CAP_AMBIENT = 38, 21, 22, 47
 _SECCOMP_MODE_FILTER = 2
 _CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWNET, _CLONE_NEWPID = 0x00020000, 0x10000000, 0x40000000, 0x20000000
+_CLONE_NEWUTS, _CLONE_NEWIPC = 0x04000000, 0x08000000
 _PR_SET_PDEATHSIG = 1
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 1, 2, 4, 8, 0x4000, 1 << 18
 _MS_REMOUNT, _MS_BIND, _MNT_DETACH = 32, 4096, 2
@@ -109,9 +111,10 @@ _AUDIT_ARCH_X86_64, _X32_BIT = 0xC000003E, 0x40000000
 _RET_KILL_PROCESS, _RET_ALLOW = 0x80000000, 0x7FFF0000
 # x86_64 system calls neither the worker nor its children need. (clone: the worker forks with it;
 # execve: the set-up process's exec into the worker, Landlock decides what may be executed; pidfd_open:
-# the worker waits on its children with it; the kill family: confined by the pid namespace.)
+# the worker waits on its children with it; the kill family: confined by the pid namespace; socketpair:
+# the worker's channels to each call's child, which an unnamed pair of Unix sockets cannot leave.)
 _DENIED_SYSCALLS_X86_64 = {
-    "socket": 41, "socketpair": 53, "fork": 57, "vfork": 58, "ptrace": 101,
+    "socket": 41, "fork": 57, "vfork": 58, "ptrace": 101,
     "chroot": 161, "pivot_root": 155, "mount": 165, "umount2": 166, "add_key": 248, "request_key": 249,
     "keyctl": 250, "unshare": 272, "perf_event_open": 298, "setns": 308, "process_vm_readv": 310,
     "process_vm_writev": 311, "memfd_create": 319, "bpf": 321, "execveat": 322, "userfaultfd": 323,
@@ -192,9 +195,12 @@ def enter_namespaces(temp_dir: str, quota_mb: int, max_files: int) -> dict[str, 
     root = os.geteuid() == 0
     uid, gid = os.getuid(), os.getgid()
     active: dict[str, str] = {}
+    # UTS and IPC with the network: the host's hostname and domain name, and its System V IPC objects,
+    # are then out of reach (a write changes only the worker's copy)
     user = 0 if root else _CLONE_NEWUSER
-    for flags in (user | _CLONE_NEWNET | _CLONE_NEWNS | _CLONE_NEWPID, user | _CLONE_NEWNET | _CLONE_NEWNS,
-                  user | _CLONE_NEWNET):
+    base = user | _CLONE_NEWUTS | _CLONE_NEWIPC
+    for flags in (base | _CLONE_NEWNET | _CLONE_NEWNS | _CLONE_NEWPID, base | _CLONE_NEWNET | _CLONE_NEWNS,
+                  base | _CLONE_NEWNET):
         if libc.unshare(flags) == 0:
             break
     else:
@@ -205,7 +211,7 @@ def enter_namespaces(temp_dir: str, quota_mb: int, max_files: int) -> dict[str, 
         for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
             with open(f"/proc/self/{name}", "w") as handle:
                 handle.write(text)
-    active["network_namespace"] = "no interfaces" + ("" if root else ", in a user namespace")
+    active["network_namespace"] = ("no interfaces, own hostname and IPC" + ("" if root else ", in a user namespace"))
     if not flags & _CLONE_NEWNS:
         return active
     libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
@@ -311,7 +317,8 @@ def enter_read_only_view(view: str, reads, writable: str, devices=("/dev/urandom
         os.makedirs(os.path.join(view, folder), exist_ok=True)
     # the fresh procfs, before the host's root (and its /proc) leaves the namespace: a user namespace may
     # mount procfs only while an instance of it is fully visible there (the kernel's mnt_already_visible)
-    _mount("proc", view + "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+    _mount("proc", view + "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC | _MS_RDONLY)
+    _mask_proc(view + "/proc")
     if libc.syscall(_SYS_PIVOT_ROOT, os.fsencode(view), os.fsencode(view + "/.old")) != 0:
         raise _fail(ctypes, "pivot_root")
     os.chdir("/")
@@ -322,13 +329,46 @@ def enter_read_only_view(view: str, reads, writable: str, devices=("/dev/urandom
     return "read-only binds of the interpreter's files, a fresh root"
 
 
+# What a fresh /proc hides, as container runtimes do: the kernel's memory and timers (files), the
+# hardware's folders. (/proc/sys, sysrq-trigger, irq and bus are read-only with the whole mount.)
+PROC_MASKED_FILES = ("kcore", "keys", "timer_list", "sched_debug", "kallsyms", "kmsg", "sysrq-trigger")
+PROC_MASKED_FOLDERS = ("acpi", "scsi", "irq", "bus", "driver", "fs", "sys")
+
+
+def _mask_proc(proc: str) -> None:
+    """Hide process 1 (the worker: no call may read its memory or reopen its descriptors) and the host's
+    kernel files under a read-only procfs at ``proc``: an empty read-only tmpfs over each folder, the
+    read-only /dev/null over each file. /proc/sys then reads as empty: its writable settings exist only
+    as unreachable files. Raises OSError when a mask cannot be mounted (the view is then refused)."""
+    def empty(target: str) -> None:
+        _mount("copes-mask", target, "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC | _MS_RDONLY,
+               "size=4k,nr_inodes=1,mode=0555")
+
+    empty(proc + "/1")
+    for name in PROC_MASKED_FOLDERS:
+        if os.path.isdir(f"{proc}/{name}"):
+            empty(f"{proc}/{name}")
+    for name in PROC_MASKED_FILES:
+        if os.path.lexists(f"{proc}/{name}"):
+            _mount("/dev/null", f"{proc}/{name}", None, _MS_BIND)
+            _mount(None, f"{proc}/{name}", None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NOEXEC)
+
+
 def mount_private_proc() -> bool:
-    """Mount a fresh procfs on /proc (this process must be process 1 of its pid namespace, in a private
-    mount namespace): the code sees only its namespace's processes. False where the kernel refuses
-    (an unprivileged user namespace on a host whose /proc has parts hidden by other mounts)."""
+    """Mount a fresh, read-only procfs on /proc with process 1 and the kernel's files masked
+    (:func:`_mask_proc`; this process must be process 1 of its pid namespace, in a private mount
+    namespace): the code sees only its own processes. False where the kernel refuses (an unprivileged
+    user namespace on a host whose /proc has parts hidden by other mounts); /proc is then unmounted
+    again if the masks failed, so the host's stays (which Landlock keeps out of reach)."""
     try:
-        _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+        _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC | _MS_RDONLY)
     except OSError:
+        return False
+    try:
+        _mask_proc("/proc")
+    except OSError:
+        _ctypes, libc = _libc()
+        libc.umount2(b"/proc", _MNT_DETACH)
         return False
     return True
 

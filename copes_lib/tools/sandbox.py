@@ -13,16 +13,17 @@ built for many short calls on any Linux host, as root or not, without a containe
 
 How a call runs::
 
-    PythonSandbox (host) --pipe--> W set-up processes (``sandbox.py setup``): load ctypes, enter a
-                                   network, mount and pid namespace (the temp folder becomes a private
-                                   tmpfs, the calls' storage quota), fork the worker, which sets
+    PythonSandbox (host) --socket--> W set-up processes (``sandbox.py setup``): load ctypes, enter a
+                                   network, UTS, IPC, mount and pid namespace (the temp folder becomes a
+                                   private tmpfs, the calls' storage quota; /proc is read-only with the
+                                   worker and the kernel's files masked), fork the worker, which sets
                                    no_new_privs, Landlock (read the Python installation, write only the
                                    working folder) and seccomp on itself, then execve()s
         --> the worker (``sandbox.py serve``, process 1 of its pid namespace): a fresh interpreter that
             never loads ctypes; imports the allowed modules once
             --fork()--> a child, prepared BEFORE the call arrives: drops privileges (when root), sets
                         rlimits, waits for the call's secret and code; installs the audit hook,
-                        exec()s the code; the worker reads its stdout and status pipes and its exit
+                        exec()s the code; the worker reads its stdout and status sockets and its exit
                         status, then ends every process left in the namespace
 
 Why two processes (issue 33): once ``_ctypes`` is imported, its classes stay reachable through
@@ -41,7 +42,10 @@ module changes, and one bad call cannot damage the next. The folder is emptied w
 long paths (a subfolder's entries are renamed up before it is removed; a 1,500-deep chain costs
 milliseconds), the worker reports "ready" after that and only then reads the next call; a worker that
 exited, or died before "ready", is replaced and the call goes to the replacement. The host checks
-every reply's keys and types.
+every reply's keys and types, and the call's nonce in it (see _Worker.call). Every channel is a Unix
+socket pair, which no process can reopen through /proc (a pipe it can); as root the worker is
+non-dumpable. With the hook switched off, no call reaches its worker or another call
+(tests/test_sandbox_reach.py, docs/sandbox.md).
 
 Layers (``CodeSandboxConfig.layers``; :mod:`copes_lib.tools.isolation` probes which the kernel
 offers, the sandbox records them in ``PythonSandbox.layers`` and warns naming any that is missing;
@@ -129,6 +133,8 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
 if __name__ != "__main__":  # the host
+    import socket  # (never in the worker: a module it has loaded imports in the children without an audit event)
+
     from copes_lib.config import Config, ConfigError, param
     from copes_lib.tools import isolation
 else:  # the set-up process and the worker need no config class; under Landlock copes_lib is not readable
@@ -256,15 +262,17 @@ class CodeSandboxConfig(Config):
                                          "boundary, then guards the host's files. Only for trusted code "
                                          "(docs/sandbox.md, per host type)")
     without: str = param("", "comma-separated kernel layers NOT to use even where the host offers them, to "
-                         "test what a host without them gets (layers='auto' only): landlock, seccomp, namespaces")
+                         "test what a host without them gets (layers 'auto' and 'kernel-only'): landlock, "
+                         "seccomp, namespaces")
 
     def check(self) -> None:
         for name in self.without_layers():
             if name not in ("landlock", "seccomp", "namespaces"):
                 raise ConfigError(f"CodeSandboxConfig.without: {name!r} is not a layer that can be left out; "
                                   "give comma-separated names from landlock, seccomp, namespaces")
-        if self.without_layers() and self.layers != "auto":
-            raise ConfigError(f"CodeSandboxConfig.without needs layers='auto', got layers={self.layers!r}")
+        if self.without_layers() and self.layers == "hook-only":
+            raise ConfigError("CodeSandboxConfig.without needs layers='auto' or 'kernel-only', got "
+                              f"layers={self.layers!r}")
         for name in self.preload_modules():
             if not all(part.isidentifier() for part in name.split(".")):
                 raise ConfigError(f"CodeSandboxConfig.preload: {name!r} is not a module name; "
@@ -327,7 +335,7 @@ def _truncate(text: str, limit: int) -> str:
 
 # ============================================================================ host side
 class _Worker:
-    """One zygote process and the pipes to it. Used by one thread at a time."""
+    """One zygote process and the socket to it. Used by one thread at a time."""
 
     def __init__(self, settings: dict):
         self.settings = settings
@@ -349,18 +357,35 @@ class _Worker:
             "PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
                                            os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
         }
-        # the host makes (and finally removes) the zygote's temp dir, so even a killed zygote leaves none
-        temp_root = self.settings["temp_root"] or ("/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
-        self.base_dir = tempfile.mkdtemp(prefix="copes-sandbox-", dir=temp_root)
+        # the host makes (and finally removes) the zygote's temp dir; its name carries the host's pid, so
+        # the next sandbox of this user removes what a killed host left (remove_stale_dirs)
+        temp_root = temp_root_of(self.settings)
+        self.base_dir = tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-", dir=temp_root)
         settings = {**self.settings, "base_dir": self.base_dir}
         # layers other than 'hook-only': a set-up process applies them, then execs the worker (see _setup_main)
         mode = "serve" if settings["layers"] == "hook-only" else "setup"
         self.server_pid = None
-        self.proc = subprocess.Popen(
-            [sys.executable, "-s", "-B", os.path.abspath(__file__), mode, json.dumps(settings)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True,
-            start_new_session=True,  # a Ctrl-C in the host's terminal does not reach the zygotes
-        )
+        # Unix socket pairs, not pipes: a process of the host's uid can reopen another process's pipe
+        # through /proc/<pid>/fd/<n> (Landlock does not confine pipes), never a socket (ENXIO). The
+        # worker's stderr is one too: what it says reaches the host's stderr only framed (see _stderr_text).
+        channel, theirs = socket.socketpair()
+        errors, their_errors = socket.socketpair()
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-s", "-B", os.path.abspath(__file__), mode, json.dumps(settings)],
+                stdin=theirs.fileno(), stdout=theirs.fileno(), stderr=their_errors.fileno(), env=env,
+                close_fds=True, start_new_session=True,  # a Ctrl-C in the host's terminal does not reach the zygotes
+            )
+        except BaseException:
+            for sock in (channel, errors):
+                sock.close()
+            raise
+        finally:
+            theirs.close()
+            their_errors.close()
+        self.channel, self.errors = channel, errors
+        self.errors.setblocking(False)
+        self.last_nonce = None  # the call whose "ready" is still to come
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:
         self.awaiting_ready = False
@@ -370,19 +395,25 @@ class _Worker:
             self.server_pid = reply["server_pid"]
             reply = self._receive(deadline)
         if not isinstance(reply, dict) or not reply.get("ready"):
+            try:
+                self.proc.wait(timeout=2.0)  # (its last words are on its stderr once it has exited)
+            except Exception:  # noqa: BLE001 - killed below
+                pass
             status = self.proc.poll()
+            said = self._stderr_text()
             self.kill()
             hint = ""
             if status == SETUP_EXIT:  # the set-up process could not apply a layer it had detected
                 hint = ("; the kernel layers could not be set up: CodeSandboxConfig.without leaves one out, "
                         "layers='hook-only' all of them (a weaker sandbox: docs/sandbox.md)")
-            raise RuntimeError(f"sandbox worker failed to start (exit status {status}; its error, if any, is on "
-                               f"stderr above): {reply}{hint}")
+            raise RuntimeError(f"sandbox worker failed to start (exit status {status}; its stderr: "
+                               f"{said or '(nothing)'}): {reply}{hint}")
         if reply.get("failed"):
             self.kill()
             raise ConfigError(f"CodeSandboxConfig.preload: cannot import {reply['failed']} in the sandbox worker")
         self.layers = reply.get("layers", {})
         self.native_access = reply.get("native_access", [])
+        self.relay_stderr()
         try:  # readable once the worker exits (even before its parent reaps it)
             self.pidfd = os.pidfd_open(self.server_pid or self.proc.pid)
         except (AttributeError, OSError):  # kernels before 5.3: the set-up process's exit status only
@@ -394,20 +425,39 @@ class _Worker:
             return True
         return self.proc.poll() is not None
 
-    def _send(self, code: str) -> None:
-        data = code.encode("utf-8", "replace")
-        self.proc.stdin.write(_HEADER.pack(len(data)) + data)
-        self.proc.stdin.flush()
+    def _stderr_text(self, limit: int = 4000) -> str:
+        """What the worker wrote on its stderr so far (its set-up errors), as one quoted line."""
+        data = b""
+        try:
+            while len(data) < limit and (chunk := self.errors.recv(limit)):
+                data += chunk
+        except OSError:  # (BlockingIOError: nothing more for now)
+            pass
+        return repr(data[:limit].decode("utf-8", "replace").strip()) if data.strip() else ""
+
+    def relay_stderr(self) -> None:
+        """Pass on what the worker wrote on its stderr (a warning of a preloaded package, say), framed: one
+        quoted line naming the worker, never raw bytes a call could shape into the host's log."""
+        said = self._stderr_text()
+        if said:
+            print(f"[sandbox worker {self.server_pid or self.proc.pid}] stderr: {said}", file=sys.stderr, flush=True)
+
+    def _send(self, code: str, nonce: bytes) -> None:
+        data = nonce + code.encode("utf-8", "replace")
+        self.channel.sendall(_HEADER.pack(len(data)) + data)
 
     def _receive(self, deadline: float) -> dict | None:
         """The zygote's next message, or None if it died or missed ``deadline``."""
-        fd = self.proc.stdout.fileno()
+        fd = self.channel.fileno()
         chunks, need, header = [], _HEADER.size, True
         while need:
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+            try:
+                if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+                    return None
+                chunk = os.read(fd, need)
+            except OSError:  # (a socket whose peer died with bytes unread says ECONNRESET, a pipe EOF)
                 return None
-            chunk = os.read(fd, need)
             if not chunk:
                 return None
             chunks.append(chunk)
@@ -427,23 +477,31 @@ class _Worker:
         The code is sent at once (the worker reads it once it has cleaned up after the previous call, so
         its clean-up overlaps the host's work), and the worker's "ready" for that clean-up is read before
         the reply. A worker that exited between calls, or died or hung before "ready", never read the
-        code: it is replaced and the code sent again, so no call sees what a previous one left."""
+        code: it is replaced and the code sent again, so no call finds the files or processes a previous one left.
+
+        Every call carries a fresh nonce, which the worker learns only after the call's child was forked
+        (so no call's memory holds the nonce of another) and repeats in its reply and in its next "ready":
+        a message that does not name the call it answers (forged, or one call late) fails the call and
+        replaces the worker, so nothing shifts the replies of later calls."""
         if self.exited():
             self.restart()
         reply = None
+        nonce = os.urandom(NONCE_BYTES)
         for _attempt in range(2):
             try:
-                self._send(code)
+                self._send(code, nonce)
             except (OSError, ValueError):  # (BrokenPipeError is an OSError) the reads below say why
                 pass
             if self.awaiting_ready:
                 message = self._receive(time.monotonic() + READY_TIMEOUT_S)
                 self.awaiting_ready = False
-                if not (isinstance(message, dict) and message.get("ready") is True):
+                if not (isinstance(message, dict) and message.get("ready") is True
+                        and message.get("call") == self.last_nonce):
                     self.restart()
                     continue
             reply = self._receive(time.monotonic() + timeout_s + 30.0)
             break
+        self.relay_stderr()
         if reply is None:
             self.restart()
             return _failed_reply("RuntimeError: the sandbox worker died or stopped responding; it was restarted")
@@ -451,7 +509,12 @@ class _Worker:
         if checked is None:
             self.restart()
             return _failed_reply("RuntimeError: the sandbox worker sent a malformed reply; it was restarted")
+        if reply.get("call") != nonce.hex():
+            self.restart()
+            return _failed_reply("RuntimeError: the sandbox worker's reply did not name this call (forged or out "
+                                 "of order); it was restarted")
         self.awaiting_ready = True
+        self.last_nonce = nonce.hex()
         return checked
 
     def restart(self) -> None:
@@ -467,23 +530,59 @@ class _Worker:
             self.proc.kill()
         if self.proc is not None:
             self.proc.wait()
-            for stream in (self.proc.stdin, self.proc.stdout):
+            for sock in (self.channel, self.errors):
                 try:
-                    stream.close()
+                    sock.close()
                 except OSError:
                     pass
             remove_tree(self.base_dir)  # (no recursion: the code may have nested folders 1,500 deep)
 
     def close(self, grace_s: float = 2.0) -> None:
-        """Ask the zygote to exit (EOF on its stdin: it removes its temp dir), kill it if it does not."""
+        """Ask the zygote to exit (EOF on its channel: it removes its temp dir), kill it if it does not."""
         if self.proc is None:
             return
         try:
-            self.proc.stdin.close()
+            self.channel.shutdown(socket.SHUT_WR)
             self.proc.wait(timeout=grace_s)
         except Exception:  # noqa: BLE001 - any failure here ends in a kill
             pass
         self.kill()
+
+
+NONCE_BYTES = 16  # names each call in the worker's reply (see _Worker.call)
+TEMP_PREFIX = "copes-sandbox-"  # + the host's pid + "-": the workers' temp folders
+
+
+def temp_root_of(settings: dict) -> str | None:
+    """The folder that holds the workers' temp folders: ``temp_root``, else /dev/shm, else the system's."""
+    return settings["temp_root"] or ("/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
+
+
+def remove_stale_dirs(temp_root: str | None) -> list[str]:
+    """Remove the workers' temp folders that a killed host of this user left in ``temp_root`` (their name
+    carries the host's pid, no longer running). Returns what was removed."""
+    folder = temp_root or tempfile.gettempdir()
+    removed = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        pid, dash, _ = entry.name[len(TEMP_PREFIX):].partition("-")
+        if not (entry.name.startswith(TEMP_PREFIX) and pid.isdigit() and dash):
+            continue
+        try:
+            if entry.stat(follow_symlinks=False).st_uid != os.geteuid():
+                continue
+            os.kill(int(pid), 0)  # alive (or another user's process of that pid): left alone
+            continue
+        except ProcessLookupError:
+            pass
+        except OSError:
+            continue
+        remove_tree(entry.path)
+        removed.append(entry.path)
+    return removed
 
 
 READY_TIMEOUT_S = 30.0  # the longest a worker's clean-up after a call may take before it is replaced
@@ -500,7 +599,7 @@ def _checked_reply(reply) -> dict | None:
     if not isinstance(reply, dict):
         return None
     for key, types in _REPLY_TYPES.items():
-        value = reply.get(key)
+        value = reply.get(key)  # ("call", the nonce, is checked by _Worker.call)
         if not isinstance(value, types) or (key == "elapsed_s" and isinstance(value, bool)):
             return None
     if not math.isfinite(reply["elapsed_s"]):
@@ -541,6 +640,7 @@ class PythonSandbox:
         self._closed = False
         self.layers: dict[str, str] = {}  # the kernel layers the workers run under, set by start()
         self.native_access: list[str] = []  # preloaded packages that loaded ctypes (see start())
+        self.stale_removed: list[str] = []  # temp folders of killed hosts that start() removed
         # close the workers even if the caller forgets to (garbage collection or interpreter exit)
         self._finalizer = weakref.finalize(self, _close_workers, self._workers, self._executor, os.getpid())
 
@@ -563,6 +663,7 @@ class PythonSandbox:
                 if self.config.layers == "hook-only" and not self.config.allow_unconfined_files:
                     raise isolation.refusal({}, "layers='hook-only' runs without any kernel confinement of the "
                                                 "file system (Landlock or the read-only mount-namespace view)")
+                self.stale_removed = remove_stale_dirs(temp_root_of(self._settings()))
                 fresh = [_Worker(self._settings()) for _ in range(self.config.workers)]
                 try:
                     for worker in fresh:
@@ -576,11 +677,19 @@ class PythonSandbox:
                 if self.native_access:
                     isolation.warn_native_access(self.native_access, self.layers)
                 if self.config.layers == "kernel-only":
-                    missing = [name for name in isolation.KERNEL_LAYERS if name not in self.layers]
-                    if missing:
+                    # (with ``without``: a host that lacks those layers, with the hook switched off -- what
+                    # code that corrupted memory meets there; the read-only view stands in for Landlock)
+                    left_out = {name for group in self.config.without_layers()
+                                for name in isolation.SIMULATED_MISSING[group]}
+                    if isolation.READ_ONLY_VIEW in self.layers:
+                        left_out.add("landlock")
+                    missing = [name for name in isolation.KERNEL_LAYERS
+                               if name not in self.layers and name not in left_out]
+                    if missing or isolation.file_confinement(self.layers) is None:
                         for worker in fresh:
-                            worker.kill()
-                        raise RuntimeError(f"CodeSandboxConfig.layers='kernel-only': this host lacks {missing}")
+                            worker.close()
+                        raise RuntimeError(f"CodeSandboxConfig.layers='kernel-only': this host lacks "
+                                           f"{missing or 'file confinement'}")
                 elif self.config.layers == "auto":
                     if isolation.file_confinement(self.layers) is None and not self.config.allow_unconfined_files:
                         for worker in fresh:  # (an orderly exit: a killed set-up process would orphan its worker)
@@ -782,6 +891,29 @@ def _make_audit_hook(tmp_dir: str, read_roots: tuple[str, ...], importable: froz
     devices = ("/dev/null", "/dev/urandom", "/dev/random", "/dev/zero")
     created: set[str] = set()  # files and folders the call created or renamed to (counted without a private tmpfs)
     max_bytes, max_entries = quota if quota is not None else (0, 0)
+    # The byte count, kept up to date in O(1) per event: the bytes last seen per file, their total, and the
+    # files opened for writing that may still be open (only those can grow; re-read at each open, and
+    # pruned to the ones still open -- RLIMIT_NOFILE of them at most -- once they outnumber those twice).
+    sizes: dict[str, int] = {}
+    total, growing, prune_at = [0], {}, [8]
+
+    def measure(name: str) -> None:
+        try:
+            now = lstat(name).st_size
+        except (os_error, value_error):  # (renamed with its folder: its bytes stay counted)
+            return
+        total[0] += now - sizes.get(name, 0)
+        sizes[name] = now
+
+    def still_open() -> set:
+        names = set()
+        for fd in range(64):  # RLIMIT_NOFILE (readlink raises no audit event, unlike listdir)
+            try:
+                names.add(readlink(f"/proc/self/fd/{fd}"))
+            except (os_error, value_error):
+                pass
+        return names
+
     failed = [False]
 
     def finish(record: bytes, status: int):
@@ -852,7 +984,7 @@ def _make_audit_hook(tmp_dir: str, read_roots: tuple[str, ...], importable: froz
         except (os_error, value_error):
             return False
 
-    def check_path(path, writing: bool, event: str, dir_fd=None, flags: int = 0, creates: bool = False) -> None:
+    def check_path(path, writing: bool, event: str, dir_fd=None, flags: int = 0, creates: bool = False) -> str | None:
         # No user code may run in here (no repr or str of the argument, no method of a subclass): a
         # frame of this function would hand out its closure and with it the rules.
         if exact_type(path) is exact_int:  # an already open descriptor: only ones made inside the call's folder
@@ -878,16 +1010,23 @@ def _make_audit_hook(tmp_dir: str, read_roots: tuple[str, ...], importable: froz
                     if length(created) > max_entries:
                         deny(f"more than {max_entries} files and folders created: the call's storage quota, "
                              "counted here as no private tmpfs is available")
+                if event == "os.remove":
+                    total[0] -= sizes.pop(real, 0)
+                    growing.pop(real, None)
                 if event == "open":
-                    used = 0
-                    for name in created:
-                        try:
-                            used += lstat(name).st_size
-                        except (os_error, value_error):
-                            pass
-                    if used >= max_bytes:
-                        deny(f"storage quota: the call's files hold {used} bytes, temp_quota_mb allows "
+                    for name in list(growing):
+                        measure(name)
+                    if length(growing) > prune_at[0]:
+                        kept = still_open()
+                        for name in list(growing):
+                            if name not in kept:
+                                del growing[name]
+                        prune_at[0] = 2 * length(growing) + 8
+                    if total[0] >= max_bytes:
+                        deny(f"storage quota: the call's files hold {total[0]} bytes, temp_quota_mb allows "
                              f"{max_bytes} (counted here as no private tmpfs is available)")
+                    growing[real] = True
+                    measure(real)
         elif not (mine or inside(real, read_roots) or real in devices):
             deny(f"reading {path!r} is not allowed; only the working directory and the Python "
                  "installation are readable")
@@ -895,6 +1034,7 @@ def _make_audit_hook(tmp_dir: str, read_roots: tuple[str, ...], importable: froz
         # "open" event does not report: only folders inside the working directory may be opened.
         if event == "open" and not mine and (flags & dir_flags or is_dir(real)):
             deny(f"opening the folder {path!r} as a descriptor is not allowed outside the working directory")
+        return real
 
     def hook(event: str, args: tuple) -> None:
         if event == DONE_EVENT:
@@ -927,10 +1067,15 @@ def _make_audit_hook(tmp_dir: str, read_roots: tuple[str, ...], importable: froz
             if event == "os.chdir" and exact_type(args[0]) is not exact_str:
                 deny("os.fchdir is not allowed")
             index = dir_fd_index.get(event)
-            check_path(args[0], True, event, args[index] if index is not None and length(args) > index else None,
-                       0, event == "os.mkdir")
+            source = check_path(args[0], True, event,
+                                args[index] if index is not None and length(args) > index else None, 0, event == "os.mkdir")
             if event == "os.rename":
-                check_path(args[1], True, event, args[3] if length(args) > 3 else None, 0, True)
+                target = check_path(args[1], True, event, args[3] if length(args) > 3 else None, 0, True)
+                if quota is not None and source in sizes:  # the bytes move with the name
+                    total[0] -= sizes.pop(target, 0)
+                    sizes[target] = sizes.pop(source)
+                    if growing.pop(source, None):
+                        growing[target] = True
         elif event in read_events:
             if args and args[0] is not None:
                 check_path(args[0], False, event)
@@ -997,6 +1142,7 @@ def _child(settings: dict, state: dict, tmp_dir: str, code_fd: int, out_fd: int,
         os.closerange(3, code_fd)
         os.closerange(code_fd + 1, 65536)
         enforce = settings["layers"] != "kernel-only"
+        sys.modules.pop("_socket", None)  # (the worker's, for its socket pairs; it is not importable here)
         import _imp
         import _signal
         import io
@@ -1156,9 +1302,11 @@ def remove_tree(path: str) -> None:
 def _fork_spare(settings: dict, state: dict) -> dict:
     """Fork the child that will run the next call; it prepares itself and waits for the code."""
     tmp_dir = state["call_dir"]
-    code_r, code_w = os.pipe()
-    out_r, out_w = os.pipe()
-    status_r, status_w = os.pipe()
+    # socket pairs, not pipes: another call of this user cannot reopen them through /proc/<pid>/fd (see
+    # _Worker.spawn); _child drops _socket from sys.modules, so the code cannot import it back
+    code_r, code_w = _stream_pair()
+    out_r, out_w = _stream_pair()
+    status_r, status_w = _stream_pair()
     pid = os.fork()
     if pid == 0:
         try:
@@ -1180,6 +1328,14 @@ def _fork_spare(settings: dict, state: dict) -> dict:
         pidfd = None
     return {"pid": pid, "pidfd": pidfd, "code_w": code_w, "out_r": out_r, "status_r": status_r,
             "tmp_dir": tmp_dir}
+
+
+def _stream_pair() -> tuple[int, int]:
+    """(read end, write end) of a connected Unix stream socket pair, as plain descriptors."""
+    import _socket
+
+    ends = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    return ends[0].detach(), ends[1].detach()
 
 
 def _kill_group(pid: int) -> None:
@@ -1232,7 +1388,7 @@ def _run_one(code: bytes, settings: dict, state: dict) -> tuple[dict, dict]:
         view = memoryview(token + code)
         while view:
             view = view[os.write(child["code_w"], view):]
-    except BrokenPipeError:  # it died while preparing; its exit status explains why
+    except ConnectionError:  # it died while preparing (EPIPE or ECONNRESET); its exit status explains why
         pass
     os.close(child["code_w"])
     out_fd, status_fd, pidfd = child["out_r"], child["status_r"], child["pidfd"]
@@ -1244,7 +1400,10 @@ def _run_one(code: bytes, settings: dict, state: dict) -> tuple[dict, dict]:
 
     def read(fd: int) -> None:
         nonlocal status_data
-        chunk = os.read(fd, 65536)
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:  # (ECONNRESET: the child reset its end; as EOF)
+            chunk = b""
         if not chunk:
             open_fds.remove(fd)
         elif fd == out_fd:
@@ -1436,20 +1595,30 @@ def _setup_main(settings: dict) -> None:
             os.read(release_r, 1)  # the set-up process has told the host this process's pid
             os.close(release_r)
             iso.die_with_parent()
+            # the worker's own (same pid after exec); opened before the masked /proc hides process 1
+            statm = os.open("/proc/self/statm", os.O_RDONLY)
+            os.set_inheritable(statm, True)
+            served["statm_fd"] = statm
             if view:
                 try:
                     active[iso.READ_ONLY_VIEW] = iso.enter_read_only_view(
-                        os.path.join(settings["base_dir"], ".view"), reads + tuple(executables), call_dir)
+                        # (sys.executable unresolved too: the symlinks on its way, e.g. a linked venv, must exist)
+                        os.path.join(settings["base_dir"], ".view"), reads + tuple(executables) + (sys.executable,),
+                        call_dir)
                     active["pid_namespace"] = "the worker is process 1, a private /proc"
                 except OSError as exc:  # the host then refuses to start without allow_unconfined_files
                     os.write(2, f"sandbox: the read-only view could not be built: {exc}\n".encode())
             if "pid_namespace" in active and "private_tmpfs" in active and iso.READ_ONLY_VIEW not in active:
                 if iso.mount_private_proc():  # process 1 of the pid namespace, in a private mount namespace
                     active["pid_namespace"] = "the worker is process 1, a private /proc"
-            statm = os.open("/proc/self/statm", os.O_RDONLY)  # the worker's own (same pid after exec)
-            os.set_inheritable(statm, True)
-            served["statm_fd"] = statm
             # a root worker needs setuid() and cleanup rights; its children lose them at their setuid()
+            if os.geteuid() == 0:
+                # exec'd with its effective gid not its real one, the worker is made non-dumpable by the
+                # kernel (and stays so when it takes its gid back): a call's process of the same uid
+                # without capabilities (root without the uid drop) can then neither open its /proc
+                # files nor ptrace it. (A non-root host's user namespace maps one gid: there, the
+                # sockets, the masked /proc/1, Landlock and seccomp's ban on ptrace keep the worker apart.)
+                os.setresgid(os.getgid(), SANDBOX_GID, SANDBOX_GID)
             iso.harden(keep_capabilities=drop)
             if "landlock" in active:
                 fds = lambda paths: [fd for _, fd in iso.open_rule_paths(paths)]  # noqa: E731
@@ -1468,7 +1637,7 @@ def _setup_main(settings: dict) -> None:
     _write_message(1, {"server_pid": pid})
     os.write(release_w, b"x")
     os.close(release_w)
-    devnull = os.open(os.devnull, os.O_RDWR)  # the pipes to the host are the worker's alone
+    devnull = os.open(os.devnull, os.O_RDWR)  # the channel to the host is the worker's alone
     os.dup2(devnull, 0)
     os.dup2(devnull, 1)
     _, status = os.waitpid(pid, 0)
@@ -1536,8 +1705,10 @@ def _zygote_state(settings: dict) -> dict:
 
 def _zygote_main(settings: dict) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if os.getegid() != os.getgid():  # (the set-up process's exec as root: see _setup_main)
+        os.setresgid(os.getgid(), os.getgid(), os.getgid())
     sys.dont_write_bytecode = True
-    # private copies of the protocol pipes; fd 0/1 point elsewhere, so a stray print cannot corrupt them
+    # private copies of the protocol socket; fd 0/1 point elsewhere, so a stray print cannot corrupt them
     proto_in, proto_out = os.dup(0), os.dup(1)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
@@ -1552,20 +1723,22 @@ def _zygote_main(settings: dict) -> None:
                                    "native_access": state["native_access"]})
         while True:
             header = _read_exact(proto_in, _HEADER.size)
-            if header is None:  # the host closed the pipe (close() or the host died)
+            if header is None:  # the host closed the channel (close() or the host died)
                 break
-            code = _read_exact(proto_in, _HEADER.unpack(header)[0])
-            if code is None:
+            message = _read_exact(proto_in, _HEADER.unpack(header)[0])
+            if message is None or len(message) < NONCE_BYTES:
                 break
+            nonce, code = message[:NONCE_BYTES].hex(), message[NONCE_BYTES:]
             reply, child = _run_one(code, settings, state)
+            reply["call"] = nonce
             _write_message(proto_out, reply)
             # after the reply, while the host works: reap this child, empty the folder, fork the next
             # child, then say so before reading the next call (the host reads this "ready" before the
             # next reply: a worker that dies in between never read that call, which goes to a replacement)
             _clean_up(child, state)
             state["spare"] = _fork_spare(settings, state)
-            _write_message(proto_out, {"ready": True})
-    except BrokenPipeError:
+            _write_message(proto_out, {"ready": True, "call": nonce})
+    except ConnectionError:  # the host went away (EPIPE, or ECONNRESET on its socket)
         pass
     finally:
         spare = state.get("spare")
