@@ -351,6 +351,18 @@ def units_phrase(n_units: int, effective: float | None, unit_ids: bool | None = 
     return f"{n_units} latent units{eff}"
 
 
+def unit_counts(units: Sequence[str] | None, n_problems: int) -> tuple[int, float, str]:
+    """(units an interval rests on, Kish's effective number of them, how it resamples) for ``n_problems``
+    problem columns: with ``units`` (one id per column, else a clear error) the latent units; without, every
+    problem its own unit (the interval is then the problem-level one, too narrow wherever units matter)."""
+    if units is None:
+        return n_problems, float(n_problems), "seeds x problems, problems as independent units (no unit ids)"
+    _, sizes = stats.unit_codes(units, n_problems)
+    return (len(sizes), stats.effective_units(sizes),
+            "seeds x latent units x problems within units (stats.compare with units; means: "
+            "stats.hierarchical_bootstrap with units); docs/statistics.md S6")
+
+
 def budget_intervals(arms: dict[str, np.ndarray], units: Sequence[str] | None, protocols: Sequence[str],
                      headline: str, *, level: float = 0.95, n_boot: int = 2000) -> dict[str, Any]:
     """Notebook 05's intervals at the budget from the per-problem scores of :func:`budget_scores`, cluster-aware
@@ -370,17 +382,9 @@ def budget_intervals(arms: dict[str, np.ndarray], units: Sequence[str] | None, p
     The CoPES arm of a protocol is ``copes_<protocol>_protocol`` where :func:`budget_scores` wrote one, else
     ``copes`` (the headline's)."""
     es = np.atleast_2d(np.asarray(arms["es"], dtype=float))
-    n_problems = es.shape[1]
-    if units is not None:
-        _, sizes = stats.unit_codes(units, n_problems)
-        n_units, effective = len(sizes), stats.effective_units(sizes)
-    else:
-        n_units, effective = n_problems, float(n_problems)
-    out: dict[str, Any] = {
-        "interval_units": n_units, "interval_units_effective": effective, "interval_unit_ids": units is not None,
-        "interval_method": ("seeds x latent units x problems within units (stats.compare with units; means: "
-                            "stats.hierarchical_bootstrap with units); docs/statistics.md S6"
-                            if units is not None else "seeds x problems, problems as independent units (no unit ids)")}
+    n_units, effective, method = unit_counts(units, es.shape[1])
+    out: dict[str, Any] = {"interval_units": n_units, "interval_units_effective": effective,
+                           "interval_unit_ids": units is not None, "interval_method": method}
 
     def mean_keys(key: str, scores: np.ndarray, sfx: str = "") -> dict[str, Any]:
         _, low, high = mean_interval(scores, level=level, n_boot=n_boot, units=units)
@@ -691,6 +695,35 @@ def pass_at_k_intervals(results: dict[str, dict[str, Any]], *, level: float = 0.
                          "low": float(np.quantile(reps[:, k - 1], tail)),
                          "high": float(np.quantile(reps[:, k - 1], 1 - tail)), "units": n_units})
     return pd.DataFrame(rows)
+
+
+# =========================================================================== notebook 07's test-F1 intervals
+def qa_f1_intervals(f1_scores: dict[str, np.ndarray], units: Sequence[str] | None, *, a: str = "copes",
+                    b: str = "es", level: float = 0.95, n_boot: int = 2000) -> dict[str, Any]:
+    """Notebook 07's test-F1 summary keys, cluster-aware as 05's (docs/statistics.md#s6-latent-units-registered-2026-12-03):
+    ``f1_scores`` is method -> (seeds, test problems) per-problem F1 (the mean over a problem's samples).
+
+    Keys: ``f1_ci_low_<m>`` / ``f1_ci_high_<m>`` (the ``level`` interval of the method's mean F1 from the seeds x
+    latent units x problems-within-units bootstrap, :func:`mean_interval`; a method with one seed: units and
+    problems only) and ``f1_units_<m>`` (the units it rests on); ``<a>_minus_<b>_f1`` (mean difference over the
+    paired seeds), ``_ci_low`` / ``_ci_high`` (``stats.compare``, seeds paired, ``units``: the test claim A8 runs,
+    before Holm), ``_p``, ``_significant`` (p < 1 - level with ``a`` ahead), ``_units`` / ``_units_effective``;
+    ``f1_interval_units``, ``f1_interval_units_effective``, ``f1_interval_unit_ids`` (False: no unit ids, every
+    problem its own unit) and ``f1_interval_method``."""
+    n_problems = np.atleast_2d(np.asarray(f1_scores[b], dtype=float)).shape[1]
+    n_units, effective, method = unit_counts(units, n_problems)
+    out: dict[str, Any] = {"f1_interval_units": n_units, "f1_interval_units_effective": effective,
+                           "f1_interval_unit_ids": units is not None, "f1_interval_method": method}
+    for m, scores in f1_scores.items():
+        _, low, high = mean_interval(scores, level=level, n_boot=n_boot, units=units)
+        out.update({f"f1_ci_low_{m}": low, f"f1_ci_high_{m}": high, f"f1_units_{m}": n_units})
+    arm_a, arm_b = (np.atleast_2d(np.asarray(f1_scores[k], dtype=float)) for k in (a, b))
+    d = stats.compare(arm_a, arm_b, name=f"{a} - {b} (test F1)", units=units, alpha=1 - level)
+    key = f"{a}_minus_{b}_f1"
+    out.update({key: d.estimate, f"{key}_ci_low": d.low, f"{key}_ci_high": d.high, f"{key}_p": d.p,
+                f"{key}_significant": bool(math.isfinite(d.p) and d.p < 1 - level and d.estimate > 0),
+                f"{key}_units": n_units, f"{key}_units_effective": effective})
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}
 
 
 # =========================================================================== notebook 05's summary

@@ -268,7 +268,7 @@ def plot_ablations(arm_runs: dict[str, list[Any]], norms: dict[str, float], per_
                    es_seed: int, seed_counts: str):
     """Notebook 06's figure: one small panel per arm with every seed's update norm per step (no arm hides
     another), then the mean update norm, the accuracy at the budget (each seed, the seed mean with its 95%
-    interval) and the k4 - X contrasts (green: effect; red: opposite). ``es_seed`` is the first noise seed
+    interval: ``val`` from ``ablations.arm_intervals``, seeds x latent units) and the k4 - X contrasts (green: effect; red: opposite). ``es_seed`` is the first noise seed
     (a run's label is ``es_seed + seed_index``); ``seed_counts`` titles the norm legend."""
     import matplotlib.pyplot as plt
 
@@ -295,7 +295,7 @@ def plot_ablations(arm_runs: dict[str, list[Any]], norms: dict[str, float], per_
     ax_acc.axhline(base, color="gray", ls="--", label="warm start")
     seed_points(ax_acc, per_seed, {k: [es_seed + r.seed_index for r in arm_runs[k]] for k in arms},
                 intervals={k: (val[k]["mean"], val[k]["low"], val[k]["high"]) for k in arms},
-                interval_label="mean, 95% interval (seeds)")
+                interval_label=f"mean, 95% interval ({val[arms[0]].get('over', 'seeds')})")
     ax_acc.tick_params(axis="x", rotation=45)
     ax_acc.set_ylabel(f"validation accuracy @ {budget}")
     ax_acc.set_title("accuracy at the budget")
@@ -309,6 +309,8 @@ def plot_ablations(arm_runs: dict[str, list[Any]], norms: dict[str, float], per_
     ax_diff.axvline(0, color="k", lw=0.8)
     ax_diff.set_yticks(range(len(names)), [f"k4 - {n}" for n in names])
     ax_diff.invert_yaxis()
-    ax_diff.set_xlabel("difference (points), 95% interval: seeds + problems")
+    units = {c.n_units or c.n_problems for c in family.values()}
+    ax_diff.set_xlabel(f"difference (points), 95% interval: seeds x {'/'.join(map(str, sorted(units)))} "
+                       f"{'units' if all(c.n_units for c in family.values()) else 'problems'}")
     ax_diff.set_title(f"contrasts (Holm over {len(names)}; green: effect)")
     return fig
