@@ -100,3 +100,100 @@ def test_06s_norm_curve_points_resample_units_and_name_them():
     frame = curve.frame()
     assert set(frame["units"]) == {UNITS} and set(flat.frame()["units"]) == {UNITS * PER_UNIT}
     assert list(frame["95% low"]) == [p.low for p in curve.points]
+
+
+# ----------------------------------------------------------------------------- 05's validation-curve band
+def test_training_records_per_problem_validation_scores_beside_the_run(tmp_path):
+    """train_es records an objective's per-problem validation scores by step in val_scores.json (not in the
+    history, whose rows stay scalars); a known start (base_validation) brings its scores for step 0."""
+    from copes_lib.es import ESConfig
+    from copes_lib.es_objective import QuadraticObjective, toy_quadratic
+    from copes_lib.es_training import read_val_scores, train_es
+
+    class PerProblem(QuadraticObjective):
+        def validate(self, model):
+            score = self.fitness(model, 0)
+            return {"score": score, "per_problem": [score, 2 * score]}
+
+    model, quad = toy_quadratic(seed=5)
+    objective = PerProblem(quad.target)
+    config = ESConfig(population=4, subspaces=1, sigma=0.1, alpha=0.05, chunk_size=64, seed=3)
+    run = train_es(model, objective, config, steps=3, val_every=2, run_dir=tmp_path / "a")
+    recorded = read_val_scores(tmp_path / "a")
+    logged = dict(zip(*run.curve()))
+    assert sorted(recorded) == sorted(logged) == [0, 2, 3]
+    assert all(recorded[s] == pytest.approx([v, 2 * v]) for s, v in logged.items())
+    assert not any("per_problem" in key for row in run.history for key in row)
+    start = {"score": logged[0], "per_problem": [0.5, 0.25]}
+    train_es(toy_quadratic(seed=5)[0], objective, config, steps=1, val_every=2, run_dir=tmp_path / "b",
+             base_validation=start)
+    assert read_val_scores(tmp_path / "b")[0] == [0.5, 0.25]
+    assert read_val_scores(tmp_path / "none") == {}  # a run cached before scores were recorded
+
+
+def _curve_runs(tmp_path, record=True, seeds=SEEDS, seed=3):
+    """ES runs validated at steps 0, 4, 8 whose per-problem 0/1 scores have unit-level solve rates (24 units x 20
+    problems, rising with the step): what es_training records beside a run, and the accuracy it logs."""
+    from copes_lib.es_training import record_val_scores
+    from copes_lib.protocols.es_arm import ESRun
+
+    rng = np.random.default_rng(seed)
+    unit_rate = np.repeat(rng.uniform(0.05, 0.8, UNITS), PER_UNIT)
+    out = []
+    for i in range(seeds):
+        folder = tmp_path / f"run{i}"
+        folder.mkdir(parents=True)
+        history = []
+        for step in (0, 4, 8):
+            row = (rng.random(unit_rate.size) < np.clip(unit_rate + 0.02 * step, 0, 1)).astype(float)
+            if record:
+                record_val_scores(folder, step, row.tolist())
+            history.append({"step": step, "eval/val_accuracy": float(row.mean()), "eval/val_score": float(row.mean())})
+        out.append(ESRun(f"es seed {i}", None, history, folder, i))
+    return out
+
+
+def test_05s_curve_band_resamples_units_per_point_and_names_them(tmp_path):
+    runs_ = _curve_runs(tmp_path)
+    band = fixed_budget.curve_band(runs_, UNIT_IDS)
+    flat = fixed_budget.curve_band(runs_, None)
+    assert band["steps"] == [0, 4, 8] and band["over_units"] == [True] * 3
+    assert band["units"] == UNITS and flat["units"] == UNITS * PER_UNIT
+    assert band["label"] == f"95% band: seeds x {UNITS} latent units"
+    assert "problems as independent units" in flat["label"]
+    for k, step in enumerate(band["steps"]):
+        assert band["high"][k] - band["low"][k] > 2 * (flat["high"][k] - flat["low"][k]), step
+        assert band["low"][k] <= band["mean"][k] <= band["high"][k]
+        assert band["mean"][k] == pytest.approx(np.mean([r.history[k]["eval/val_accuracy"] for r in runs_]))
+    # the seeds-only t-band the curve had before (the same runs, no scores recorded) is far narrower than the units'
+    t_band = fixed_budget.curve_band(_curve_runs(tmp_path / "old", record=False), UNIT_IDS)
+    assert t_band["over_units"] == [False] * 3 and t_band["units"] is None
+    assert t_band["label"] == "95% band: t over seeds (no per-problem scores recorded)"
+    assert t_band["mean"] == band["mean"]
+    for k in range(3):
+        assert band["high"][k] - band["low"][k] > 1.5 * (t_band["high"][k] - t_band["low"][k])
+
+
+def test_05s_curve_band_falls_back_where_a_run_recorded_no_scores_and_says_so(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from copes_lib.protocols import plots
+
+    runs_ = _curve_runs(tmp_path)
+    (runs_[0].folder / "val_scores.json").unlink()  # one seed cached before the scores were recorded
+    band = fixed_budget.curve_band(runs_, UNIT_IDS)
+    assert band["over_units"] == [False] * 3 and "t over seeds" in band["label"]
+    mixed = _curve_runs(tmp_path / "mixed")
+    (mixed[0].folder / "val_scores.json").write_text('{"0": ' + str([0.0] * len(UNIT_IDS)) + "}")
+    band = fixed_budget.curve_band(mixed, UNIT_IDS)
+    assert band["over_units"] == [True, False, False]
+    assert band["label"] == f"95% band: seeds x {UNITS} latent units at 1 of 3 steps, else t over seeds"
+    fig, ax = plt.subplots()
+    plots.seed_band(ax, [r.history for r in mixed], color="tab:blue", label="ES", band=band)
+    assert band["label"] in ax.get_legend_handles_labels()[1][0]
+    with pytest.raises(ValueError, match="steps"):
+        plots.seed_band(ax, [r.history[:2] for r in mixed], color="tab:blue", label="ES", band=band)
+    plt.close(fig)

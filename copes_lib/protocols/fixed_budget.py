@@ -538,6 +538,43 @@ def mean_interval(scores: np.ndarray, *, level: float = 0.95, n_boot: int = 2000
     return float(scores.mean()), float(np.quantile(reps, tail)), float(np.quantile(reps, 1 - tail))
 
 
+def curve_band(runs_: Sequence[ESRun], units: Sequence[str] | None, *, metric: str = SCORE, level: float = 0.95,
+               n_boot: int = 2000, seed: int = 0) -> dict[str, Any]:
+    """A validation curve's band over seeds x latent units (docs/statistics.md#s6-latent-units-registered-2026-12-03;
+    notebook 05's Fig. S4): at each step every run validated, the seed mean of the logged ``metric`` and the
+    ``level`` interval of the per-problem scores the runs recorded there (``ESRun.val_scores``, one row per run)
+    from the seeds x units x problems-within-units bootstrap (:func:`mean_interval`, the budget intervals'
+    resampling, with the same draws at every step; one run: units and problems only). At a step where a run
+    recorded no scores (a run cached before they were recorded) the band is the Student-t interval over the
+    seeds (one seed: none), and ``label`` says so.
+
+    Returns ``steps``, ``mean``, ``low`` / ``high`` (None: no band at that step), ``over_units`` (per step: the
+    band resamples units), ``units`` (how many; every problem its own without ``units``) and ``label``."""
+    steps, mean = mean_curve([r.history for r in runs_], metric)
+    recorded = [r.val_scores() for r in runs_]
+    out: dict[str, Any] = {"steps": steps, "mean": mean, "low": [], "high": [], "over_units": [], "units": None}
+    for step in steps:
+        rows = [rec.get(step) for rec in recorded]
+        if all(row is not None for row in rows):
+            x = np.stack(rows)
+            out["units"] = unit_counts(units, x.shape[1])[:2]
+            _, low, high = mean_interval(x, level=level, n_boot=n_boot, seed=seed, units=units)
+            out["over_units"].append(True)
+        else:
+            values = [val_at(r.history, step, metric) for r in runs_]
+            _, low, high = stats.mean_ci(values, level)  # one seed: (nan, nan), no band
+            out["over_units"].append(False)
+        out["low"].append(low if math.isfinite(low) else None)
+        out["high"].append(high if math.isfinite(high) else None)
+    over = (f"seeds x {units_phrase(*out['units'], units is not None)}" if out["units"] is not None else "")
+    n_over = sum(out["over_units"])
+    out["label"] = ("95% band: " + over if steps and n_over == len(steps) else
+                    f"95% band: {over} at {n_over} of {len(steps)} steps, else t over seeds" if n_over else
+                    "95% band: t over seeds (no per-problem scores recorded)")
+    out["units"] = None if out["units"] is None else out["units"][0]
+    return out
+
+
 # =========================================================================== protocol vs skill (docs/regime.md)
 def split_scores(params: Any, agent: AgentSetup, frb: FixedBudgetRuns, *, lora: GRPORun | None = None,
                  headline: str | None = None) -> dict[str, dict[str, np.ndarray]]:

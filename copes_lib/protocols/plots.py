@@ -47,9 +47,11 @@ def _seeds_text(n: int) -> str:
 
 def seed_band(ax: Any, histories: Sequence[Sequence[dict[str, Any]]], *, color: str, label: str,
               metric: str = "eval/val_accuracy", marker: str = "o",
-              limits: tuple[float, float] | None = UNIT_RANGE) -> None:
-    """Each seed's validation curve faint, the mean over seeds bold with its Student-t 95% band clipped to
-    ``limits`` (at the steps every seed validated; one seed: no band). The label says how many seeds."""
+              limits: tuple[float, float] | None = UNIT_RANGE, band: dict[str, Any] | None = None) -> None:
+    """Each seed's validation curve faint, the mean over seeds bold with its 95% band clipped to ``limits`` (at
+    the steps every seed validated): ``band`` (``fixed_budget.curve_band``: seeds x latent units, its label
+    saying so) where given, else the Student-t band over the seeds (one seed: no band). The label says how many
+    seeds."""
     from copes_lib.protocols.histories import mean_curve, val_points
 
     for h in histories:
@@ -59,9 +61,15 @@ def seed_band(ax: Any, histories: Sequence[Sequence[dict[str, Any]]], *, color: 
     cis = [stats.mean_ci(v) if len(v) > 1 else (v[0], math.nan, math.nan) for v in by_step]
     mean = np.array([c[0] for c in cis])
     n = len(histories)
+    if band is not None:
+        if list(band["steps"]) != list(steps):
+            raise ValueError(f"band covers steps {band['steps']}, the curves {steps}: pass curve_band of the same runs")
+        cis = [(m, math.nan if lo is None else lo, math.nan if hi is None else hi)
+               for m, lo, hi in zip(mean, band["low"], band["high"], strict=True)]
+    text = band["label"] if band is not None else "95% band" if n > 1 else ""
     ax.plot(steps, mean, f"-{marker}", color=color, ms=3,
-            label=f"{label} (mean of {_seeds_text(n)}" + (", 95% band)" if n > 1 else ")"))
-    if n > 1:
+            label=f"{label} (mean of {_seeds_text(n)}" + (f", {text})" if text else ")"))
+    if any(math.isfinite(c[1]) for c in cis):
         low, high = clip_band([c[1] for c in cis], [c[2] for c in cis], limits)
         ax.fill_between(steps, low, high, color=color, alpha=0.2, lw=0)
 
