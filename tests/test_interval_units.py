@@ -160,6 +160,7 @@ def test_05s_curve_band_resamples_units_per_point_and_names_them(tmp_path):
     assert band["steps"] == [0, 4, 8] and band["over_units"] == [True] * 3
     assert band["units"] == UNITS and flat["units"] == UNITS * PER_UNIT
     assert band["label"] == f"95% band: seeds x {UNITS} latent units"
+    assert fixed_budget.curve_band(runs_[:1], UNIT_IDS)["label"] == f"95% band: {UNITS} latent units"  # one seed
     assert "problems as independent units" in flat["label"]
     for k, step in enumerate(band["steps"]):
         assert band["high"][k] - band["low"][k] > 2 * (flat["high"][k] - flat["low"][k]), step

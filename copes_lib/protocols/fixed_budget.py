@@ -566,7 +566,8 @@ def curve_band(runs_: Sequence[ESRun], units: Sequence[str] | None, *, metric: s
             out["over_units"].append(False)
         out["low"].append(low if math.isfinite(low) else None)
         out["high"].append(high if math.isfinite(high) else None)
-    over = (f"seeds x {units_phrase(*out['units'], units is not None)}" if out["units"] is not None else "")
+    over = "" if out["units"] is None else units_phrase(*out["units"], units is not None)
+    over = f"seeds x {over}" if over and len(runs_) > 1 else over  # one run: units and problems only
     n_over = sum(out["over_units"])
     out["label"] = ("95% band: " + over if steps and n_over == len(steps) else
                     f"95% band: {over} at {n_over} of {len(steps)} steps, else t over seeds" if n_over else
