@@ -44,7 +44,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -484,7 +484,13 @@ class Objective(Protocol):
 
     def rows_per_member(self, step: int) -> int: ...
 
-    def validate(self, model: nn.Module) -> dict[str, float]: ...
+    def validate(self, model: nn.Module) -> dict[str, Any]:
+        """Mean validation metrics (floats; ``score`` is what checkpoints are selected on) and optionally
+        :data:`PER_PROBLEM`, a list of per-problem scores (recorded beside the run, not logged)."""
+        ...
+
+
+PER_PROBLEM = "per_problem"  # validate()'s optional per-problem scores (es_training.VAL_SCORES)
 
 
 # =========================================================================== one step

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from copes_lib.config import ConfigError
+from copes_lib.es import PER_PROBLEM
 from copes_lib.sampling import prompt_batch
 
 
@@ -98,16 +100,21 @@ class AgentObjective:
         self._count(out)
         return np.asarray(out.rewards, dtype=np.float64).reshape(n_members, self.batch_size).mean(1).tolist()
 
-    def validate(self, model: nn.Module) -> dict[str, float]:
+    def validate(self, model: nn.Module) -> dict[str, Any]:
+        """Greedy validation: the mean metrics (floats) and ``per_problem``, each validation task's score in
+        ``val_tasks`` order (the same rollouts; ``es_training`` records it beside the run, for intervals over
+        latent units along the validation curve)."""
         from copes_lib.rollout import evaluate
 
         with torch.no_grad():
-            result = evaluate(model, self.tokenizer, self.val_tasks, self.env, self.rollout_config, seed=0)
+            result = evaluate(model, self.tokenizer, self.val_tasks, self.env, self.rollout_config, seed=0,
+                              return_batches=True)
         # score: what checkpoints are selected on (math accuracy; QA F1, the paper's QA validation metric)
         out = {"score": result["score"], "mean_reward": result["mean_reward"],
                "accuracy": result.get("accuracy", result.get("acc"))}
         out.update({k: result[k] for k in ("f1", "em") if k in result})
-        return {k: float(v) for k, v in out.items()}
+        return {**{k: float(v) for k, v in out.items()},
+                PER_PROBLEM: [float(s) for b in result["batches"] for s in b.scores]}
 
 
 __all__ = ["AgentObjective", "QuadraticObjective", "toy_quadratic"]

@@ -14,7 +14,7 @@ from torch import nn
 
 from copes_lib import runs
 from copes_lib.config import ConfigError
-from copes_lib.es import ES, ESConfig, Objective, es_step
+from copes_lib.es import ES, PER_PROBLEM, ESConfig, Objective, es_step
 from copes_lib.es_backends import make_backend
 from copes_lib.training_run import SCORE, RunBook, TrainingRun
 
@@ -33,7 +33,8 @@ def train_es(model: nn.Module, objective: Objective, config: ESConfig, *, steps:
     row)`` runs after each step's checkpoint. ``run`` (a ``runs.Run``) receives every row. Device-hours
     count step time only (validation excluded, as in docs/paper_a_copes.md#a5-gpu-hour-accounting).
     ``base_validation``: the starting model's ``objective.validate`` result when already known (runs
-    from the same start share it).
+    from the same start share it). Where validation returns per-problem scores (``es.PER_PROBLEM``) they are
+    recorded in ``run_dir/val_scores.json`` by step (:func:`record_val_scores`), not in the history.
     """
     if steps < 0 or val_every < 1:
         raise ConfigError(f"train_es: steps = {steps} must be >= 0 and val_every = {val_every} >= 1")
@@ -45,7 +46,10 @@ def train_es(model: nn.Module, objective: Objective, config: ESConfig, *, steps:
 
     def validate(step: int, known: dict[str, float] | None = None) -> dict[str, Any]:
         t0 = time.perf_counter()
-        result = known if known is not None else objective.validate(model)
+        result = dict(known if known is not None else objective.validate(model))
+        per_problem = result.pop(PER_PROBLEM, None)
+        if per_problem is not None:
+            record_val_scores(run_dir, step, per_problem)
         if "score" not in result:
             raise KeyError(f"objective.validate returned {sorted(result)}; expected a 'score' entry (the metric "
                            "checkpoints are selected on)")
@@ -96,6 +100,26 @@ def train_es(model: nn.Module, objective: Objective, config: ESConfig, *, steps:
     return book.result()
 
 
+VAL_SCORES = "val_scores.json"  # per-problem validation scores of a run, by step
+
+
+def record_val_scores(run_dir: str | Path, step: int, scores: list[float]) -> None:
+    """Add step ``step``'s per-problem validation scores to ``run_dir/val_scores.json`` (atomic; a step
+    validated again, e.g. after a resume, is replaced by the same deterministic values)."""
+    saved = read_val_scores(run_dir)
+    saved[int(step)] = [float(s) for s in scores]
+    runs.atomic_write_json(Path(run_dir) / VAL_SCORES, {str(k): v for k, v in sorted(saved.items())})
+
+
+def read_val_scores(run_dir: str | Path) -> dict[int, list[float]]:
+    """step -> per-problem validation scores a run recorded (empty for a run trained before they were recorded,
+    or whose objective gives none)."""
+    path = Path(run_dir) / VAL_SCORES
+    if not path.exists():
+        return {}
+    return {int(k): v for k, v in runs.read_json(path).items()}
+
+
 def run_key(config: ESConfig, steps: int, val_every: int, key_extra: dict[str, Any]) -> str:
     return runs.cache_key({"es": config.to_dict(), "steps": steps, "val_every": val_every, **key_extra})
 
@@ -115,4 +139,4 @@ def cached_es_run(profile: str, name: str, model: nn.Module, objective: Objectiv
     return result
 
 
-__all__ = ["train_es", "cached_es_run", "run_key"]
+__all__ = ["train_es", "cached_es_run", "run_key", "record_val_scores", "read_val_scores", "VAL_SCORES"]

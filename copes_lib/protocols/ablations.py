@@ -16,7 +16,8 @@ import numpy as np
 from copes_lib import claims, stats
 from copes_lib.protocols.params import ABLATION_KEYS, CLAIM_ARMS, AblationParams
 
-__all__ = ["ABLATION_KEYS", "CLAIM_ARMS", "ablation_configs", "ablation_family", "ablation_reading"]
+__all__ = ["ABLATION_KEYS", "CLAIM_ARMS", "ablation_configs", "ablation_family", "ablation_reading", "arm_intervals",
+           "arm_keys"]
 METRIC = "val_accuracy_at_budget"
 
 
@@ -77,9 +78,51 @@ def ablation_family(scores: dict[str, np.ndarray], seeds: list[int] | None = Non
     return {c.name.removeprefix("k4_vs_"): c for c in stats.holm_family(tests)}
 
 
+def arm_intervals(per_seed: dict[str, list[float]], scores: dict[str, np.ndarray],
+                  units: list[str] | tuple[str, ...] | None, *, level: float = 0.95,
+                  n_boot: int = 2000) -> dict[str, dict[str, Any]]:
+    """Each arm's validation accuracy at the budget with a cluster-aware interval (docs/statistics.md S6), as
+    notebook 05's arms: ``mean`` is the seed mean of the logged accuracies (``per_seed``, as before), ``low`` /
+    ``high`` the ``level`` interval of the per-problem ``scores`` (seeds, problems) from the seeds x latent units
+    x problems-within-units bootstrap (``fixed_budget.mean_interval``; one seed: units and problems only), ``n``
+    the seeds, ``units`` / ``units_effective`` the units it rests on (without ``units`` every problem is its own
+    unit: ``unit_ids`` False), ``method`` how it resamples and ``over`` the phrase naming the units (``seeds x 128
+    latent units``)."""
+    from copes_lib.protocols.fixed_budget import mean_interval, unit_counts, units_phrase
+
+    out: dict[str, dict[str, Any]] = {}
+    for arm, values in per_seed.items():
+        x = np.atleast_2d(np.asarray(scores[arm], dtype=float))
+        if len(values) != len(x):
+            raise ValueError(f"arm {arm!r}: {len(values)} logged accuracies but {len(x)} seed rows of scores")
+        n_units, effective, method = unit_counts(units, x.shape[1])
+        _, low, high = mean_interval(x, level=level, n_boot=n_boot, units=units)
+        out[arm] = {"mean": float(np.mean(values)), "low": low, "high": high, "n": len(values), "units": n_units,
+                    "units_effective": effective, "unit_ids": units is not None, "method": method,
+                    "over": f"seeds x {units_phrase(n_units, effective, units is not None)}"}
+    return out
+
+
+def arm_keys(val: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """06's per-arm summary keys from :func:`arm_intervals`: ``val_accuracy_<arm>`` (seed mean),
+    ``val_accuracy_<arm>_ci_low`` / ``_ci_high`` (cluster-aware 95%; None where undefined) and
+    ``val_accuracy_<arm>_units``; ``interval_units``, ``interval_units_effective``, ``interval_unit_ids`` and
+    ``interval_method`` (the same for every arm: one set of validation problems)."""
+    finite = lambda v: None if v is None or not math.isfinite(v) else float(v)  # noqa: E731
+    out: dict[str, Any] = {}
+    for arm, s in val.items():
+        out.update({f"val_accuracy_{arm}": s["mean"], f"val_accuracy_{arm}_ci_low": finite(s["low"]),
+                    f"val_accuracy_{arm}_ci_high": finite(s["high"]), f"val_accuracy_{arm}_units": s["units"]})
+    if val:
+        s = next(iter(val.values()))
+        out.update(interval_units=s["units"], interval_units_effective=s["units_effective"],
+                   interval_unit_ids=s["unit_ids"], interval_method=s["method"])
+    return out
+
+
 def ablation_reading(family: dict[str, stats.Comparison], norms: dict[str, float]) -> list[str]:
     """Plain sentences comparing each of the paper's Table-3 orderings (and our controls) with ours:
-    the direction, the 95% interval (seed and problem noise), Holm's p over the family, the verdict."""
+    the direction, the 95% interval (seed, latent-unit and problem noise), Holm's p over the family, the verdict."""
     what = {"k1": ("CoPES K=4 vs standard ES", "K=4 higher (MATH-500 88.3 vs 78.9)"),
             "k2": ("K=4 vs K=2", "K=4 higher (88.3 vs 86.0)"),
             "k8": ("K=4 vs K=8 (N_k small)", "K=4 far higher (88.3 vs 58.1)"),
@@ -91,8 +134,9 @@ def ablation_reading(family: dict[str, stats.Comparison], norms: dict[str, float
     for arm, c in family.items():
         title, paper_says = what[arm]
         direction = "higher than" if c.estimate > 0 else "lower than" if c.estimate < 0 else "equal to"
+        over = f"{c.n_units} latent units" if c.n_units else f"{c.n_problems} problems as independent units"
         lines.append(f"{title}: k4 is {direction} {arm} by {100 * c.estimate:+.1f} points (95% interval "
-                     f"[{100 * c.low:+.1f}, {100 * c.high:+.1f}], Holm p = {c.p_holm:.2g} over {c.family_size} "
+                     f"[{100 * c.low:+.1f}, {100 * c.high:+.1f}] over seeds x {over}, Holm p = {c.p_holm:.2g} over {c.family_size} "
                      f"contrasts: {c.verdict}); the paper: {paper_says}.")
     if norms.get("k1"):
         lines.append("Mean update norm relative to standard ES: " + ", ".join(

@@ -27,10 +27,10 @@ from torch import nn
 
 from copes_lib import runs
 from copes_lib.config import ConfigError
-from copes_lib.es import ESConfig, checksum
+from copes_lib.es import PER_PROBLEM, ESConfig, checksum
 from copes_lib.es_backends import ensure_ray
 from copes_lib.es_objective import AgentObjective
-from copes_lib.es_training import cached_es_run, run_key
+from copes_lib.es_training import VAL_SCORES, cached_es_run, read_val_scores, run_key
 from copes_lib.protocols.histories import val_points
 from copes_lib.protocols.params import ESSettings, StandardESNotebookParams
 from copes_lib.protocols.substrate_setup import substrate_config
@@ -47,7 +47,7 @@ class AgentSetup:
     objective: AgentObjective
     key: dict[str, Any]
     worker_args: dict[str, Any] = field(default_factory=dict)  # load_agent's arguments (Ray workers)
-    base_validation: dict[tuple, dict[str, float]] = field(default_factory=dict)  # by validation ids
+    base_validation: dict[tuple, dict[str, Any]] = field(default_factory=dict)  # by validation ids (+ per_problem)
     forced: set[Path] = field(default_factory=set)  # run folders already recomputed under FORCE
 
 
@@ -312,6 +312,11 @@ class ESRun:
         """(validated steps, values of ``metric``), as ``GRPORun.curve``."""
         return val_points(self.history, metric)
 
+    def val_scores(self) -> dict[int, np.ndarray]:
+        """validated step -> the per-problem greedy validation scores the run recorded there
+        (``es_training.read_val_scores``; empty for a run cached before they were recorded)."""
+        return {step: np.asarray(v, dtype=float) for step, v in read_val_scores(self.folder).items()}
+
 
 def _identity(agent: AgentSetup, objective: AgentObjective) -> dict[str, Any]:
     return {**agent.key, "val_ids": [t.id for t in objective.val_tasks]}
@@ -354,14 +359,19 @@ def es_run(agent: AgentSetup, config: ESConfig, *, steps: int, val_every: int, l
                 if name == LAST or (continue_from.folder / name).exists():  # read first: never copy a damaged file
                     read_checkpoint(continue_from.folder / name, key)
                     shutil.copyfile(continue_from.folder / name, folder / name)
+            if (continue_from.folder / VAL_SCORES).exists():  # the steps it continues from keep their scores
+                shutil.copyfile(continue_from.folder / VAL_SCORES, folder / VAL_SCORES)
         force = False
     val_ids = tuple(identity["val_ids"])
     result = cached_es_run(agent.key["profile"], "es_runs", copy.deepcopy(agent.model), objective, config,
                            steps=steps, val_every=val_every, key_extra=identity, force=force, log_prefix=label,
                            worker_factory=ray_worker_factory(config, agent),
                            base_validation=agent.base_validation.get(val_ids))
-    agent.base_validation[val_ids] = {k[len("eval/val_"):]: v for k, v in result.history[0].items()
-                                      if k.startswith("eval/val_")}
+    start = {k[len("eval/val_"):]: v for k, v in result.history[0].items() if k.startswith("eval/val_")}
+    start_scores = read_val_scores(folder).get(0)
+    if start_scores is not None:  # later runs from the same start record step 0's per-problem scores too
+        start[PER_PROBLEM] = start_scores
+    agent.base_validation[val_ids] = start
     return ESRun(label, config, result.history, folder, seed_index)
 
 

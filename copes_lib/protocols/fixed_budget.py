@@ -351,6 +351,18 @@ def units_phrase(n_units: int, effective: float | None, unit_ids: bool | None = 
     return f"{n_units} latent units{eff}"
 
 
+def unit_counts(units: Sequence[str] | None, n_problems: int) -> tuple[int, float, str]:
+    """(units an interval rests on, Kish's effective number of them, how it resamples) for ``n_problems``
+    problem columns: with ``units`` (one id per column, else a clear error) the latent units; without, every
+    problem its own unit (the interval is then the problem-level one, too narrow wherever units matter)."""
+    if units is None:
+        return n_problems, float(n_problems), "seeds x problems, problems as independent units (no unit ids)"
+    _, sizes = stats.unit_codes(units, n_problems)
+    return (len(sizes), stats.effective_units(sizes),
+            "seeds x latent units x problems within units (stats.compare with units; means: "
+            "stats.hierarchical_bootstrap with units); docs/statistics.md S6")
+
+
 def budget_intervals(arms: dict[str, np.ndarray], units: Sequence[str] | None, protocols: Sequence[str],
                      headline: str, *, level: float = 0.95, n_boot: int = 2000) -> dict[str, Any]:
     """Notebook 05's intervals at the budget from the per-problem scores of :func:`budget_scores`, cluster-aware
@@ -370,17 +382,9 @@ def budget_intervals(arms: dict[str, np.ndarray], units: Sequence[str] | None, p
     The CoPES arm of a protocol is ``copes_<protocol>_protocol`` where :func:`budget_scores` wrote one, else
     ``copes`` (the headline's)."""
     es = np.atleast_2d(np.asarray(arms["es"], dtype=float))
-    n_problems = es.shape[1]
-    if units is not None:
-        _, sizes = stats.unit_codes(units, n_problems)
-        n_units, effective = len(sizes), stats.effective_units(sizes)
-    else:
-        n_units, effective = n_problems, float(n_problems)
-    out: dict[str, Any] = {
-        "interval_units": n_units, "interval_units_effective": effective, "interval_unit_ids": units is not None,
-        "interval_method": ("seeds x latent units x problems within units (stats.compare with units; means: "
-                            "stats.hierarchical_bootstrap with units); docs/statistics.md S6"
-                            if units is not None else "seeds x problems, problems as independent units (no unit ids)")}
+    n_units, effective, method = unit_counts(units, es.shape[1])
+    out: dict[str, Any] = {"interval_units": n_units, "interval_units_effective": effective,
+                           "interval_unit_ids": units is not None, "interval_method": method}
 
     def mean_keys(key: str, scores: np.ndarray, sfx: str = "") -> dict[str, Any]:
         _, low, high = mean_interval(scores, level=level, n_boot=n_boot, units=units)
@@ -532,6 +536,44 @@ def mean_interval(scores: np.ndarray, *, level: float = 0.95, n_boot: int = 2000
     reps = stats.hierarchical_bootstrap(scores, zero, n_boot=n_boot, seed=seed, paired_seeds=False, units=units)
     tail = (1 - level) / 2
     return float(scores.mean()), float(np.quantile(reps, tail)), float(np.quantile(reps, 1 - tail))
+
+
+def curve_band(runs_: Sequence[ESRun], units: Sequence[str] | None, *, metric: str = SCORE, level: float = 0.95,
+               n_boot: int = 2000, seed: int = 0) -> dict[str, Any]:
+    """A validation curve's band over seeds x latent units (docs/statistics.md#s6-latent-units-registered-2026-12-03;
+    notebook 05's Fig. S4): at each step every run validated, the seed mean of the logged ``metric`` and the
+    ``level`` interval of the per-problem scores the runs recorded there (``ESRun.val_scores``, one row per run)
+    from the seeds x units x problems-within-units bootstrap (:func:`mean_interval`, the budget intervals'
+    resampling, with the same draws at every step; one run: units and problems only). At a step where a run
+    recorded no scores (a run cached before they were recorded) the band is the Student-t interval over the
+    seeds (one seed: none), and ``label`` says so.
+
+    Returns ``steps``, ``mean``, ``low`` / ``high`` (None: no band at that step), ``over_units`` (per step: the
+    band resamples units), ``units`` (how many; every problem its own without ``units``) and ``label``."""
+    steps, mean = mean_curve([r.history for r in runs_], metric)
+    recorded = [r.val_scores() for r in runs_]
+    out: dict[str, Any] = {"steps": steps, "mean": mean, "low": [], "high": [], "over_units": [], "units": None}
+    for step in steps:
+        rows = [rec.get(step) for rec in recorded]
+        if all(row is not None for row in rows):
+            x = np.stack(rows)
+            out["units"] = unit_counts(units, x.shape[1])[:2]
+            _, low, high = mean_interval(x, level=level, n_boot=n_boot, seed=seed, units=units)
+            out["over_units"].append(True)
+        else:
+            values = [val_at(r.history, step, metric) for r in runs_]
+            _, low, high = stats.mean_ci(values, level)  # one seed: (nan, nan), no band
+            out["over_units"].append(False)
+        out["low"].append(low if math.isfinite(low) else None)
+        out["high"].append(high if math.isfinite(high) else None)
+    over = "" if out["units"] is None else units_phrase(*out["units"], units is not None)
+    over = f"seeds x {over}" if over and len(runs_) > 1 else over  # one run: units and problems only
+    n_over = sum(out["over_units"])
+    out["label"] = ("95% band: " + over if steps and n_over == len(steps) else
+                    f"95% band: {over} at {n_over} of {len(steps)} steps, else t over seeds" if n_over else
+                    "95% band: t over seeds (no per-problem scores recorded)")
+    out["units"] = None if out["units"] is None else out["units"][0]
+    return out
 
 
 # =========================================================================== protocol vs skill (docs/regime.md)
@@ -691,6 +733,35 @@ def pass_at_k_intervals(results: dict[str, dict[str, Any]], *, level: float = 0.
                          "low": float(np.quantile(reps[:, k - 1], tail)),
                          "high": float(np.quantile(reps[:, k - 1], 1 - tail)), "units": n_units})
     return pd.DataFrame(rows)
+
+
+# =========================================================================== notebook 07's test-F1 intervals
+def qa_f1_intervals(f1_scores: dict[str, np.ndarray], units: Sequence[str] | None, *, a: str = "copes",
+                    b: str = "es", level: float = 0.95, n_boot: int = 2000) -> dict[str, Any]:
+    """Notebook 07's test-F1 summary keys, cluster-aware as 05's (docs/statistics.md#s6-latent-units-registered-2026-12-03):
+    ``f1_scores`` is method -> (seeds, test problems) per-problem F1 (the mean over a problem's samples).
+
+    Keys: ``f1_ci_low_<m>`` / ``f1_ci_high_<m>`` (the ``level`` interval of the method's mean F1 from the seeds x
+    latent units x problems-within-units bootstrap, :func:`mean_interval`; a method with one seed: units and
+    problems only) and ``f1_units_<m>`` (the units it rests on); ``<a>_minus_<b>_f1`` (mean difference over the
+    paired seeds), ``_ci_low`` / ``_ci_high`` (``stats.compare``, seeds paired, ``units``: the test claim A8 runs,
+    before Holm), ``_p``, ``_significant`` (p < 1 - level with ``a`` ahead), ``_units`` / ``_units_effective``;
+    ``f1_interval_units``, ``f1_interval_units_effective``, ``f1_interval_unit_ids`` (False: no unit ids, every
+    problem its own unit) and ``f1_interval_method``."""
+    n_problems = np.atleast_2d(np.asarray(f1_scores[b], dtype=float)).shape[1]
+    n_units, effective, method = unit_counts(units, n_problems)
+    out: dict[str, Any] = {"f1_interval_units": n_units, "f1_interval_units_effective": effective,
+                           "f1_interval_unit_ids": units is not None, "f1_interval_method": method}
+    for m, scores in f1_scores.items():
+        _, low, high = mean_interval(scores, level=level, n_boot=n_boot, units=units)
+        out.update({f"f1_ci_low_{m}": low, f"f1_ci_high_{m}": high, f"f1_units_{m}": n_units})
+    arm_a, arm_b = (np.atleast_2d(np.asarray(f1_scores[k], dtype=float)) for k in (a, b))
+    d = stats.compare(arm_a, arm_b, name=f"{a} - {b} (test F1)", units=units, alpha=1 - level)
+    key = f"{a}_minus_{b}_f1"
+    out.update({key: d.estimate, f"{key}_ci_low": d.low, f"{key}_ci_high": d.high, f"{key}_p": d.p,
+                f"{key}_significant": bool(math.isfinite(d.p) and d.p < 1 - level and d.estimate > 0),
+                f"{key}_units": n_units, f"{key}_units_effective": effective})
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}
 
 
 # =========================================================================== notebook 05's summary

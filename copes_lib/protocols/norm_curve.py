@@ -69,6 +69,8 @@ class CurvePoint:
     norms: tuple[float, ...]  # per seed: mean update norm over the run's steps
     accuracy: tuple[float, ...]  # per seed: validation accuracy at the budget (mean of the per-problem scores)
     shared_with: str = ""  # the 06 arm whose runs these are ("k1", "k4", "es_sqrtk_alpha", ...), "" if new
+    low: float | None = None  # 95% interval of the mean accuracy: seeds x latent units x problems within units
+    high: float | None = None  # (the same bootstrap as the rule's; None where not computed)
 
     @property
     def name(self) -> str:
@@ -99,16 +101,16 @@ class NormCurve:
     ci90: tuple[float, float] | None = None
 
     def frame(self):
-        """The curve as a table: one row per point, its mean norm and accuracy with a 95% interval over seeds."""
+        """The curve as a table: one row per point, its mean norm and accuracy with its 95% interval over seeds x
+        latent units x problems within units (``units``: how many)."""
         import pandas as pd
 
         rows = []
         for p in self.points:
-            acc = stats.mean_ci(p.accuracy)  # with one seed the interval is (nan, nan)
             rows.append({"method": "CoPES (K = 4)" if p.method == "copes" else "standard ES",
                          "alpha x": _MULTIPLIER_WORDS.get(p.multiplier, f"{p.multiplier:.3g}"),
-                         "mean update norm": p.mean_norm, "val accuracy": acc[0], "95% low (seeds)": acc[1],
-                         "95% high (seeds)": acc[2], "seeds": len(p.accuracy),
+                         "mean update norm": p.mean_norm, "val accuracy": float(np.mean(p.accuracy)),
+                         "95% low": p.low, "95% high": p.high, "seeds": len(p.accuracy), "units": self.n_units,
                          "runs shared with": p.shared_with or "-"})
         return pd.DataFrame(rows)
 
@@ -183,6 +185,15 @@ def _bracket(norms: Sequence[float], target: float) -> tuple[int, int, float] | 
     return j, j + 1, float(t)
 
 
+def _point_interval(x: np.ndarray, units: Sequence[Any], n_boot: int, seed: int) -> tuple[float, float]:
+    """95% interval of one point's mean accuracy: seeds x latent units x problems within units (the rule's
+    bootstrap, on one arm); with one seed, units and problems only."""
+    reps = stats.hierarchical_bootstrap(x, np.zeros((1, x.shape[1])), n_boot=n_boot, seed=seed, paired_seeds=False,
+                                        units=units)
+    low, high = np.quantile(reps, [0.025, 0.975])
+    return float(low), float(high)
+
+
 def judge_curve(es_scores: Sequence[Any], es_norms: Sequence[Any], copes_scores: Sequence[Any],
                 copes_norms: Sequence[Any], *, units: Sequence[Any], margin: float | None,
                 es_multipliers: Sequence[float] = ES_MULTIPLIERS,
@@ -207,7 +218,7 @@ def judge_curve(es_scores: Sequence[Any], es_norms: Sequence[Any], copes_scores:
     _, sizes = stats.unit_codes(units, es[0].shape[1])  # one unit id per problem column, or a clear error
     shared_with = shared_with or {}
     points = tuple(CurvePoint(method, m, tuple(map(float, n)), tuple(map(float, x.mean(axis=1))),
-                              shared_with.get(point_name(method, m), ""))
+                              shared_with.get(point_name(method, m), ""), *_point_interval(x, units, n_boot, seed))
                    for method, ms, xs, ns in (("es", es_m, es, es_n), ("copes", copes_m, copes, copes_n))
                    for m, x, n in zip(ms, xs, ns, strict=True))
     head = copes[copes_m.index(headline)]
@@ -302,16 +313,17 @@ def run_curve(params: AblationParams, agent: Any, sigma: float, alpha: float, bu
 
 def plot_norm_curve(curve: NormCurve, *, budget: int):
     """Accuracy at the budget against mean update norm (log x axis): both curves, each point's seed mean with
-    its 95% interval over seeds, CoPES's headline point starred and ES's curve interpolated there."""
+    its 95% interval over seeds x latent units (``CurvePoint.low`` / ``high``), CoPES's headline point starred and
+    ES's curve interpolated there."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5), layout="constrained")
     for method, colour, label in (("es", "tab:blue", "standard ES"), ("copes", "tab:orange", "CoPES (K = 4)")):
         pts = sorted((p for p in curve.points if p.method == method and p.mean_norm > 0), key=lambda p: p.mean_norm)
         x = [p.mean_norm for p in pts]
-        err = [stats.mean_ci(p.accuracy) for p in pts]  # (mean, low, high); with one seed no interval
-        y = [m for m, _, _ in err]
-        yerr = np.array([[m - lo, hi - m] if math.isfinite(lo) else [0.0, 0.0] for m, lo, hi in err]).T.reshape(2, -1)
+        y = [float(np.mean(p.accuracy)) for p in pts]
+        yerr = np.array([[max(m - p.low, 0.0), max(p.high - m, 0.0)] if p.low is not None else [0.0, 0.0]
+                         for m, p in zip(y, pts)]).T.reshape(2, -1)
         ax.errorbar(x, y, yerr=yerr, fmt="o-", color=colour, capsize=3, label=f"{label}, alpha x "
                     + ", ".join(_MULTIPLIER_WORDS.get(p.multiplier, f"{p.multiplier:.3g}") for p in pts))
     if curve.copes_norm > 0:
@@ -327,6 +339,6 @@ def plot_norm_curve(curve: NormCurve, *, budget: int):
     diff = ("" if curve.diff is None else f": {100 * curve.diff:+.1f} pts [{100 * curve.ci95[0]:+.1f}, "
             f"{100 * curve.ci95[1]:+.1f}]")
     ax.set_title(f"A7-curve, CoPES - ES's curve at CoPES's norm{diff} -> {curve.verdict}\n"
-                 f"({curve.n_seeds} paired seed(s) per point, {curve.n_units} units; error bars: 95% over seeds)")
+                 f"({curve.n_seeds} paired seed(s) per point; error bars: 95% over seeds x {curve.n_units} units)")
     ax.legend(fontsize=7)
     return fig

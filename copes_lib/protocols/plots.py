@@ -47,9 +47,11 @@ def _seeds_text(n: int) -> str:
 
 def seed_band(ax: Any, histories: Sequence[Sequence[dict[str, Any]]], *, color: str, label: str,
               metric: str = "eval/val_accuracy", marker: str = "o",
-              limits: tuple[float, float] | None = UNIT_RANGE) -> None:
-    """Each seed's validation curve faint, the mean over seeds bold with its Student-t 95% band clipped to
-    ``limits`` (at the steps every seed validated; one seed: no band). The label says how many seeds."""
+              limits: tuple[float, float] | None = UNIT_RANGE, band: dict[str, Any] | None = None) -> None:
+    """Each seed's validation curve faint, the mean over seeds bold with its 95% band clipped to ``limits`` (at
+    the steps every seed validated): ``band`` (``fixed_budget.curve_band``: seeds x latent units, its label
+    saying so) where given, else the Student-t band over the seeds (one seed: no band). The label says how many
+    seeds."""
     from copes_lib.protocols.histories import mean_curve, val_points
 
     for h in histories:
@@ -59,9 +61,15 @@ def seed_band(ax: Any, histories: Sequence[Sequence[dict[str, Any]]], *, color: 
     cis = [stats.mean_ci(v) if len(v) > 1 else (v[0], math.nan, math.nan) for v in by_step]
     mean = np.array([c[0] for c in cis])
     n = len(histories)
+    if band is not None:
+        if list(band["steps"]) != list(steps):
+            raise ValueError(f"band covers steps {band['steps']}, the curves {steps}: pass curve_band of the same runs")
+        cis = [(m, math.nan if lo is None else lo, math.nan if hi is None else hi)
+               for m, lo, hi in zip(mean, band["low"], band["high"], strict=True)]
+    text = band["label"] if band is not None else "95% band" if n > 1 else ""
     ax.plot(steps, mean, f"-{marker}", color=color, ms=3,
-            label=f"{label} (mean of {_seeds_text(n)}" + (", 95% band)" if n > 1 else ")"))
-    if n > 1:
+            label=f"{label} (mean of {_seeds_text(n)}" + (f", {text})" if text else ")"))
+    if any(math.isfinite(c[1]) for c in cis):
         low, high = clip_band([c[1] for c in cis], [c[2] for c in cis], limits)
         ax.fill_between(steps, low, high, color=color, alpha=0.2, lw=0)
 
@@ -268,7 +276,7 @@ def plot_ablations(arm_runs: dict[str, list[Any]], norms: dict[str, float], per_
                    es_seed: int, seed_counts: str):
     """Notebook 06's figure: one small panel per arm with every seed's update norm per step (no arm hides
     another), then the mean update norm, the accuracy at the budget (each seed, the seed mean with its 95%
-    interval) and the k4 - X contrasts (green: effect; red: opposite). ``es_seed`` is the first noise seed
+    interval: ``val`` from ``ablations.arm_intervals``, seeds x latent units) and the k4 - X contrasts (green: effect; red: opposite). ``es_seed`` is the first noise seed
     (a run's label is ``es_seed + seed_index``); ``seed_counts`` titles the norm legend."""
     import matplotlib.pyplot as plt
 
@@ -295,7 +303,7 @@ def plot_ablations(arm_runs: dict[str, list[Any]], norms: dict[str, float], per_
     ax_acc.axhline(base, color="gray", ls="--", label="warm start")
     seed_points(ax_acc, per_seed, {k: [es_seed + r.seed_index for r in arm_runs[k]] for k in arms},
                 intervals={k: (val[k]["mean"], val[k]["low"], val[k]["high"]) for k in arms},
-                interval_label="mean, 95% interval (seeds)")
+                interval_label=f"mean, 95% interval ({val[arms[0]].get('over', 'seeds')})")
     ax_acc.tick_params(axis="x", rotation=45)
     ax_acc.set_ylabel(f"validation accuracy @ {budget}")
     ax_acc.set_title("accuracy at the budget")
@@ -309,6 +317,8 @@ def plot_ablations(arm_runs: dict[str, list[Any]], norms: dict[str, float], per_
     ax_diff.axvline(0, color="k", lw=0.8)
     ax_diff.set_yticks(range(len(names)), [f"k4 - {n}" for n in names])
     ax_diff.invert_yaxis()
-    ax_diff.set_xlabel("difference (points), 95% interval: seeds + problems")
+    units = {c.n_units or c.n_problems for c in family.values()}
+    ax_diff.set_xlabel(f"difference (points), 95% interval: seeds x {'/'.join(map(str, sorted(units)))} "
+                       f"{'units' if all(c.n_units for c in family.values()) else 'problems'}")
     ax_diff.set_title(f"contrasts (Holm over {len(names)}; green: effect)")
     return fig
