@@ -40,9 +40,9 @@ def test_this_session_writes_under_its_own_root():
 def _inner_session(tmp_path: Path, body: str, **extra_env) -> subprocess.CompletedProcess:
     """A pytest session with this suite's session hooks, guarding ``tmp_path/checkout`` instead of the checkout,
     that runs one test with ``body``."""
-    (tmp_path / "checkout" / "reports").mkdir(parents=True)
+    (tmp_path / "checkout" / "reports").mkdir(parents=True, exist_ok=True)
     (tmp_path / "checkout" / "reports" / "old.txt").write_text("kept")
-    (tmp_path / "inner").mkdir()
+    (tmp_path / "inner").mkdir(exist_ok=True)
     (tmp_path / "inner" / "conftest.py").write_text(textwrap.dedent(f"""
         import importlib.util
         spec = importlib.util.spec_from_file_location("suite_conftest", {str(CONFTEST)!r})
@@ -67,6 +67,11 @@ def test_a_test_writing_outside_the_session_root_fails_the_session_naming_the_pa
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "1 passed" in proc.stdout and "tests wrote the checkout's outputs" in proc.stdout
     assert "new      cache/smoke" in proc.stdout and "changed  reports/old.txt" in proc.stdout, proc.stdout
+    (checkout / "reports" / "old.txt").write_text("kept")
+    (checkout / "cache" / "smoke").rmdir()
+    warned = _inner_session(tmp_path, f"Path({str(checkout)!r}, 'results').mkdir()\n",
+                            COPES_TEST_ROOT=str(tmp_path / "root"), COPES_TEST_GUARD="warn")
+    assert warned.returncode == 0 and "new      results" in warned.stdout, warned.stdout + warned.stderr
 
 
 def test_a_session_writing_only_its_own_root_passes_and_removes_it(tmp_path):
