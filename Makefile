@@ -183,6 +183,10 @@ gpu-wheels:
 # duration). PYTEST_TIMEOUT=seconds turns on pytest-timeout's per-test limit as a safety net.
 # Two workers; tests/conftest.py starts the slow tests (@pytest.mark.slow(cost=...)) at the heads of the two
 # parts worksteal first hands out, so neither worker runs them back to back; --durations lists where the time went.
+# The tests run in a random order (pytest-randomly; the header's "Using --randomly-seed=N"): PYTEST_ARGS="-p randomly
+# --randomly-seed=N" repeats one, PYTEST_ARGS="-p no:randomly" keeps the file order. Every path the tests write is
+# under a per-session temporary folder; a write to the checkout's cache/, results/, figures/ or reports/ fails the
+# session, naming it (tests/conftest.py).
 test: venv
 	$(BIN)/ruff check .
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -n 2 --dist worksteal --durations=25 $(PYTEST_ARGS)

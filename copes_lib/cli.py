@@ -271,7 +271,7 @@ def render_reports(profile: str, reports_dir: str | Path | None = None, notebook
                    results_root: str | Path | None = None, figures_root: str | Path | None = None) -> Path:
     """Render the HTML of every executed notebook in ``reports/<profile>/`` and the index again, from
     what is there (after a change to the report layout, or to results written since): runs nothing."""
-    reports_dir = Path(reports_dir or config.REPO_ROOT / "reports" / profile).resolve()
+    reports_dir = Path(reports_dir or runs.REPORTS_ROOT / profile).resolve()
     notebooks_dir = Path(notebooks_dir or config.REPO_ROOT / "notebooks").resolve()
     status = load_status(reports_dir / "status.json")
     for stem, record in status["notebooks"].items():
@@ -446,7 +446,7 @@ def run_suite(
     if not isinstance(jobs, int) or jobs < 1:
         raise config.ConfigError(f"jobs = {jobs!r}: must be an integer >= 1 (notebooks run at once)")
     notebooks_dir = Path(notebooks_dir or config.REPO_ROOT / "notebooks").resolve()
-    reports_dir = Path(reports_dir or config.REPO_ROOT / "reports" / profile).resolve()
+    reports_dir = Path(reports_dir or runs.REPORTS_ROOT / profile).resolve()
     suite.load_profile(profile)  # unknown profile or unknown notebook sections fail here
     discovered = discover_notebooks(notebooks_dir)
     notebooks = select(discovered, only)

@@ -48,9 +48,27 @@ from typing import Any
 from copes_lib import __version__, threads
 from copes_lib.config import REPO_ROOT, Config
 
-RESULTS_ROOT = REPO_ROOT / "results"
-FIGURES_ROOT = REPO_ROOT / "figures"
-CACHE_ROOT = REPO_ROOT / "cache"
+#: Moves every tree a run writes (results/, figures/, reports/, cache/) under this folder when set: the test
+#: suite points it at a per-session temporary folder (tests/conftest.py), so that tests, the notebook kernels and
+#: the worker processes they start (all inherit it) never touch the checkout's outputs or race each other there.
+OUTPUT_ROOT_VARIABLE = "COPES_OUTPUT_ROOT"
+#: Moves cache/ alone (wins over COPES_OUTPUT_ROOT for the cache).
+CACHE_ROOT_VARIABLE = "COPES_CACHE_ROOT"
+
+
+def _root(name: str, variable: str | None = None) -> Path:
+    """``REPO_ROOT/<name>``, or under the folder an environment variable names (read once, at import)."""
+    for var in (variable, OUTPUT_ROOT_VARIABLE):
+        if var and os.environ.get(var):
+            base = Path(os.environ[var]).expanduser().resolve()
+            return base if var == variable else base / name
+    return REPO_ROOT / name
+
+
+RESULTS_ROOT = _root("results")
+FIGURES_ROOT = _root("figures")
+REPORTS_ROOT = _root("reports")
+CACHE_ROOT = _root("cache", CACHE_ROOT_VARIABLE)
 
 TRACKED_PACKAGES = ("torch", "transformers", "tokenizers", "peft", "numpy", "scipy", "bm25s",
                     "math-verify", "ray", "papermill", "cma")

@@ -20,7 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy import stats as _st
+
+
+def _st():
+    """scipy.stats, imported on first use: it costs 1-3 s, which every notebook kernel would pay at start
+    (copes_lib.protocols imports this module) whether or not it runs a test."""
+    from scipy import stats
+
+    return stats
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -69,7 +76,7 @@ def mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float,
     mean = float(x.mean())
     if len(x) < 2:
         return mean, math.nan, math.nan
-    half = float(_st.t.ppf(0.5 + level / 2, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
+    half = float(_st().t.ppf(0.5 + level / 2, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
     return mean, mean - half, mean + half
 
 
@@ -83,7 +90,7 @@ def paired_difference(a: Sequence[float], b: Sequence[float], level: float = 0.9
     if len(diff) < 2 or np.all(diff == diff[0]):
         t, p = math.nan, math.nan
     else:
-        t, p = (float(v) for v in _st.ttest_rel(a, b))
+        t, p = (float(v) for v in _st().ttest_rel(a, b))
     return {"mean": mean, "low": low, "high": high, "t": t, "p": p, "n": float(len(diff))}
 
 
@@ -355,7 +362,7 @@ def minimum_detectable_effect(se: float, df: float = math.inf, *, alpha: float =
         raise ValueError(f"alpha and power must be in (0, 1), got {alpha} and {power}")
     if not math.isfinite(se) or df <= 0:
         return math.nan
-    dist = _st.t(df) if math.isfinite(df) else _st.norm
+    dist = _st().t(df) if math.isfinite(df) else _st().norm
     return float((dist.ppf(1 - alpha / 2) + dist.ppf(power)) * se)
 
 
@@ -464,7 +471,7 @@ def compare(a: Any, b: Any, *, name: str = "a - b", expected_sign: int = 1, marg
         if margin is not None:
             tost_p = max(float(np.mean(reps <= -margin)), float(np.mean(reps >= margin)))
     else:
-        dist = _st.t(df) if math.isfinite(df) else _st.norm
+        dist = _st().t(df) if math.isfinite(df) else _st().norm
         if se > 0:
             half = float(dist.ppf(1 - alpha / 2)) * se
             low, high = est - half, est + half

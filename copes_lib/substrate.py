@@ -629,7 +629,7 @@ class WarmStartBuildError(RuntimeError):
 
 def build_log_dir(profile: str) -> Path:
     """Where :func:`build_warm_starts` puts each worker's output by default: beside the runner's notebook logs."""
-    return runs.REPO_ROOT / "reports" / profile / "logs"
+    return runs.REPORTS_ROOT / profile / "logs"
 
 
 def _tool_limits(profile: str) -> dict:

@@ -37,14 +37,18 @@ def test_the_digest_sees_values_names_dtypes_and_shapes():
         "base_digest_math_seed2": "ab", "base_digest_qa_seed0": base_digest.state_digest(model)}
 
 
-def test_a_rebuild_in_a_fresh_process_gives_the_same_digest():
-    before = sorted(p.name for p in (runs.CACHE_ROOT / "smoke").glob("warm-*")) if (runs.CACHE_ROOT / "smoke").exists() else []
+def test_a_rebuild_in_a_fresh_process_gives_the_same_digest(tmp_path, monkeypatch):
+    # the cache root is this test's alone (the session's is shared with the smoke run on another worker), so an
+    # empty cache afterwards shows the rebuilds neither read nor wrote it
+    cache = tmp_path / "cache"
+    monkeypatch.setattr(runs, "CACHE_ROOT", cache)
     here = base_digest.rebuild_digest("smoke", "math", 0, config=_small_config(), log=lambda *a, **k: None)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    out = subprocess.run([sys.executable, "-c", REBUILD], capture_output=True, text=True, env=env, check=True)
-    assert out.stdout.strip().splitlines()[-1] == here
-    after = sorted(p.name for p in (runs.CACHE_ROOT / "smoke").glob("warm-*")) if (runs.CACHE_ROOT / "smoke").exists() else []
-    assert after == before  # the real cache is neither read nor written
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", runs.CACHE_ROOT_VARIABLE: str(cache)}
+    out = subprocess.run([sys.executable, "-c", REBUILD + "; from copes_lib import runs; print(runs.CACHE_ROOT)"],
+                         capture_output=True, text=True, env=env, check=True)
+    printed = out.stdout.strip().splitlines()
+    assert printed[-2] == here and printed[-1] == str(cache)
+    assert not cache.exists() or not any(cache.rglob("*"))  # the cache is neither read nor written
 
 
 @pytest.mark.parametrize("rebuilt,expected,code", [("a" * 64, "a" * 64, 0), ("a" * 64, "b" * 64, 1), ("a" * 64, None, 2)])

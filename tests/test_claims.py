@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from copes_lib import claims, stats
+from copes_lib.config import REPO_ROOT
 
 
 def _scores(metric, nested=False, **arms):
@@ -914,7 +915,8 @@ def test_a_notebook_older_than_its_upstream_reads_stale(tmp_path):
              "01": {claims.WRITTEN: "2026-12-01T11:00"}}
     assert set(claims.stale_notebooks(chain, {"03": ("02",), "02": ("01",)})) == {"03", "02"}
     # a claim of a stale notebook keeps what its data would read; missing stays missing; no needs: as before
-    s1 = {**claims.load_summaries("cpu")["09_scale_study"], claims.WRITTEN: "2026-11-30T20:00"}  # committed
+    s1 = {**claims.load_summaries("cpu", REPO_ROOT / "results")["09_scale_study"],  # committed
+          claims.WRITTEN: "2026-11-30T20:00"}
     rows = claims.judge_claims({"09_scale_study": s1, "01_substrate_and_agent": {claims.WRITTEN: "2026-12-01T12:00"}},
                                needs=needs)
     by_id = {r["claim"]: r for r in rows}
@@ -1004,7 +1006,7 @@ def test_l4_is_not_gated_by_01s_regime_and_the_committed_cpu_summary_reads_missi
     gated["01_substrate_and_agent"] = {"regime_criterion_met": False}
     assert _rows(gated)["L4"]["verdict"] == claims.AGREES
     assert "L4 is not gated" in claims.rules_markdown() and "L4" not in claims.REGIME_CLAIMS
-    committed = claims.load_summaries("cpu")["09_scale_study"]
+    committed = claims.load_summaries("cpu", REPO_ROOT / "results")["09_scale_study"]
     row = _rows({"09_scale_study": committed})["L4"]
     if "map_lowrank_cells" not in committed:  # the cpu run committed before the low-rank arms existed
         assert row["verdict"] == claims.MISSING and "map_lowrank_cells" in row["reason"]

@@ -202,8 +202,11 @@ def edit_gpu_profile(repo: Path, values: dict[str, dict[str, object]]) -> dict[s
 
 
 def run_suite(repo: Path, only: str) -> subprocess.CompletedProcess:
+    # the copy's own results/, reports/ and cache/ (this test's root), not the session's that tests/conftest.py
+    # points COPES_OUTPUT_ROOT at: the two tests below would share cache/gpu there
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]),
-           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "COPES_OUTPUT_ROOT": str(repo),
+           "COPES_CACHE_ROOT": str(repo / "cache")}
     return subprocess.run([sys.executable, "-m", "copes_lib.cli", "run", "--profile", "gpu", "--only", only],
                           cwd=repo, env=env, capture_output=True, text=True)
 

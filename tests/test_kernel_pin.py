@@ -111,7 +111,7 @@ def test_the_documented_papermill_command_records_the_pin(tmp_path, kernel):
     if not papermill.exists():
         pytest.skip(f"{papermill} not installed")
     suite = _copy_of_the_suite(tmp_path / "suite")
-    env = _unpinned_env(PYTHONPATH=str(suite))
+    env = _unpinned_env(PYTHONPATH=str(suite), COPES_OUTPUT_ROOT=str(suite), COPES_CACHE_ROOT=str(suite / "cache"))
     env = {k: v for k, v in env.items() if not k.startswith("JUPYTER_")}
     command = [str(papermill), "notebooks/00_suite_overview.ipynb", str(tmp_path / "out.ipynb"), "-p", "PROFILE",
                "smoke"]

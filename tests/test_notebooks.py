@@ -14,6 +14,7 @@ import nbformat
 import papermill
 import pytest
 
+from copes_lib import runs
 from copes_lib.config import REPO_ROOT
 from copes_lib.protocols import notebooks as suite
 
@@ -151,7 +152,7 @@ def test_every_notebook_runs_under_smoke():
         [sys.executable, "-m", "copes_lib.cli", "run", "--profile", "smoke", "--wait"],
         cwd=REPO_ROOT, capture_output=True, text=True,
     )
-    reports = REPO_ROOT / "reports" / "smoke"
+    reports = runs.REPORTS_ROOT / "smoke"  # the session's temporary root (tests/conftest.py), not the checkout
     status = json.loads((reports / "status.json").read_text()) if (reports / "status.json").exists() else {}
     records = status.get("notebooks", {})
     print(f"smoke suite: {time.time() - started:.0f} s wall; per notebook (s):")
@@ -167,8 +168,8 @@ def test_every_notebook_runs_under_smoke():
     )
     for path in NOTEBOOKS:
         assert records.get(path.stem, {}).get("status") == "ok", f"{path.stem} was not run"
-        summary_path = REPO_ROOT / "results" / "smoke" / path.stem / "summary.json"
-        assert summary_path.exists(), f"{path.stem} wrote no {summary_path.relative_to(REPO_ROOT)}"
+        summary_path = runs.RESULTS_ROOT / "smoke" / path.stem / "summary.json"
+        assert summary_path.exists(), f"{path.stem} wrote no {summary_path}"
         assert summary_path.stat().st_mtime >= started - 1, f"{summary_path} is stale (not written by this run)"
         summary = json.loads(summary_path.read_text())
         assert summary.get("profile") == "smoke" and summary.get("notebook") == path.stem, summary_path
@@ -180,7 +181,7 @@ def test_every_notebook_runs_under_smoke():
     assert all(p.stem in index.read_text() for p in NOTEBOOKS)
     # The smoke substrate must move: every ES-family notebook makes non-zero updates at most steps.
     for stem in ES_NOTEBOOKS:
-        rows = [json.loads(line) for line in (REPO_ROOT / "results" / "smoke" / stem / "metrics.jsonl").read_text()
+        rows = [json.loads(line) for line in (runs.RESULTS_ROOT / "smoke" / stem / "metrics.jsonl").read_text()
                 .splitlines() if line.strip()]
         norms = [row["es/update_norm"] for row in rows if "es/update_norm" in row]
         assert norms and sum(n > 0 for n in norms) > len(norms) / 2, f"{stem}: ES update norms under smoke {norms}"

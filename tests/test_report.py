@@ -4,6 +4,7 @@ no progress bars, library warnings or numpy reprs in the HTML (the executed note
 import nbformat
 
 from copes_lib import report, runs
+from copes_lib.config import REPO_ROOT
 
 TQDM_NOISE = ("/venv/tqdm/auto.py:21: TqdmWarning: IProgress not found. Please update jupyter and ipywidgets.\n"
               "  from .autonotebook import tqdm as notebook_tqdm\n")
@@ -90,7 +91,7 @@ def test_headline_formats_numbers_for_reading():
 def test_headline_keys_exist_in_the_committed_cpu_summaries():
     """A renamed summary key would silently show as a dash in every report: catch it here."""
     for stem, items in report.HEADLINES.items():
-        summary = runs.load_summary("cpu", stem)
+        summary = runs.load_summary("cpu", stem, root=REPO_ROOT / "results")  # the committed ones, not the session's
         if summary is None:
             continue  # not committed (yet)
         missing = [item.key for item in items if item.key not in summary]
@@ -129,9 +130,10 @@ def test_the_committed_cpu_results_render_as_an_index_of_ok_notebooks_with_worki
     from copes_lib.config import REPO_ROOT
 
     committed = sorted(p.parent.name for p in (REPO_ROOT / "results" / "cpu").glob("*/summary.json"))
+    committed_roots = {"results_root": REPO_ROOT / "results", "figures_root": REPO_ROOT / "figures"}
     assert committed, "no committed results/cpu/*/summary.json"
     reports = tmp_path / "reports" / "cpu"
-    page = cli.render_reports("cpu", reports_dir=reports).read_text()
+    page = cli.render_reports("cpu", reports_dir=reports, **committed_roots).read_text()
     rows = {re.match(r"(?:<a[^>]*>)?(\w+)", row).group(1): row for row in page.split("<tr><td><b>")[1:]}
     for stem in committed:
         status = re.search(r"<td class='(\w+)'>", rows[stem]).group(1)
@@ -146,4 +148,4 @@ def test_the_committed_cpu_results_render_as_an_index_of_ok_notebooks_with_worki
     assert not missing, f"links that resolve to nothing: {missing}"
     assert "status.json" not in links
     runs.atomic_write_json(reports / "status.json", {"notebooks": {}})  # a run of this checkout: linked
-    assert 'href="status.json"' in cli.render_reports("cpu", reports_dir=reports).read_text()
+    assert 'href="status.json"' in cli.render_reports("cpu", reports_dir=reports, **committed_roots).read_text()

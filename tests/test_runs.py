@@ -374,9 +374,13 @@ def test_wall_time_runs_from_the_notebooks_first_cell(tmp_path):
     run.finish({"x": 1})
     manifest = runs.read_json(tmp_path / "smoke" / "98_wall_time" / "manifest.json")
     assert manifest["wall_time_s"] >= 0.3 and manifest["wall_time_from"] == "notebook start (load_params)"
+    before = time.perf_counter()
     other = runs.Run("smoke", "97_no_mark", {"SEED": 0}, root=tmp_path)
     other.finish({"x": 1})
-    assert runs.read_json(tmp_path / "smoke" / "97_no_mark" / "manifest.json")["wall_time_s"] < 0.3
+    took = time.perf_counter() - before
+    # from its own creation, not from 98's mark (>= 0.3 s earlier); bounded by what we timed, not by a fixed
+    # limit that a loaded machine exceeds (Run + finish took 0.46 s at a load of 30 on 2 cores)
+    assert runs.read_json(tmp_path / "smoke" / "97_no_mark" / "manifest.json")["wall_time_s"] <= took
 
 
 def test_an_unreadable_upstream_summary_says_what_to_do(tmp_path):

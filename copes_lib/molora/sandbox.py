@@ -69,10 +69,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import cma
 import numpy as np
 import torch
-from scipy.optimize import linear_sum_assignment
 
 from copes_lib import stats
 from copes_lib.config import Config, ConfigError, param
@@ -307,6 +305,8 @@ def routing_accuracy(gates: torch.Tensor, tasks: torch.Tensor, num_tasks: int) -
     truth = tasks.cpu().numpy()
     confusion = np.zeros((num_tasks, num_tasks))
     np.add.at(confusion, (truth, chosen), 1)
+    from scipy.optimize import linear_sum_assignment  # here: a notebook kernel that never routes skips scipy
+
     rows, cols = linear_sum_assignment(-confusion)
     return float(np.trace(confusion) / len(truth)), float(confusion[rows, cols].sum() / len(truth))
 
@@ -356,7 +356,11 @@ class Adam:
             p.addcdiv_(m, denom, value=-self.lr / (1 - b1 ** self.t))
 
 
-def _cma(cfg: RoutingSandboxConfig, seed: int) -> cma.CMAEvolutionStrategy:
+def _cma(cfg: RoutingSandboxConfig, seed: int) -> cma.CMAEvolutionStrategy:  # noqa: F821 (imported here)
+    # imported here: cma pulls in scipy.stats and matplotlib (~2 s), paid by every notebook kernel that imports
+    # the suite's parameters (copes_lib.protocols.molora_params imports this module), though only 13 runs CMA-ES
+    import cma
+
     opts = {"seed": 1 + seed, "verbose": -9, "verb_log": 0, "verb_disp": 0, "tolfun": 0, "tolx": 0,
             "tolfunhist": 0, "tolstagnation": 10**9, "tolflatfitness": 10**9}
     if cfg.cma_popsize:

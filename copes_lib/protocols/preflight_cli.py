@@ -27,7 +27,7 @@ from copes_lib import runs
 from copes_lib.config import REPO_ROOT, ConfigError
 
 #: where a preflight that is not recorded writes its JSON, figure and crash log (git ignores reports/)
-REPORTS_ROOT = REPO_ROOT / "reports"
+REPORTS_ROOT = runs.REPORTS_ROOT
 
 EXIT_HOLDS, EXIT_ERROR, EXIT_NOT_ACTIONABLE = 0, 1, 2
 
