@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from copes_lib import runs, threads
+from copes_lib import bases, runs, threads
 from copes_lib.config import Config, ConfigError, param
 
 PAD, EOS = "<pad>", "<eos>"
@@ -549,13 +549,26 @@ def train_warm_start(model, tokenizer, train_tasks, val_tasks, env, steps: int, 
     return curve
 
 
-def warm_start_folder(profile: str, kind: str, seed: int = 0, *, config: WarmStartConfig) -> tuple[Path, bool]:
-    """(cache folder of a warm start, whether a complete model is stored there)."""
+def warm_start_recipe(profile: str, kind: str, seed: int, config: WarmStartConfig) -> tuple[dict, str]:
+    """(the recipe a warm start's cache key hashes, that key): the config of the base, its data's fingerprint."""
     from copes_lib.tasks import data_fingerprint
 
-    key = runs.cache_key({**_warm_config(config, kind, seed), "data": data_fingerprint(profile, kind)})
+    recipe = {**_warm_config(config, kind, seed), "data": data_fingerprint(profile, kind)}
+    return recipe, runs.cache_key(recipe)
+
+
+def warm_start_folder(profile: str, kind: str, seed: int = 0, *, config: WarmStartConfig, shipped: bool = True,
+                      log=print) -> tuple[Path, bool]:
+    """(cache folder of a warm start, whether a complete model is stored there). A folder without one whose key
+    is shipped in ``bases/<profile>/`` (:mod:`copes_lib.bases`) gets it from there first, its sha256 checked
+    (``shipped`` False: not, for a caller about to train anyway)."""
+    _, key = warm_start_recipe(profile, kind, seed, config)
     folder = runs.cache_dir(profile, f"warm-{kind}", key)
-    return folder, (folder / "model").exists() and (folder / "info.json").exists()
+    complete = (folder / "model").exists() and (folder / "info.json").exists()
+    if not complete and shipped and bases.paths(profile, kind, seed, key)[1].exists():
+        tokenizer = get_tokenizer(profile, config.vocab_size, subject_tokens=config.subject_tokens)
+        complete = bases.materialise(profile, kind, seed, key, folder, tokenizer, log=log)
+    return folder, complete
 
 
 def warm_start(profile: str, kind: str = "math", seed: int = 0, force: bool = False, *,
@@ -584,7 +597,7 @@ def warm_start(profile: str, kind: str = "math", seed: int = 0, force: bool = Fa
 
     tokenizer = get_tokenizer(profile, config.vocab_size, subject_tokens=config.subject_tokens)
     identity = _warm_config(config, kind, seed)
-    folder, complete = warm_start_folder(profile, kind, seed, config=config)
+    folder, complete = warm_start_folder(profile, kind, seed, config=config, shipped=not force, log=log)
     if not force and complete:
         def load():
             info = {**runs.read_json(folder / "info.json"), "cached": True}
@@ -594,6 +607,8 @@ def warm_start(profile: str, kind: str = "math", seed: int = 0, force: bool = Fa
         if loaded is not None:
             return loaded
 
+    if not force:
+        log(bases.not_shipped_line(profile, kind, seed, warm_start_recipe(profile, kind, seed, config)[1]))
     val = load_tasks(profile, kind, "val")[: config.eval_problems]
     train = load_tasks(profile, kind, "train")
     n_paper = len(train)
@@ -613,7 +628,8 @@ def warm_start(profile: str, kind: str = "math", seed: int = 0, force: bool = Fa
             "stopped": "target" if reached else "cap", "params": count_model_params(model), "curve": curve,
             "train_time_s": time.perf_counter() - t0, "threads": threads.N_FIXED, "cache_dir": str(folder),
             "config": identity, "protocol": config.protocol, "paper_traces": n_paper,
-            "latent_traces": len(train) - n_paper, "converged": converged(curve)}
+            "latent_traces": len(train) - n_paper, "converged": converged(curve),
+            "trained_on": {"cpu": threads.cpu_model(), "torch": torch.__version__, **runs.git_state()}}
     _save_atomically(folder, "model", model.save_pretrained)
     runs.atomic_write_json(folder / "info.json", info)
     return model, tokenizer, {**info, "cached": False}
@@ -774,7 +790,7 @@ def describe(model, tokenizer) -> dict:
 
 
 __all__ = ["WarmStartConfig", "MODEL_SIZES", "exit_with_parent", "train_agent_tokenizer", "get_tokenizer", "build_agent_model",
-           "model_config", "count_model_params", "load_pretrained", "encode_trace", "warm_start", "warm_start_folder",
+           "model_config", "count_model_params", "load_pretrained", "encode_trace", "warm_start", "warm_start_folder", "warm_start_recipe",
            "train_warm_start", "warm_rollout_config", "describe", "PROTOCOLS", "latent_reference", "latent_trace_mix", "PRIORS", "prior_cue", "cued_values",
            "graded_rates",
            "graded_range", "unit_rates", "tail_mean", "TAIL_POINTS", "converged", "build_warm_starts",
