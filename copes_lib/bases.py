@@ -137,7 +137,7 @@ def not_shipped_line(profile: str, kind: str, seed: int, key: str, root: str | P
     folder = shown(Path(root if root is not None else BASES_ROOT) / profile)
     return (f"[warm_start {kind}] seed {seed}: no shipped base with recipe key {key} in {folder}/ "
             + (f"(shipped for {kind} seed {seed}: key {', '.join(others)}, another recipe) " if others else "")
-            + f"- training it (make bases PROFILE={profile} ships it)")
+            + f"- training it (make bases PROFILE={profile} ships the bases of a profile's recipe)")
 
 
 def materialise(profile: str, kind: str, seed: int, key: str, folder: Path, tokenizer, *,
@@ -185,6 +185,9 @@ def materialise(profile: str, kind: str, seed: int, key: str, folder: Path, toke
         shutil.rmtree(tmp, ignore_errors=True)
         raise ShippedBaseError(f"copying {shown(weights)} into {shown(folder)} gave other bytes (a full disk?); "
                                f"free space and rerun")
+    if (folder / "model").exists() and (folder / "info.json").exists():  # finished meanwhile by another process:
+        shutil.rmtree(tmp, ignore_errors=True)  # never pull a model folder from under its reader
+        return True
     shutil.rmtree(folder / "model", ignore_errors=True)
     os.replace(tmp, folder / "model")
     record = {"file": shown(weights), "sha256": meta["weights_sha256"], "state_digest": meta["state_digest"],
