@@ -581,7 +581,9 @@ def warm_start(profile: str, kind: str = "math", seed: int = 0, force: bool = Fa
     share seed 0's base model and vary their own seeds. In the gpu profile (or with
     ``config.model_path`` set) it loads the local checkpoint ``config.model_path`` instead. ``info``: steps (trained), max_steps, target, stopped ("target" or
     "cap"), params, curve (list of {step, loss, val_score, time_s}), train_time_s, threads,
-    cache_dir, cached (whether it came from the cache).
+    cache_dir, cached (whether it came from the cache), shipped (when the cache entry was copied from
+    ``bases/<profile>/``: :func:`warm_start_folder`, :mod:`copes_lib.bases`), trained_on (CPU, torch, commit).
+    ``force`` trains even when cached or shipped.
     """
     from copes_lib.rollout import make_env
     from copes_lib.tasks import TASK_KINDS, load_tasks
@@ -598,14 +600,18 @@ def warm_start(profile: str, kind: str = "math", seed: int = 0, force: bool = Fa
     tokenizer = get_tokenizer(profile, config.vocab_size, subject_tokens=config.subject_tokens)
     identity = _warm_config(config, kind, seed)
     folder, complete = warm_start_folder(profile, kind, seed, config=config, shipped=not force, log=log)
-    if not force and complete:
-        def load():
-            info = {**runs.read_json(folder / "info.json"), "cached": True}
-            return Qwen3ForCausalLM.from_pretrained(folder / "model", dtype=torch.float32).eval(), tokenizer, info
 
+    def load():
+        info = {**runs.read_json(folder / "info.json"), "cached": True}
+        return Qwen3ForCausalLM.from_pretrained(folder / "model", dtype=torch.float32).eval(), tokenizer, info
+
+    for _ in range(2):  # a damaged entry is reported and deleted; a shipped base of its key fills it again
+        if force or not complete:
+            break
         loaded = runs.load_cache_entry(folder, load, rebuild=runs.rebuild_command(profile, "01_substrate_and_agent"))
         if loaded is not None:
             return loaded
+        folder, complete = warm_start_folder(profile, kind, seed, config=config, log=log)
 
     if not force:
         log(bases.not_shipped_line(profile, kind, seed, warm_start_recipe(profile, kind, seed, config)[1]))
