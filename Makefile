@@ -4,6 +4,7 @@
 # Options of `make reproduce`: PROFILE=smoke|cpu|gpu  ONLY=02,03  FORCE=1  RERUN_FAILED=1  JOBS=2
 #   VERBOSE=1 (every notebook's output on the console; always in reports/<profile>/logs/)
 #   WAIT=1 (queue behind another run of the same profile instead of refusing)
+#   REBUILD_BASES=1 (notebook 01 retrains the bases it loaded from bases/ and compares bitwise)
 #   make report [PROFILE=cpu]   reports/<profile>/index.html from the results there (the committed ones for cpu)
 # (JOBS: notebooks run at once, each after the ones it reads from (NEEDS in copes_lib/cli.py); 1 = in number order)
 
@@ -102,7 +103,7 @@ KERNEL_STAMP := $(VENV)/.kernel-$(shell echo '$(KERNEL_ENV_ARGS)' | sha256sum | 
 .PHONY: bases preflight help venv venv-gpu gpu-wheels gpu-wheelhouse test reproduce report validate lab clean-reports
 
 help:
-	@echo "make reproduce [PROFILE=smoke|cpu|gpu] [ONLY=02,03] [FORCE=1] [RERUN_FAILED=1] [JOBS=2] [VERBOSE=1] [WAIT=1]"
+	@echo "make reproduce [PROFILE=smoke|cpu|gpu] [ONLY=02,03] [FORCE=1] [RERUN_FAILED=1] [JOBS=2] [VERBOSE=1] [WAIT=1] [REBUILD_BASES=1]"
 	@echo "make report [PROFILE=cpu]  reports/<profile>/index.html from the results there (cpu: the committed run)"
 	@echo "make test      ruff + pytest (unit tests and every notebook under the smoke profile)"
 	@echo "make lab       JupyterLab from .venv (LAB_ARGS=\"--no-browser --port 8888\" to pass options)"

@@ -86,8 +86,11 @@ def tokenizer_sha256(tokenizer) -> str:
 
 
 def stem(kind: str, seed: int, key: str) -> str:
-    """>>> stem("math", 0, "0123abcd0123abcd")
-    'math-seed0-0123abcd0123abcd'"""
+    """A shipped base's file name without its suffix.
+
+    >>> stem("math", 0, "0123abcd0123abcd")
+    'math-seed0-0123abcd0123abcd'
+    """
     return f"{kind}-seed{int(seed)}-{key}"
 
 
