@@ -227,7 +227,7 @@ def test_the_committed_smoke_bases_are_the_smoke_profiles_and_intact():
         assert meta["recipe_key"] == key and meta["kind"] == kind and meta["seed"] == seed
 
 
-@pytest.mark.slow(cost=90)
+@pytest.mark.slow(cost=90)  # one smoke math warm start: about 60 s of CPU measured (23 min of wall under load 20)
 def test_the_shipped_smoke_math_base_rebuilds_bitwise_on_its_cpu_vendor(tmp_path, monkeypatch):
     """The shipped smoke math base, retrained from scratch in a temporary cache, is the same bits on a machine of
     the CPU vendor it was trained on (another vendor: reported as differing, docs/reproducibility.md; skipped)."""
