@@ -4,6 +4,7 @@
 # Options of `make reproduce`: PROFILE=smoke|cpu|gpu  ONLY=02,03  FORCE=1  RERUN_FAILED=1  JOBS=2
 #   VERBOSE=1 (every notebook's output on the console; always in reports/<profile>/logs/)
 #   WAIT=1 (queue behind another run of the same profile instead of refusing)
+#   REBUILD_BASES=1 (notebook 01 retrains the bases it loaded from bases/ and compares bitwise)
 #   make report [PROFILE=cpu]   reports/<profile>/index.html from the results there (the committed ones for cpu)
 # (JOBS: notebooks run at once, each after the ones it reads from (NEEDS in copes_lib/cli.py); 1 = in number order)
 
@@ -41,6 +42,12 @@ PROFILE ?= cpu
 RECIPE ?=
 ifneq ($(strip $(RECIPE)),)
 export COPES_RECIPE := $(strip $(RECIPE))
+endif
+# REBUILD_BASES=1: notebook 01 (make reproduce) retrains each base it loaded from bases/ in a temporary cache and
+# compares bitwise; make bases REBUILD_BASES=1 does it for the shipped bases alone (docs/reproducibility.md#shipped-bases)
+REBUILD_BASES ?=
+ifneq ($(filter-out 0 no false False,$(strip $(REBUILD_BASES))),)
+export COPES_REBUILD_BASES := 1
 endif
 ONLY ?=
 FORCE ?=
@@ -93,15 +100,17 @@ KERNEL_ENV_ARGS := $(foreach v,$(KERNEL_PIN_VARS),--env $(v) $($(v)))
 # the registered kernel is rewritten when the pin changes: the stamp's name carries its hash
 KERNEL_STAMP := $(VENV)/.kernel-$(shell echo '$(KERNEL_ENV_ARGS)' | sha256sum | cut -c1-16)
 
-.PHONY: preflight help venv venv-gpu gpu-wheels gpu-wheelhouse test reproduce report validate lab clean-reports
+.PHONY: bases preflight help venv venv-gpu gpu-wheels gpu-wheelhouse test reproduce report validate lab clean-reports
 
 help:
-	@echo "make reproduce [PROFILE=smoke|cpu|gpu] [ONLY=02,03] [FORCE=1] [RERUN_FAILED=1] [JOBS=2] [VERBOSE=1] [WAIT=1]"
+	@echo "make reproduce [PROFILE=smoke|cpu|gpu] [ONLY=02,03] [FORCE=1] [RERUN_FAILED=1] [JOBS=2] [VERBOSE=1] [WAIT=1] [REBUILD_BASES=1]"
 	@echo "make report [PROFILE=cpu]  reports/<profile>/index.html from the results there (cpu: the committed run)"
 	@echo "make test      ruff + pytest (unit tests and every notebook under the smoke profile)"
 	@echo "make lab       JupyterLab from .venv (LAB_ARGS=\"--no-browser --port 8888\" to pass options)"
 	@echo "make preflight [PROFILE=cpu] [RECIPE=name] [KINDS=math,qa] [SEEDS=0,1,2,3,4] [JOBS=2] [RECORD=1] [STRICT=1]  the testbed's preconditions on the profile's base,"
 	@echo "               per warm-start seed; exit 0 holds, 2 not actionable, 1 error (docs/preflight.md)"
+	@echo "make bases [PROFILE=cpu] [RECIPE=name] [KINDS=math,qa] [SEEDS=0] [JOBS=2] [REPLACE=1]  ship the bases a run uses"
+	@echo "               into bases/<profile>/ (trained if not cached); REBUILD_BASES=1: retrain them and compare bitwise"
 	@echo "make venv      create/update .venv from requirements.txt (no-op when up to date)"
 	@echo "make venv-gpu  create/update .venv-gpu from requirements-gpu.txt (PROFILE=gpu does it itself);"
 	@echo "               SYSTEM_TORCH=1 reuses an installed CUDA torch >= 2.7; PYTHON_GPU=python3.12 etc. (3.11-3.13)"
@@ -215,6 +224,15 @@ STRICT ?=
 preflight: venv
 	$(BIN)/python -m copes_lib.protocols.preflight --profile $(PROFILE) $(if $(SEEDS),--seeds $(SEEDS)) $(if $(KINDS),--kinds $(KINDS)) \
 		$(if $(JOBS),--jobs $(JOBS)) $(if $(call truthy,$(RECORD)),--record) $(if $(call truthy,$(STRICT)),--strict) $(if $(call truthy,$(FORCE)),--force)
+
+# The bases a run uses, shipped with the repository (docs/reproducibility.md#shipped-bases): bases/$(PROFILE)/ from the
+# cache, each base trained first when missing (JOBS at once). REBUILD_BASES=1 writes nothing: it retrains each shipped
+# base in a temporary cache and says "equal" or "differs (CPU vendor X vs Y)"; exit 0 equal, 1 differs, 2 not shipped.
+REPLACE ?=
+bases: venv
+	$(BIN)/python -m copes_lib.protocols.shipped_bases --profile $(PROFILE) $(if $(KINDS),--kinds $(KINDS)) \
+		$(if $(SEEDS),--seeds $(SEEDS)) $(if $(JOBS),--jobs $(JOBS)) $(if $(call truthy,$(REPLACE)),--replace) \
+		$(if $(call truthy,$(REBUILD_BASES)),--rebuild)
 
 # Opens at the repository root (notebooks/, results/, reports/, figures/ all reachable); as root (common
 # in GPU containers) Jupyter refuses to start without --allow-root.

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from copes_lib import runs, threads
+from copes_lib import bases, runs, threads
 from copes_lib.config import Config, ConfigError, param
 
 PAD, EOS = "<pad>", "<eos>"
@@ -552,13 +552,26 @@ def train_warm_start(model, tokenizer, train_tasks, val_tasks, env, steps: int, 
     return curve
 
 
-def warm_start_folder(profile: str, kind: str, seed: int = 0, *, config: WarmStartConfig) -> tuple[Path, bool]:
-    """(cache folder of a warm start, whether a complete model is stored there)."""
+def warm_start_recipe(profile: str, kind: str, seed: int, config: WarmStartConfig) -> tuple[dict, str]:
+    """(the recipe a warm start's cache key hashes, that key): the config of the base, its data's fingerprint."""
     from copes_lib.tasks import data_fingerprint
 
-    key = runs.cache_key({**_warm_config(config, kind, seed), "data": data_fingerprint(profile, kind)})
+    recipe = {**_warm_config(config, kind, seed), "data": data_fingerprint(profile, kind)}
+    return recipe, runs.cache_key(recipe)
+
+
+def warm_start_folder(profile: str, kind: str, seed: int = 0, *, config: WarmStartConfig, shipped: bool = True,
+                      log=print) -> tuple[Path, bool]:
+    """(cache folder of a warm start, whether a complete model is stored there). A folder without one whose key
+    is shipped in ``bases/<profile>/`` (:mod:`copes_lib.bases`) gets it from there first, its sha256 checked
+    (``shipped`` False: not, for a caller about to train anyway)."""
+    _, key = warm_start_recipe(profile, kind, seed, config)
     folder = runs.cache_dir(profile, f"warm-{kind}", key)
-    return folder, (folder / "model").exists() and (folder / "info.json").exists()
+    complete = (folder / "model").exists() and (folder / "info.json").exists()
+    if not complete and shipped and bases.paths(profile, kind, seed, key)[1].exists():
+        tokenizer = get_tokenizer(profile, config.vocab_size, subject_tokens=config.subject_tokens)
+        complete = bases.materialise(profile, kind, seed, key, folder, tokenizer, log=log)
+    return folder, complete
 
 
 def warm_start(profile: str, kind: str = "math", seed: int = 0, force: bool = False, *,
@@ -571,7 +584,9 @@ def warm_start(profile: str, kind: str = "math", seed: int = 0, force: bool = Fa
     share seed 0's base model and vary their own seeds. In the gpu profile (or with
     ``config.model_path`` set) it loads the local checkpoint ``config.model_path`` instead. ``info``: steps (trained), max_steps, target, stopped ("target" or
     "cap"), params, curve (list of {step, loss, val_score, time_s}), train_time_s, threads,
-    cache_dir, cached (whether it came from the cache).
+    cache_dir, cached (whether it came from the cache), shipped (when the cache entry was copied from
+    ``bases/<profile>/``: :func:`warm_start_folder`, :mod:`copes_lib.bases`), trained_on (CPU, torch, commit).
+    ``force`` trains even when cached or shipped.
     """
     from copes_lib.rollout import make_env
     from copes_lib.tasks import TASK_KINDS, load_tasks
@@ -587,16 +602,22 @@ def warm_start(profile: str, kind: str = "math", seed: int = 0, force: bool = Fa
 
     tokenizer = get_tokenizer(profile, config.vocab_size, subject_tokens=config.subject_tokens)
     identity = _warm_config(config, kind, seed)
-    folder, complete = warm_start_folder(profile, kind, seed, config=config)
-    if not force and complete:
-        def load():
-            info = {**runs.read_json(folder / "info.json"), "cached": True}
-            return Qwen3ForCausalLM.from_pretrained(folder / "model", dtype=torch.float32).eval(), tokenizer, info
+    folder, complete = warm_start_folder(profile, kind, seed, config=config, shipped=not force, log=log)
 
+    def load():
+        info = {**runs.read_json(folder / "info.json"), "cached": True}
+        return Qwen3ForCausalLM.from_pretrained(folder / "model", dtype=torch.float32).eval(), tokenizer, info
+
+    for _ in range(2):  # a damaged entry is reported and deleted; a shipped base of its key fills it again
+        if force or not complete:
+            break
         loaded = runs.load_cache_entry(folder, load, rebuild=runs.rebuild_command(profile, "01_substrate_and_agent"))
         if loaded is not None:
             return loaded
+        folder, complete = warm_start_folder(profile, kind, seed, config=config, log=log)
 
+    if not force:
+        log(bases.not_shipped_line(profile, kind, seed, warm_start_recipe(profile, kind, seed, config)[1]))
     val = load_tasks(profile, kind, "val")[: config.eval_problems]
     train = load_tasks(profile, kind, "train")
     n_paper = len(train)
@@ -616,7 +637,8 @@ def warm_start(profile: str, kind: str = "math", seed: int = 0, force: bool = Fa
             "stopped": "target" if reached else "cap", "params": count_model_params(model), "curve": curve,
             "train_time_s": time.perf_counter() - t0, "threads": threads.N_FIXED, "cache_dir": str(folder),
             "config": identity, "protocol": config.protocol, "paper_traces": n_paper,
-            "latent_traces": len(train) - n_paper, "converged": converged(curve)}
+            "latent_traces": len(train) - n_paper, "converged": converged(curve),
+            "trained_on": {"cpu": threads.cpu_model(), "torch": torch.__version__, **runs.git_state()}}
     _save_atomically(folder, "model", model.save_pretrained)
     runs.atomic_write_json(folder / "info.json", info)
     return model, tokenizer, {**info, "cached": False}
@@ -771,7 +793,7 @@ def describe(model, tokenizer) -> dict:
 
 
 __all__ = ["WarmStartConfig", "MODEL_SIZES", "exit_with_parent", "train_agent_tokenizer", "get_tokenizer", "build_agent_model",
-           "model_config", "count_model_params", "load_pretrained", "encode_trace", "warm_start", "warm_start_folder",
+           "model_config", "count_model_params", "load_pretrained", "encode_trace", "warm_start", "warm_start_folder", "warm_start_recipe",
            "train_warm_start", "warm_rollout_config", "describe", "PROTOCOLS", "latent_reference", "latent_trace_mix", "PRIORS", "prior_cue", "cued_values",
            "graded_rates",
            "graded_range", "unit_rates", "tail_mean", "TAIL_POINTS", "converged", "build_warm_starts",

@@ -256,10 +256,11 @@ def test_truncated_checkpoint_is_reported_and_resume_starts_afresh(tmp_path):
 def test_corrupted_warm_start_is_reported_and_rebuilt(tmp_path, monkeypatch):
     """The failure of issue 17: a truncated model.safetensors in the warm-start cache. The next notebook
     that asks for the warm start (02, 03, ...) reports the path and the command, then retrains it."""
-    from copes_lib import substrate
+    from copes_lib import bases, substrate
     from copes_lib.protocols.substrate_setup import substrate_config
 
     monkeypatch.setattr(runs, "CACHE_ROOT", tmp_path)
+    monkeypatch.setattr(bases, "BASES_ROOT", tmp_path / "no-bases")  # a trained base, not the shipped smoke one
     config = substrate_config("smoke")
     trained = []
 

@@ -12,45 +12,23 @@ with the digest the committed ``results/<profile>/01_substrate_and_agent/summary
 as 01's warm start of that base (cpu: about 13 min per base on 2 cores). Bitwise equality needs the same
 kernel pin (``copes_lib.threads``; docs/reproducibility.md) and the same CPU vendor.
 
-The digest (:func:`state_digest`) hashes the state dict in sorted key order, each entry's name, dtype and
+The digest (:func:`copes_lib.bases.state_digest`) hashes the state dict in sorted key order, each entry's name, dtype and
 shape before its raw bytes, so a renamed, retyped or reshaped tensor changes it as surely as a changed value.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from copes_lib import runs
+from copes_lib.bases import state_digest
 
 SUBSTRATE_NOTEBOOK = "01_substrate_and_agent"
-
-
-def state_digest(model_or_state: torch.nn.Module | Mapping[str, torch.Tensor]) -> str:
-    """sha256 of a state dict: for each key in sorted order, the key, the dtype, the shape, then the bytes.
-
-    >>> a = {"w": torch.zeros(2, 3), "b": torch.ones(3)}
-    >>> state_digest(a) == state_digest(dict(reversed(list(a.items()))))  # canonical order
-    True
-    >>> state_digest(a) == state_digest({"w": torch.zeros(3, 2), "b": torch.ones(3)})  # the shape counts
-    False
-    >>> state_digest(a) == state_digest({"w": torch.zeros(2, 3, dtype=torch.float64), "b": torch.ones(3)})
-    False
-    """
-    state = model_or_state.state_dict() if isinstance(model_or_state, torch.nn.Module) else model_or_state
-    h = hashlib.sha256()
-    for key in sorted(state):
-        tensor = state[key].detach().cpu().contiguous()
-        h.update(f"{key}\0{tensor.dtype}\0{tuple(tensor.shape)}\0".encode())
-        h.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
 
 
 def digest_key(kind: str, seed: int) -> str:

@@ -131,6 +131,9 @@ class SubstrateNotebookParams(NotebookParams):
     BUILD_JOBS: int = param(2, "processes that build 01's bases and preflights at once, one thread each (1: in "
                             "this process, one after another; the runner gives 01 this many of its JOBS slots, at "
                             "most JOBS: docs/cost.md)", ge=1)
+    REBUILD_BASES: bool = param(False, "retrain each base loaded from bases/<profile>/ (the shipped bases) in a "
+                                "temporary cache and compare bitwise: equal, or differs (CPU vendor X vs Y); "
+                                "make reproduce REBUILD_BASES=1 turns it on too (docs/reproducibility.md#shipped-bases)")
     PREFLIGHT: bool = param(True, "measure the testbed's preconditions on the base (docs/preflight.md; the gpu "
                             "profile has no tuning split: off there)")
     PREFLIGHT_ENFORCE: bool = param(True, "a failed preflight stops make reproduce after this notebook (off in smoke, "
