@@ -545,8 +545,8 @@ def test_a_notebook_that_runs_its_own_processes_takes_its_slots(tmp_path, monkey
     monkeypatch.setattr(cli, "NEEDS", {"01_wide": (), "02_a": (), "03_b": ()})
     monkeypatch.setitem(cli.SLOTS, "01_wide", "BUILD_JOBS")
     plain = cli.notebook_parameters
-    monkeypatch.setattr(cli, "notebook_parameters", lambda profile, stem, force: {
-        **plain(profile, stem, force), **({"BUILD_JOBS": 2} if stem == "01_wide" else {})})
+    monkeypatch.setattr(cli, "notebook_parameters", lambda profile, stem, force, extra=None: {
+        **plain(profile, stem, force, extra), **({"BUILD_JOBS": 2} if stem == "01_wide" else {})})
     kwargs = {"notebooks_dir": notebooks, "reports_dir": tmp_path / "reports", "results_root": tmp_path / "r",
               "figures_root": tmp_path / "f"}
     assert cli.run_suite("smoke", jobs=2, **kwargs) == 0
