@@ -1,12 +1,26 @@
 """Command line of the suite: run the notebooks under a profile, or validate a profile.
 
-    python -m copes_lib.cli run --profile cpu [--only 02,03] [--force] [--rerun-failed] [--jobs 2] [--verbose] [--wait]
+    python -m copes_lib.cli run --profile cpu [--part paper-a | --only 02,03] [--force] [--rerun-failed] [--jobs 2]
+                                [--verbose] [--wait] [--unchecked-bases]
     python -m copes_lib.cli validate --profile smoke
     python -m copes_lib.cli report --profile cpu      # render reports/<profile>/ from the results there, run nothing
 
 ``run`` validates the profile's parameters for every selected notebook before anything runs, then
 executes each ``notebooks/NN_*.ipynb`` with papermill (kernel ``python3``, working directory
 ``notebooks/``, parameters = the profile's section + ``PROFILE`` (+ ``FORCE``)).
+
+Parts (:data:`PARTS`, issue 47 decision 1): ``--part paper-a|paper-b|study|norm-curve`` runs one; without
+``--part`` or ``--only`` every part runs, one after another (so that each part's wall time is its own), and each
+part's run is recorded in ``results/<profile>/suite_run.json`` (:func:`record_suite_run`). ``--only`` runs the
+named notebooks, outside any part, and records nothing there.
+
+The base gate (issue 47 decision 3, :mod:`copes_lib.protocols.base_gate`): before anything runs, the runner asks
+which of notebook 01's bases the run may use (the recorded 5-seed check of the run's recipe, on a profile that
+enforces the preflight); once 01 has run, its summary adds the kinds whose own preflight failed. A notebook that
+trains on a closed kind's base (:func:`copes_lib.protocols.notebooks.base_kinds`: 02-06 math, 07 QA) is not run:
+its status is ``skipped`` with the reason, in ``status.json``, one console line, the part's record and the HTML
+index. Everything else runs (00, 08, 09, paper B, and 99, which tabulates what exists). A skip is not a failure:
+it leaves the exit status alone.
 
 Order: a notebook starts once the notebooks it reads from have finished (:data:`NEEDS`; an
 unregistered notebook waits for every lower-numbered one); of the notebooks ready at once, the one with
@@ -21,7 +35,7 @@ another in number order. Executed notebooks
 and their HTML land in ``reports/<profile>/``; a failing notebook does not stop the others. Each
 notebook's status, duration and failing cell go to ``reports/<profile>/status.json`` (written
 atomically after every notebook), and ``reports/<profile>/index.html`` links everything. The exit
-status is 1 if any notebook failed.
+status is 1 if any notebook failed, else 0 (skipped notebooks included: the last lines name them and why).
 
 Console: one line when a notebook starts and one when it ends (status, duration); each notebook's full
 output (papermill's log of its cells) goes to ``reports/<profile>/logs/<NN_topic>.log``, whose path is
@@ -36,7 +50,8 @@ second run of the same profile refuses at once, naming the holder (pid, start ti
 ``interrupted`` before it exits, so ``status.json`` never says ``running`` for a run that is over.
 
 Statuses: ``ok``, ``failed``, ``interrupted`` (the run stopped while the notebook ran; ``--rerun-failed``
-treats it as failed, and ``running`` too, which only a run in progress shows).
+treats it as failed, and ``running`` too, which only a run in progress shows), ``skipped`` (the base gate; not
+rerun by ``--rerun-failed``: a plain run decides again).
 """
 
 from __future__ import annotations
@@ -60,6 +75,7 @@ from pathlib import Path
 from typing import Any
 
 from copes_lib import claims, config, report, runs, threads
+from copes_lib.protocols import base_gate
 from copes_lib.protocols import notebooks as suite
 
 # What each notebook reads from the others: suite.NEEDS (copes_lib/protocols/notebooks.py).
@@ -67,9 +83,11 @@ NEEDS = suite.NEEDS
 # Notebooks that run processes of their own and the parameter that says how many: suite.SLOTS.
 SLOTS = suite.SLOTS
 
-# Notebooks with a budget of their own under a profile: a run without --only leaves them out and says so;
-# `make reproduce ONLY=09` (then ONLY=99 to refresh the claims) runs them (docs/cost.md).
-OWN_BUDGET: dict[str, tuple[str, ...]] = {"cpu": ("09_scale_study",)}
+# The suite's parts and the parameters a part sets: suite.PARTS, suite.PART_PARAMS (copes_lib/protocols/notebooks.py).
+PARTS = suite.PARTS
+PART_PARAMS = suite.PART_PARAMS
+OTHER_PART = "other"  # a full run's last part: discovered notebooks no part names (unregistered ones)
+SUBSTRATE = "01_substrate_and_agent"  # builds the bases; its summary says which kinds it did not build
 
 # what --rerun-failed reruns: a failure, or a notebook a stopped run left unfinished
 UNFINISHED = ("failed", "interrupted", "running")
@@ -80,22 +98,26 @@ NOTEBOOK_PATTERN = re.compile(r"^(\d{2})_[A-Za-z0-9_]+\.ipynb$")
 KERNEL = "python3"
 
 
-def preflight_halt(profile: str, stem: str, results_root: Path | str | None = None) -> str | None:
-    """Why the run must stop after ``stem``, or None: notebook 01's summary says its preflight was enforced and
-    failed (docs/preflight.md#p1-the-preconditions), so the later notebooks could only tabulate zeros."""
-    if stem != "01_substrate_and_agent":
-        return None
+def substrate_gate(profile: str, parameters01: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Notebook 01's gate per kind under ``profile`` with the parameters the run injects into 01
+    (:func:`copes_lib.protocols.base_gate.decide_for`): which bases 01 builds, and why not."""
+    params = config.build(suite.params_class(SUBSTRATE), {**parameters01, "PROFILE": profile},
+                          source=f"parameters of {SUBSTRATE}")
+    return base_gate.decide_for(params)
+
+
+def closed_after(profile: str, stem: str, record: dict[str, Any],
+                 results_root: Path | str | None = None) -> dict[str, str]:
+    """The kinds whose notebooks must be skipped once ``stem`` has run: for 01, when it ended ``ok``, the kinds it
+    did not build or whose enforced preflight failed (:func:`copes_lib.protocols.base_gate.closed_kinds` on the
+    summary it just wrote), each with the reason; {} otherwise (a failed 01 wrote no new summary)."""
+    if stem != SUBSTRATE or record.get("status") != "ok":
+        return {}
     path = Path(results_root or runs.RESULTS_ROOT) / profile / stem / "summary.json"
     try:
-        summary = runs.read_json(path)
+        return base_gate.closed_kinds(runs.read_json(path))
     except (OSError, ValueError):
-        return None
-    if summary.get("preflight_enforced") and summary.get("preflight_met") is False:
-        failed = ", ".join(summary.get("preflight_failed") or [])
-        return (f"the testbed's preflight failed ({failed}; {path}): no method could show a difference on this base "
-                "(docs/preflight.md). Change the base design (registered first in docs/preflight.md), or run single "
-                "notebooks with ONLY=... (their claims then read 'not actionable')")
-    return None
+        return {}
 
 
 def discover_notebooks(notebooks_dir: Path) -> list[Path]:
@@ -198,11 +220,12 @@ def notebook_slots(parameters: dict[str, dict[str, Any]], jobs: int) -> dict[str
     return slots
 
 
-def notebook_parameters(profile: str, stem: str, force: bool) -> dict[str, Any]:
-    """The parameters injected into ``stem``, validated. Unregistered notebooks get PROFILE only."""
+def notebook_parameters(profile: str, stem: str, force: bool, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The parameters injected into ``stem``, validated: the profile's section, then ``extra`` (a part's
+    :data:`PART_PARAMS`, the run's ``UNCHECKED_BASES``). Unregistered notebooks get PROFILE only."""
     values: dict[str, Any] = {}
     if stem in suite.NOTEBOOKS:
-        values = dict(suite.profile_params(profile, stem))
+        values = {**suite.profile_params(profile, stem), **(extra or {})}
         config.build(suite.params_class(stem), {**values, "PROFILE": profile},
                      source=f"parameters in profiles/{profile}.yaml")
     values["PROFILE"] = profile
@@ -425,6 +448,25 @@ def run_one(path: Path, parameters: dict[str, Any], reports_dir: Path, cwd: Path
     return record
 
 
+def part_plan(discovered: list[Path], part: str | None) -> list[tuple[str, list[Path]]]:
+    """The parts to run, in order, each with its discovered notebooks: ``part`` alone, or (None) every part of
+    :data:`PARTS` and then :data:`OTHER_PART`, the discovered notebooks no part names (none in the suite itself;
+    a folder of unregistered notebooks is one such part). A part none of whose notebooks is discovered is left out."""
+    names = [part] if part else list(PARTS)
+    plan = []
+    for name in names:
+        stems = suite.part_notebooks(name)  # an unknown name: a one-line error naming the valid values
+        chosen = [p for p in discovered if p.stem in stems]
+        if chosen:
+            plan.append((name, chosen))
+    if part is None:
+        named = {stem for stems in PARTS.values() for stem in stems}
+        other = [p for p in discovered if p.stem not in named]
+        if other:
+            plan.append((OTHER_PART, other))
+    return plan
+
+
 def run_suite(
     profile: str,
     only: str | None = None,
@@ -437,30 +479,45 @@ def run_suite(
     jobs: int = 1,
     verbose: bool = False,
     wait: bool = False,
+    part: str | None = None,
+    unchecked_bases: bool = False,
 ) -> int:
-    """Run the selected notebooks under ``profile``; return the exit status (1 if any failed).
+    """Run the selected notebooks under ``profile``; return the exit status (1 if any failed; a notebook skipped by
+    the base gate is not a failure).
 
-    Holds the profile's lock (:func:`profile_lock`; ``wait``: queue behind a run that holds it) from the
-    first read of ``status.json`` to the index. ``verbose``: stream every notebook's output to the
-    console too (it always goes to ``reports/<profile>/logs/``)."""
+    ``only`` names notebooks; else ``part`` (one of :data:`PARTS`) or, with neither, every part one after another,
+    each recorded in ``suite_run.json`` (:func:`record_suite_run`). ``unchecked_bases``: 01 builds the bases whose
+    check did not pass anyway (``UNCHECKED_BASES``), and nothing is skipped for it. Holds the profile's lock
+    (:func:`profile_lock`; ``wait``: queue behind a run that holds it) from the first read of ``status.json`` to
+    the index. ``verbose``: stream every notebook's output to the console too (it always goes to
+    ``reports/<profile>/logs/``)."""
     if not isinstance(jobs, int) or jobs < 1:
         raise config.ConfigError(f"jobs = {jobs!r}: must be an integer >= 1 (notebooks run at once)")
+    if only and part:
+        raise config.ConfigError(f"PART = {part!r} and ONLY = {only!r} cannot be combined: a part is a set of "
+                                 "notebooks; give one or the other")
     notebooks_dir = Path(notebooks_dir or config.REPO_ROOT / "notebooks").resolve()
     reports_dir = Path(reports_dir or runs.REPORTS_ROOT / profile).resolve()
     suite.load_profile(profile)  # unknown profile or unknown notebook sections fail here
     discovered = discover_notebooks(notebooks_dir)
-    notebooks = select(discovered, only)
-    if not only:
-        apart = [p.stem for p in notebooks if p.stem in OWN_BUDGET.get(profile, ())]
-        notebooks = [p for p in notebooks if p.stem not in apart]
-        for stem in apart:
-            print(f"[suite] {stem} has a budget of its own under {profile} and is not run by default: "
-                  f"`make reproduce PROFILE={profile} ONLY={stem[:2]}` runs it (docs/cost.md)",
-                  flush=True)
-    default_selection = [p for p in discovered if p.stem not in OWN_BUDGET.get(profile, ())]
+    plan = [(None, select(discovered, only))] if only else part_plan(discovered, part)
+    extra01 = {"UNCHECKED_BASES": True} if unchecked_bases else {}
     # Validate everything first, so a typo in a profile fails before an hour of work.
-    parameters = {p.stem: notebook_parameters(profile, p.stem, force) for p in notebooks}
-    slots = notebook_slots(parameters, jobs)
+    parameters = {name: {p.stem: notebook_parameters(profile, p.stem, force, {
+        **PART_PARAMS.get(name or "", {}).get(p.stem, {}), **(extra01 if p.stem == SUBSTRATE else {})})
+        for p in notebooks} for name, notebooks in plan}
+    slots = {name: notebook_slots(values, jobs) for name, values in parameters.items()}
+    # which of 01's bases this run may use: decided before anything runs, whether or not 01 is selected, so that
+    # `ONLY=02` never trains a base whose check did not pass either
+    gate = substrate_gate(profile, notebook_parameters(profile, SUBSTRATE, force, extra01))
+    closed = {kind: f"{g['state']}: {g['reason']} ({g['command'] if g['state'] == base_gate.NOT_CHECKED else 'rejected'})"
+              for kind, g in gate.items() if not g["build"]}
+    for values in parameters.values():
+        for stem, (kind, instead) in suite.WITHOUT_BASE.items():
+            changed = {k: v for k, v in instead.items() if stem in values and values[stem].get(k) != v}
+            if kind in closed and changed:
+                values[stem].update(changed)
+                print(f"[suite] {stem} runs with {changed}: the {kind} base is closed ({closed[kind]})", flush=True)
     with profile_lock(profile, results_root, wait=wait), _signals_interrupt(), _papermill_logs(verbose):
         status_path = reports_dir / "status.json"
         status = load_status(status_path)
@@ -470,35 +527,58 @@ def run_suite(
         if tidied and status["notebooks"]:
             reports_dir.mkdir(parents=True, exist_ok=True)
             _write_or_warn(runs.atomic_write_json, status_path, status)
-        if rerun_failed:
-            previous = status["notebooks"]
-            notebooks = [p for p in notebooks if previous.get(p.stem, {}).get("status") in UNFINISHED]
-            if not notebooks:
-                print(f"[suite] --rerun-failed: no failed notebook in {status_path}; nothing to run", flush=True)
-        for p in notebooks:
-            if p.stem not in suite.NOTEBOOKS:
-                print(f"[suite] warning: {p.stem} is not registered in copes_lib.protocols.notebooks.NOTEBOOKS; "
-                      "its parameters are not validated here", flush=True)
+        for _, notebooks in plan:
+            for p in notebooks:
+                if p.stem not in suite.NOTEBOOKS:
+                    print(f"[suite] warning: {p.stem} is not registered in copes_lib.protocols.notebooks.NOTEBOOKS; "
+                          "its parameters are not validated here", flush=True)
+        if unchecked_bases:
+            print("[suite] UNCHECKED_BASES: 01 builds every base, checked or not; the claims on a base whose check did "
+                  f"not pass read 'not checked'{'' if any(p.stem == SUBSTRATE for _, nbs in plan for p in nbs) else ' (01 is not in this run: its last summary decides which)'}",
+                  flush=True)
         reports_dir.mkdir(parents=True, exist_ok=True)
         status.update(profile=profile, notebooks_dir=str(notebooks_dir))
-        return _run_locked(profile, notebooks, discovered, default_selection, parameters, status, status_path,
-                           only=only, force=force, rerun_failed=rerun_failed, notebooks_dir=notebooks_dir,
-                           reports_dir=reports_dir, results_root=results_root, figures_root=figures_root, jobs=jobs,
-                           verbose=verbose, slots=slots)
+        code = 0
+        for name, notebooks in plan:
+            if rerun_failed:
+                previous = status["notebooks"]
+                notebooks = [p for p in notebooks if previous.get(p.stem, {}).get("status") in UNFINISHED]
+                if not notebooks:
+                    print(f"[suite] --rerun-failed: no failed notebook{f' of part {name}' if name else ''} in "
+                          f"{status_path}; nothing to run", flush=True)
+                    continue
+            if name and len(plan) > 1 or part:
+                print(f"[suite] part {name}: {', '.join(p.stem for p in notebooks)}", flush=True)
+            code = max(code, _run_locked(
+                profile, notebooks, discovered, parameters[name], status, status_path, part=name, closed=closed,
+                force=force, rerun_failed=rerun_failed, notebooks_dir=notebooks_dir, reports_dir=reports_dir,
+                results_root=results_root, figures_root=figures_root, jobs=jobs, verbose=verbose, slots=slots[name]))
+        return code
 
 
-def _run_locked(profile: str, notebooks: list[Path], discovered: list[Path], default_selection: list[Path],
+def _skip_record(reason: str, parameters: dict[str, Any]) -> dict[str, Any]:
+    """status.json's record of a notebook skipped by the base gate (not a failure: nothing ran)."""
+    now = _now()
+    return {"status": "skipped", "skipped": reason, "started": now, "ended": now, "duration_s": 0.0,
+            "parameters": parameters, "executed": None, "html": None, "error": None, "log": None}
+
+
+def _run_locked(profile: str, notebooks: list[Path], discovered: list[Path],
                 parameters: dict[str, dict[str, Any]], status: dict[str, Any], status_path: Path, *,
-                only: str | None, force: bool, rerun_failed: bool, notebooks_dir: Path, reports_dir: Path,
-                results_root: str | Path | None, figures_root: str | Path | None, jobs: int,
+                part: str | None, closed: dict[str, str], force: bool, rerun_failed: bool, notebooks_dir: Path,
+                reports_dir: Path, results_root: str | Path | None, figures_root: str | Path | None, jobs: int,
                 verbose: bool = False, slots: dict[str, int] | None = None) -> int:
-    """The body of :func:`run_suite`, with the profile's lock held. ``slots``: how many of the ``jobs`` slots
-    each notebook takes (:func:`notebook_slots`; 1 when not given)."""
+    """The body of :func:`run_suite` for one part (``part`` None: an ``--only`` selection), with the profile's
+    lock held. ``closed``: the kinds of 01's base this run may not use, with the reason (more are added when 01
+    runs and its summary closes them). ``slots``: how many of the ``jobs`` slots each notebook takes
+    (:func:`notebook_slots`; 1 when not given)."""
     slots = slots or {}
+    closed = dict(closed)
     total = len(notebooks)
     suite_t0, suite_started, code = time.perf_counter(), _now(), runs.git_state()
     lock = threading.Lock()
     started = [0]
+    skipped: dict[str, str] = {}
 
     def run_notebook(path: Path) -> None:
         with lock:
@@ -524,12 +604,28 @@ def _run_locked(profile: str, notebooks: list[Path], discovered: list[Path], def
                     line += f"; full output: {reports_dir / record['log']}"
             print(line, flush=True)
 
+    def skip_closed() -> None:
+        """Take the pending notebooks on a closed kind out of the run, each recorded and said in one line."""
+        for path in list(pending):
+            kinds = [k for k in suite.base_kinds(path.stem, parameters.get(path.stem)) if k in closed]
+            if not kinds:
+                continue
+            pending.remove(path)
+            finished.add(path.stem)  # what waits on it runs (99 tabulates what exists) or is skipped by its own kind
+            reason = f"uses the {kinds[0]} base: {closed[kinds[0]]}"
+            skipped[path.stem] = reason
+            with lock:
+                status["notebooks"][path.stem] = _skip_record(reason, parameters[path.stem])
+                for stale in (reports_dir / path.name, (reports_dir / path.name).with_suffix(".html")):
+                    stale.unlink(missing_ok=True)  # never show a previous run's output for a notebook not run
+                _write_or_warn(runs.atomic_write_json, status_path, status)
+            print(f"[suite] {path.stem} SKIPPED (not a failure): {reason}", flush=True)
+
     waiting = needs(notebooks)
     priority = critical_paths(waiting, notebook_costs(profile, results_root))
     # the longest critical path first; number order among equals (and for --jobs 1, one after another)
     pending = sorted(notebooks, key=lambda p: (-priority[p.stem], p.stem)) if jobs > 1 else list(notebooks)
     finished: set[str] = set()
-    halted: list[str] = []  # the preflight's reason, and the notebooks it left unrun
     ended: queue.Queue[tuple[str, BaseException | None]] = queue.Queue()
 
     def worker(path: Path) -> None:
@@ -542,6 +638,7 @@ def _run_locked(profile: str, notebooks: list[Path], discovered: list[Path], def
     running: set[str] = set()
     try:
         with _kernel_threads(jobs):
+            skip_closed()
             while pending or running:
                 for path in [p for p in pending if waiting[p.stem] <= finished]:
                     held = sum(slots.get(stem, 1) for stem in running)
@@ -551,18 +648,21 @@ def _run_locked(profile: str, notebooks: list[Path], discovered: list[Path], def
                     running.add(path.stem)
                     # daemon threads: a stopped run exits at once (its kernels follow, ipykernel's parent poller)
                     threading.Thread(target=worker, args=(path,), name=f"suite-{path.stem}", daemon=True).start()
-                if not running:  # cannot happen with an acyclic NEEDS; fail loudly rather than hang
+                if not running:
+                    if not pending:
+                        break
+                    # cannot happen with an acyclic NEEDS; fail loudly rather than hang
                     raise RuntimeError(f"notebooks {[p.stem for p in pending]} wait on each other: check NEEDS")
                 stem, exc = ended.get()
                 running.discard(stem)
                 if exc is not None:
                     raise exc
                 finished.add(stem)
-                reason = None if only else preflight_halt(profile, stem, results_root)
-                if reason and pending:
-                    halted[:] = [reason, *(p.stem for p in pending)]
-                    pending.clear()
-                    print(f"[suite] STOPPING after {stem}: {reason}. Not run: {', '.join(halted[1:])}", flush=True)
+                more = {k: v for k, v in closed_after(profile, stem, status["notebooks"][stem], results_root).items()
+                        if k not in closed}
+                if more:
+                    closed.update(more)
+                    skip_closed()
     except BaseException as exc:  # Ctrl-C, SIGTERM, a runner bug: status.json must not say "running"
         with lock:
             stopped = [stem for stem, rec in status["notebooks"].items() if rec.get("status") == "running"]
@@ -584,17 +684,19 @@ def _run_locked(profile: str, notebooks: list[Path], discovered: list[Path], def
         index = reports_dir / "index.html"
         print(f"[suite] error: could not write {exc.filename or index} ({os.strerror(exc.errno) if exc.errno else exc}); "
               "free space and run `python -m copes_lib.cli report` to write it again", file=sys.stderr, flush=True)
-    failed = [p.stem for p in notebooks if p.stem not in halted[1:] and status["notebooks"][p.stem]["status"] != "ok"]
-    if halted:
-        print(f"[suite] STOPPED by the preflight: {halted[0]}", flush=True)
-        return 2
-    if not only and not rerun_failed and notebooks == default_selection:
+    failed = [p.stem for p in notebooks if status["notebooks"][p.stem]["status"] not in ("ok", "skipped")]
+    if part and not rerun_failed:
         suite_run = Path(results_root or runs.RESULTS_ROOT) / profile / "suite_run.json"
         _write_or_warn(lambda path: record_suite_run(
-            path, profile=profile, jobs=jobs, force=force, code=code, started=suite_started,
-            wall_s=time.perf_counter() - suite_t0, notebooks=status["notebooks"]), suite_run)
-    print(f"[suite] {total} notebook(s) run in {time.perf_counter() - suite_t0:.1f}s; "
-          f"report: {index}", flush=True)
+            path, profile=profile, part=part, jobs=jobs, force=force, code=code, started=suite_started,
+            wall_s=time.perf_counter() - suite_t0, notebooks={p.stem: status["notebooks"][p.stem] for p in notebooks}),
+            suite_run)
+    ran = total - len(skipped)
+    print(f"[suite] {ran} notebook(s) run{f' in part {part}' if part else ''} in "
+          f"{time.perf_counter() - suite_t0:.1f}s; report: {index}", flush=True)
+    if skipped:
+        print(f"[suite] SKIPPED by the base gate, not failures ({len(skipped)}): {', '.join(skipped)}; why: "
+              + "; ".join(f"{kind}: {reason}" for kind, reason in closed.items()), flush=True)
     if failed:
         logs = [str(reports_dir / status["notebooks"][s]["log"]) for s in failed if status["notebooks"][s].get("log")]
         print(f"[suite] FAILED: {', '.join(failed)} (details in {status_path}; "
@@ -604,17 +706,41 @@ def _run_locked(profile: str, notebooks: list[Path], discovered: list[Path], def
     return 0
 
 
-def record_suite_run(path: Path, *, profile: str, jobs: int, force: bool, code: dict[str, Any], started: str,
-                     wall_s: float, notebooks: dict[str, dict[str, Any]]) -> None:
-    """Provenance of the last complete run of the suite (every notebook, one command), written beside
-    the results it produced: the commit, the settings, and each notebook's status and duration."""
-    runs.atomic_write_json(path, {
-        "profile": profile, **code, "jobs": jobs, "force": force, "cpu_count": os.cpu_count(),
+SUITE_RUN_ROW = ("status", "started", "ended", "duration_s", "skipped")  # what suite_run.json keeps per notebook
+
+
+def record_suite_run(path: Path, *, profile: str, part: str, jobs: int, force: bool, code: dict[str, Any],
+                     started: str, wall_s: float, notebooks: dict[str, dict[str, Any]]) -> None:
+    """Record one part's run in ``suite_run.json``, beside the results it produced: its wall time, start and end,
+    the commit (and whether the tree was dirty), the recipe overlay, the settings, and each notebook's status and
+    duration (a skipped one with its reason). The file keeps every part's last run (``parts``; merged, never
+    another part's entry lost) and, under ``notebooks``, each notebook's row from the last part that ran it (the
+    runner's costs and the report read those). A file of the layout before parts is kept whole under
+    ``before_parts``. Written atomically."""
+    try:
+        record = runs.read_json(path) if path.exists() else {}
+    except (OSError, ValueError) as exc:
+        kept = path.with_name(path.name + ".unreadable")
+        os.replace(path, kept)
+        print(f"[suite] warning: {path} cannot be read ({exc}); kept as {kept}, a fresh record started", flush=True)
+        record = {}
+    if not isinstance(record, dict):
+        record = {}
+    if "notebooks" in record and "parts" not in record:  # one complete run, before parts existed
+        record = {"before_parts": record}
+    rows = {stem: {k: rec.get(k) for k in SUITE_RUN_ROW if k in rec or k != "skipped"}
+            for stem, rec in sorted(notebooks.items())}
+    record.setdefault("parts", {})[part] = {
+        **code, "recipe": config.active_recipe(), "jobs": jobs, "force": force, "cpu_count": os.cpu_count(),
         "threads_per_kernel": _threads_per_kernel(jobs), "started": started, "ended": _now(),
-        "wall_s": round(wall_s, 1),
-        "notebooks": {stem: {k: rec.get(k) for k in ("status", "started", "ended", "duration_s")}
-                      for stem, rec in sorted(notebooks.items())},
-    })
+        "wall_s": round(wall_s, 1), "notebooks": rows,
+    }
+    merged = dict((record.get("before_parts") or {}).get("notebooks") or {})
+    for entry in sorted(record["parts"].values(), key=lambda e: str(e.get("ended"))):  # the latest run of each wins
+        merged.update(entry["notebooks"])
+    record.update(profile=profile, notebooks=dict(sorted(merged.items())),
+                  started=min(str(e.get("started")) for e in record["parts"].values()))
+    runs.atomic_write_json(path, record)
 
 
 _CURRENT = threading.local()  # the notebook a runner thread executes, to label its log lines
@@ -720,6 +846,11 @@ def main(argv: list[str] | None = None) -> int:
                      "starts and ends; the full output is in reports/<profile>/logs/<notebook>.log)")
     run.add_argument("--wait", action="store_true",
                      help="if another run of this profile is in progress, wait for it (default: refuse, naming it)")
+    run.add_argument("--part", default=None, help=f"run one part of the suite: {', '.join(PARTS)} (default: every "
+                     "part, one after another; each recorded in results/<profile>/suite_run.json)")
+    run.add_argument("--unchecked-bases", action="store_true",
+                     help="exploration: 01 builds the bases whose 5-seed check did not pass anyway; their claims read "
+                     "'not checked'")
     rerender = sub.add_parser("report", help="render reports/<profile>/ (HTML + index) from the executed notebooks "
                               "there, or from the committed results/<profile>/ and figures/<profile>/; runs nothing")
     rerender.add_argument("--profile", default="cpu", choices=config.PROFILES)
@@ -745,7 +876,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         return run_suite(args.profile, only=args.only, force=args.force, rerun_failed=args.rerun_failed,
                          notebooks_dir=args.notebooks_dir, reports_dir=args.reports_dir, jobs=args.jobs,
-                         verbose=args.verbose, wait=args.wait)
+                         verbose=args.verbose, wait=args.wait, part=args.part,
+                         unchecked_bases=args.unchecked_bases)
     except SuiteBusyError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 3

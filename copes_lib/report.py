@@ -285,7 +285,8 @@ def _figures(figures_root: Path, profile: str, stem: str) -> list[Path]:
 
 _VERDICT_CLASS = {claims.AGREES: "agrees", claims.PARTLY: "partly", claims.DISAGREES: "disagrees",
                   claims.OPPOSITE: "opposite", claims.INCONCLUSIVE: "inconclusive",
-                  claims.NOT_IN_REGIME: "notinregime", claims.NOT_ACTIONABLE: "notinregime", claims.MISSING: "missing",
+                  claims.NOT_IN_REGIME: "notinregime", claims.NOT_ACTIONABLE: "notinregime",
+                  claims.NOT_CHECKED: "notinregime", claims.MISSING: "missing",
                   "stale": "missing"}  # claims.STALE: results older than a notebook they build on
 
 _CSS = """
@@ -299,6 +300,7 @@ body.cr { font-family: system-ui, sans-serif; margin: 0 auto; padding: 1.5em 2em
 .cr .ok { color: #11691b; font-weight: 600; }
 .cr .failed, .cr .running, .cr .interrupted { color: #b00020; font-weight: 600; }
 .cr .notrun { color: #888; }
+.cr .skipped { color: #8a5a00; font-weight: 600; }
 .cr .src { color: #555; font-size: 85%; font-weight: normal; overflow-wrap: anywhere; }
 .cr .err { font-family: monospace; font-size: 85%; white-space: pre-wrap; color: #b00020; }
 .cr .what { color: #555; font-size: 90%; }
@@ -397,6 +399,8 @@ def render_index(
                          for f in _figures(figures_root, profile, stem))
         err = rec.get("error")
         err_html = ""
+        if rec.get("skipped"):  # by the base gate (copes_lib/protocols/base_gate.py): why, in its words
+            err_html = f'<div class="err">{html.escape(str(rec["skipped"]))}</div>'
         if err:
             first = (err.get("evalue") or "").splitlines()[:1]
             err_html = (f'<div class="err">cell {err.get("cell_index")} (In [{err.get("exec_count")}]): '
@@ -447,7 +451,7 @@ def render_index(
 <style>{_CSS}</style></head><body class="cr">
 <h1>Reproducibility suite: profile <code>{html.escape(profile)}</code></h1>
 <p>{counts.get('ok', 0)} ok, {counts.get('failed', 0) + counts.get('running', 0) + counts.get('interrupted', 0)} failed or interrupted,
-of {len(stems)} notebook(s). Claims: {verdict_text or 'none judged yet'}.</p>
+{f"{counts['skipped']} skipped (the base gate: a base whose check did not pass is not used; not failures), " if counts.get('skipped') else ''}of {len(stems)} notebook(s). Claims: {verdict_text or 'none judged yet'}.</p>
 {_problems_html(problems)}
 <p class="note">Ours = this profile's <code>results/{html.escape(profile)}/*/summary.json</code>; paper = the
 papers' own figures (docs/paper_a_copes.md, docs/paper_b_molora.md). Our models are about 1000x smaller

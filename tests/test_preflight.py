@@ -156,21 +156,30 @@ def test_preflight_fails_on_a_base_whose_protocol_is_deterministic():
     assert report["units"]["units"] == 16  # the 16 tuning problems: one subject each
 
 
-def test_runner_stops_after_01_only_when_an_enforced_preflight_failed(tmp_path):
+def test_runner_skips_the_kind_whose_enforced_preflight_failed_in_01(tmp_path):
+    """Issue 47 decision 3: a failed preflight of one kind closes that kind only (the runner then skips the
+    notebooks on its base, tests/test_runner.py); not enforced (smoke), met, or a 01 that failed closes nothing."""
     from copes_lib import cli, runs
 
     folder = tmp_path / "cpu" / "01_substrate_and_agent"
     folder.mkdir(parents=True)
+    ok = {"status": "ok"}
     runs.atomic_write_json(folder / "summary.json", {"preflight_enforced": True, "preflight_met": False,
+                                                     "preflight_math_met": False, "preflight_qa_met": True,
                                                      "preflight_failed": ["math G2"]})
-    reason = cli.preflight_halt("cpu", "01_substrate_and_agent", tmp_path)
-    assert reason and "math G2" in reason and "docs/preflight.md" in reason
-    assert cli.preflight_halt("cpu", "02_standard_es", tmp_path) is None
-    runs.atomic_write_json(folder / "summary.json", {"preflight_enforced": False, "preflight_met": False})
-    assert cli.preflight_halt("cpu", "01_substrate_and_agent", tmp_path) is None  # smoke: reported, not enforced
-    runs.atomic_write_json(folder / "summary.json", {"preflight_enforced": True, "preflight_met": True})
-    assert cli.preflight_halt("cpu", "01_substrate_and_agent", tmp_path) is None
-
+    closed = cli.closed_after("cpu", "01_substrate_and_agent", ok, tmp_path)
+    assert list(closed) == ["math"] and "math G2" in closed["math"] and "docs/preflight.md" in closed["math"]
+    assert cli.closed_after("cpu", "02_standard_es", ok, tmp_path) == {}
+    assert cli.closed_after("cpu", "01_substrate_and_agent", {"status": "failed"}, tmp_path) == {}  # no new summary
+    runs.atomic_write_json(folder / "summary.json", {"preflight_enforced": True, "preflight_met": False,
+                                                     "preflight_failed": ["qa R"]})  # before per-kind keys: both
+    assert sorted(cli.closed_after("cpu", "01_substrate_and_agent", ok, tmp_path)) == ["math", "qa"]
+    runs.atomic_write_json(folder / "summary.json", {"preflight_enforced": False, "preflight_met": False,
+                                                     "preflight_math_met": False})
+    assert cli.closed_after("cpu", "01_substrate_and_agent", ok, tmp_path) == {}  # smoke: reported, not enforced
+    runs.atomic_write_json(folder / "summary.json", {"preflight_enforced": True, "preflight_met": True,
+                                                     "preflight_math_met": True, "preflight_qa_met": True})
+    assert cli.closed_after("cpu", "01_substrate_and_agent", ok, tmp_path) == {}
 
 
 def _fake_report(values):

@@ -52,7 +52,7 @@ def test_a_preflight_does_not_touch_the_committed_measurement_unless_recorded(ro
 
 
 @pytest.mark.parametrize(("profile", "extra", "status", "said"), [
-    ("cpu", [], 2, "NOT ACTIONABLE: math G2. `make reproduce PROFILE=cpu` would stop after notebook 01"),
+    ("cpu", [], 2, "NOT ACTIONABLE: math G2. `make reproduce PROFILE=cpu` would skip the notebooks on that kind's base"),
     ("smoke", [], 0, "not actionable: math G2. Expected on the smoke profile"),
     ("smoke", ["--strict"], 2, "NOT ACTIONABLE: math G2."),
 ])

@@ -123,6 +123,8 @@ def test_bad_profile_fails_before_anything_runs(suite, tmp_path, monkeypatch, ca
         (["PROFILE=smoke", "ONLY=02,03", "FORCE=1", "RERUN_FAILED=1", "JOBS=1"],
          "-m copes_lib.cli run --profile smoke --jobs 1 --only 02,03 --force --rerun-failed\n"),
         (["PROFILE=gpu", "FORCE=0", "RERUN_FAILED=no"], "-m copes_lib.cli run --profile gpu --jobs 1\n"),
+        (["PART=paper-b", "UNCHECKED_BASES=1"], "-m copes_lib.cli run --profile cpu --jobs 2 --part paper-b --unchecked-bases\n"),
+        (["PART=norm-curve", "UNCHECKED_BASES=0"], "-m copes_lib.cli run --profile cpu --jobs 2 --part norm-curve\n"),
     ],
 )
 def test_make_reproduce_passes_options(options, expected):
@@ -165,8 +167,9 @@ def test_parallel_runs_respect_needs_and_run_the_summary_last(tmp_path, capsys):
     status = runs.read_json(tmp_path / "reports" / "status.json")["notebooks"]
     assert all(v["status"] == "ok" for v in status.values()) and len(status) == 5
     record = runs.read_json(tmp_path / "r" / "smoke" / "suite_run.json")  # a complete run leaves its provenance
-    assert record["jobs"] == 2 and set(record["notebooks"]) == set(status) and record["wall_s"] > 0
-    assert record["threads_per_kernel"] == expected_threads and "git_sha" in record
+    part = record["parts"][cli.OTHER_PART]  # notebooks no part names: the full run's last part
+    assert part["jobs"] == 2 and set(part["notebooks"]) == set(status) == set(record["notebooks"]) and part["wall_s"] > 0
+    assert part["threads_per_kernel"] == expected_threads and "git_sha" in part
     (tmp_path / "r" / "smoke" / "suite_run.json").unlink()
     assert cli.run_suite("smoke", only="01", jobs=2, **kwargs) == 0
     assert not (tmp_path / "r" / "smoke" / "suite_run.json").exists()  # a partial run is not a suite run
@@ -199,18 +202,129 @@ def test_ready_notebooks_start_by_critical_path_with_costs_of_the_last_suite_run
     assert cli.notebook_costs("smoke", tmp_path / "r") == {}
 
 
-def test_a_notebook_with_its_own_budget_runs_only_when_named(suite, monkeypatch, capsys):
-    """cpu's 09 has a budget of its own (docs/cost.md): a default run leaves it out and says how to run
-    it, still records a suite run; --only runs it."""
-    (suite["notebooks_dir"] / "fail.flag").unlink()
-    monkeypatch.setitem(cli.OWN_BUDGET, "smoke", ("02_broken",))
-    assert cli.run_suite("smoke", **suite) == 0
-    assert _ran(suite) == ["01_first", "03_last"]
-    assert "02_broken has a budget of its own under smoke" in capsys.readouterr().out
-    assert (suite["results_root"] / "smoke" / "suite_run.json").exists()  # the default selection is a suite run
-    assert cli.run_suite("smoke", only="02", **suite) == 0
-    assert _ran(suite) == ["01_first", "03_last", "02_broken"]
-    assert set(cli.OWN_BUDGET["cpu"]) <= set(cli.NEEDS)
+def _base_suite(tmp_path, summary01=None):
+    """Fake notebooks with the suite's own names (so the runner's NEEDS, parts and base kinds apply); the fake 01
+    writes ``summary01`` as its summary, as the real one does at its end."""
+    import json
+
+    notebooks, results = tmp_path / "notebooks", tmp_path / "results"
+    notebooks.mkdir()
+    for stem in registry.NOTEBOOKS:
+        body = ["x = 1"]
+        if stem == cli.SUBSTRATE and summary01 is not None:
+            target = results / "smoke" / stem / "summary.json"
+            body = [f"import json, pathlib\np = pathlib.Path({str(target)!r})\np.parent.mkdir(parents=True, "
+                    f"exist_ok=True)\np.write_text({json.dumps(summary01)!r})"]
+        _notebook(notebooks / f"{stem}.ipynb", *body)
+    return {"notebooks_dir": notebooks, "reports_dir": tmp_path / "reports", "results_root": results,
+            "figures_root": tmp_path / "figures"}
+
+
+MATH_NOTEBOOKS = ["02_standard_es", "03_copes", "04_grpo", "05_fixed_budget_math", "06_copes_ablations"]
+
+
+def test_a_failed_math_preflight_skips_exactly_the_math_notebooks_and_paper_b_still_runs(tmp_path, capsys):
+    """Issue 47 decision 3: 01's enforced preflight fails for math -> 02-06 skipped (not failures), 07 (QA), 00, 08
+    and 99 run; the skip is said per notebook on the console, in status.json, suite_run.json and the index."""
+    kwargs = _base_suite(tmp_path, {"preflight_enforced": True, "preflight_met": False, "preflight_math_met": False,
+                                    "preflight_qa_met": True, "preflight_failed": ["math E1", "math E2"]})
+    assert cli.run_suite("smoke", part="paper-a", jobs=2, **kwargs) == 0  # a skip is not a failure
+    ran = _ran(kwargs)
+    assert sorted(ran) == sorted(["00_suite_overview", cli.SUBSTRATE, "07_multihop_qa", "08_memory_and_gpu_hours",
+                                  "99_summary"])
+    assert ran[-1] == "99_summary"  # after everything, skipped ones included
+    status = runs.read_json(kwargs["reports_dir"] / "status.json")["notebooks"]
+    for stem in MATH_NOTEBOOKS:
+        assert status[stem]["status"] == "skipped" and "math base" in status[stem]["skipped"], stem
+        assert "math E1" in status[stem]["skipped"]
+    assert status["07_multihop_qa"]["status"] == "ok"
+    out = capsys.readouterr().out
+    assert sum(f"{stem} SKIPPED (not a failure)" in out for stem in MATH_NOTEBOOKS) == 5
+    assert "SKIPPED by the base gate, not failures (5)" in out and "FAILED" not in out
+    index = (kwargs["reports_dir"] / "index.html").read_text()
+    assert index.count("class='skipped'") == 5 and "math E1" in index and "5 skipped" in index
+    record = runs.read_json(kwargs["results_root"] / "smoke" / "suite_run.json")
+    part = record["parts"]["paper-a"]
+    assert set(part["notebooks"]) == set(registry.PARTS["paper-a"]) and part["wall_s"] > 0
+    assert part["notebooks"]["03_copes"]["status"] == "skipped" and "math E1" in part["notebooks"]["03_copes"]["skipped"]
+    assert {"git_sha", "git_dirty", "recipe", "started", "ended"} <= set(part)
+    # paper B never waits on paper A's preflight; its record joins paper A's, which it keeps
+    assert cli.run_suite("smoke", part="paper-b", jobs=2, **kwargs) == 0
+    assert sorted(_ran(kwargs)[len(ran):]) == sorted([*registry.PARTS["paper-b"]])
+    record = runs.read_json(kwargs["results_root"] / "smoke" / "suite_run.json")
+    assert set(record["parts"]) == {"paper-a", "paper-b"} and record["parts"]["paper-a"] == part
+    assert record["notebooks"]["03_copes"]["status"] == "skipped" and record["notebooks"]["12_molora_factorial"][
+        "status"] == "ok"
+
+
+@pytest.mark.parametrize(("summary01", "skipped"), [
+    ({"preflight_enforced": True, "preflight_met": False, "preflight_math_met": True, "preflight_qa_met": False,
+      "preflight_failed": ["qa R"]}, ["07_multihop_qa"]),
+    ({"preflight_enforced": True, "preflight_met": True, "preflight_math_met": True, "preflight_qa_met": True}, []),
+    ({"base_check_math": "not checked", "base_check_math_reason": "no check is recorded", "base_check_qa": "passed"},
+     ["02_standard_es"]),
+    ({"base_check_math": "unchecked", "base_check_qa": "unchecked", "preflight_enforced": False}, []),
+])
+def test_the_skip_follows_the_kind_01_closed(tmp_path, capsys, summary01, skipped):
+    """QA's preflight failed -> 07 skipped, 02 runs; nothing failed -> nothing skipped; a kind 01 did not build
+    (its 5-seed check) -> its notebooks skipped; built unchecked (the escape hatch) -> nothing skipped."""
+    kwargs = _base_suite(tmp_path, summary01)
+    assert cli.run_suite("smoke", only="01,02,07", **kwargs) == 0
+    status = runs.read_json(kwargs["reports_dir"] / "status.json")["notebooks"]
+    assert sorted(s for s, r in status.items() if r["status"] == "skipped") == skipped
+    assert sorted(_ran(kwargs)) == sorted({cli.SUBSTRATE, "02_standard_es", "07_multihop_qa"} - set(skipped))
+    assert capsys.readouterr().out.count("SKIPPED (not a failure)") == len(skipped)
+
+
+def test_a_closed_gate_skips_before_anything_runs_even_without_01(tmp_path, monkeypatch, capsys):
+    """The gate is decided before the run (the recorded 5-seed check), so ONLY=02,03 does not train a math base whose
+    check did not pass; the QA notebook and 08 run."""
+    kwargs = _base_suite(tmp_path)
+    gate = {"math": {"state": "not checked", "build": False, "reason": "no check is recorded",
+                     "command": "make preflight KINDS=math"},
+            "qa": {"state": "passed", "build": True, "reason": "checked", "command": "make preflight KINDS=qa"}}
+    seen = []
+    monkeypatch.setattr(cli, "substrate_gate", lambda profile, values: seen.append(values) or gate)
+    assert registry.WITHOUT_BASE["08_memory_and_gpu_hours"] == ("math", {"ACCOUNT_ENGINE": "plain"})  # smoke's already
+    monkeypatch.setitem(registry.WITHOUT_BASE, "08_memory_and_gpu_hours", ("math", {"ACCOUNT_GROUP": 3}))
+    assert cli.run_suite("smoke", only="02,03,07,08", **kwargs) == 0
+    assert sorted(_ran(kwargs)) == ["07_multihop_qa", "08_memory_and_gpu_hours"]
+    status = runs.read_json(kwargs["reports_dir"] / "status.json")["notebooks"]
+    assert status["08_memory_and_gpu_hours"]["parameters"]["ACCOUNT_GROUP"] == 3  # runs without training the base
+    assert "08_memory_and_gpu_hours runs with {'ACCOUNT_GROUP': 3}: the math base is closed" in capsys.readouterr().out
+    assert "no check is recorded" in status["02_standard_es"]["skipped"]
+    assert "make preflight KINDS=math" in status["02_standard_es"]["skipped"]
+    assert not (kwargs["results_root"] / "smoke" / "suite_run.json").exists()  # ONLY is no part: not recorded
+    assert cli.run_suite("smoke", only="99", unchecked_bases=True, **kwargs) == 0
+    assert seen[-1]["UNCHECKED_BASES"] is True and "UNCHECKED_BASES" not in seen[0]
+
+
+def test_parts_choose_their_notebooks_and_a_wrong_part_is_one_line_naming_the_valid_values(tmp_path):
+    kwargs = _base_suite(tmp_path)
+    with pytest.raises(config.ConfigError, match=r"PART = 'paper-c' is not a part of the suite; valid values: "
+                       r"paper-a, paper-b, study, norm-curve"):
+        cli.run_suite("smoke", part="paper-c", **kwargs)
+    with pytest.raises(config.ConfigError, match="cannot be combined"):
+        cli.run_suite("smoke", part="study", only="09", **kwargs)
+    assert cli.run_suite("smoke", part="norm-curve", **kwargs) == 0
+    assert _ran(kwargs) == ["06_copes_ablations", "99_summary"]
+    status = runs.read_json(kwargs["reports_dir"] / "status.json")["notebooks"]
+    smoke_curve = registry.profile_params("smoke", "06_copes_ablations")["NORM_CURVE_SEEDS"]
+    assert status["06_copes_ablations"]["parameters"]["NORM_CURVE_SEEDS"] == smoke_curve >= 1  # the profile's curve
+    plan = dict(cli.part_plan(cli.discover_notebooks(kwargs["notebooks_dir"]), None))
+    assert list(plan) == ["paper-a", "paper-b", "study", "norm-curve"]  # every part, in order; no 'other' here
+    assert {p.stem for paths in plan.values() for p in paths} == set(registry.NOTEBOOKS)
+    params = {stem: cli.notebook_parameters("smoke", stem, False, registry.PART_PARAMS["paper-a"].get(stem))
+              for stem in ("06_copes_ablations",)}
+    assert params["06_copes_ablations"]["NORM_CURVE_SEEDS"] == 0  # paper-a runs 06 without its curve
+
+
+def test_every_notebook_is_in_a_part_and_paper_a_is_the_headline():
+    assert {s for stems in registry.PARTS.values() for s in stems} == set(registry.NOTEBOOKS)
+    assert registry.PARTS["paper-a"] == (*(s for s in registry.NOTEBOOKS if s < "09"), "99_summary")
+    assert all(stems[-1] == "99_summary" for stems in registry.PARTS.values())
+    assert set(registry.USES_BASE) == set(MATH_NOTEBOOKS) | {"07_multihop_qa"}
+    assert [registry.base_kinds(s) for s in registry.USES_BASE] == [("math",)] * 5 + [("qa",)]
 
 
 def test_needs_are_registered_notebooks_and_acyclic():
@@ -431,8 +545,8 @@ def test_a_notebook_that_runs_its_own_processes_takes_its_slots(tmp_path, monkey
     monkeypatch.setattr(cli, "NEEDS", {"01_wide": (), "02_a": (), "03_b": ()})
     monkeypatch.setitem(cli.SLOTS, "01_wide", "BUILD_JOBS")
     plain = cli.notebook_parameters
-    monkeypatch.setattr(cli, "notebook_parameters", lambda profile, stem, force: {
-        **plain(profile, stem, force), **({"BUILD_JOBS": 2} if stem == "01_wide" else {})})
+    monkeypatch.setattr(cli, "notebook_parameters", lambda profile, stem, force, extra=None: {
+        **plain(profile, stem, force, extra), **({"BUILD_JOBS": 2} if stem == "01_wide" else {})})
     kwargs = {"notebooks_dir": notebooks, "reports_dir": tmp_path / "reports", "results_root": tmp_path / "r",
               "figures_root": tmp_path / "f"}
     assert cli.run_suite("smoke", jobs=2, **kwargs) == 0

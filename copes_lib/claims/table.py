@@ -22,6 +22,7 @@ from copes_lib.claims.verdicts import (
     GATE_TASKS,
     MISSING,
     NOT_ACTIONABLE,
+    NOT_CHECKED,
     NOT_IN_REGIME,
     REGIME_CLAIMS,
     REGIME_KEY,
@@ -166,6 +167,25 @@ def _preflight_gate(summaries: dict[str, dict[str, Any]], task: str) -> str | No
     return None
 
 
+# 01's summary: per kind whether its base was built on a passing 5-seed check (copes_lib/protocols/base_gate.py,
+# which this module does not import: claims read summaries only); these states mean it was not
+BASE_CHECK_KEY, UNCHECKED_STATES = "base_check_{task}", ("unchecked", "not checked", "failed")
+
+
+def _base_check_gate(summaries: dict[str, dict[str, Any]], task: str) -> str | None:
+    """The reason the claims measured on ``task`` rest on no checked base, or None: 01's ``base_check_<task>`` is
+    ``unchecked`` (built anyway, ``UNCHECKED_BASES``) or ``not checked`` / ``failed`` (not built: its notebooks were
+    skipped, so any results on disk come from an earlier run)."""
+    s = summaries.get(REGIME_NOTEBOOK, {})
+    state = s.get(BASE_CHECK_KEY.format(task=task))
+    if state not in UNCHECKED_STATES:
+        return None
+    why = s.get(BASE_CHECK_KEY.format(task=task) + "_reason") or "see 01"
+    if state == "unchecked":
+        return f"not checked: {task}'s base was built without a passing 5-seed check (UNCHECKED_BASES; {why})"
+    return f"not checked: {REGIME_NOTEBOOK} did not build {task}'s base ({state}: {why}); its notebooks were skipped"
+
+
 def judge_claims(summaries: dict[str, dict[str, Any]],
                  needs: dict[str, tuple[str, ...]] | None = None) -> list[dict[str, str]]:
     """One row per claim: the paper's figure, ours, the verdict (``missing`` if keys are absent), the
@@ -177,6 +197,7 @@ def judge_claims(summaries: dict[str, dict[str, Any]],
     contexts: dict[str, Context] = {}
     rows = []
     gates = {task: (_regime_gate(summaries, task), _preflight_gate(summaries, task)) for task in GATE_TASKS}
+    checks = {task: _base_check_gate(summaries, task) for task in GATE_TASKS}
     measured = tuple(c for c in BENCHMARK_CLAIMS if all(k in summaries.get(c.notebook, {}) for k in c.keys))
     for claim in CLAIMS + SCALE_CLAIMS + OUR_CLAIMS + measured:
         summary = summaries.get(claim.notebook, {})
@@ -197,7 +218,12 @@ def judge_claims(summaries: dict[str, dict[str, Any]],
             elif preflight:
                 j = dataclasses.replace(j, verdict=NOT_ACTIONABLE,
                                         reason=f"{preflight}; the data alone would read {j.verdict} ({j.reason})")
-        if claim.notebook in stale and j.verdict != MISSING:
+        unchecked = checks[task] if task else None
+        if unchecked:  # before the other gates: no verdict rests on a base that was not checked
+            j = dataclasses.replace(j, verdict=NOT_CHECKED, reason=f"{unchecked}; the data alone would read {j.verdict} "
+                                    f"({j.reason})")
+            gate_text = f"closed: {task}'s base not checked"
+        if claim.notebook in stale and j.verdict not in (MISSING, NOT_CHECKED):
             j = dataclasses.replace(j, verdict=STALE,
                                     reason=f"{stale[claim.notebook]}; its data would read {j.verdict} ({j.reason})")
         rows.append({"claim": claim.claim_id, "paper": claim.paper, "statement": claim.statement,
@@ -281,6 +307,11 @@ def rules_markdown() -> str:
              "false` for their task (without per-task keys: `preflight_met: false`; docs/preflight.md#p1-the-preconditions: "
              "the testbed could not show a difference; the reason names the failed preconditions and keeps what the data "
              "alone would read).",
+             f"- **not checked**: the same claims read `{NOT_CHECKED}` when that summary's `base_check_<task>` says their "
+             "task's base was built without a passing 5-seed check (`unchecked`, the `UNCHECKED_BASES` escape hatch) or "
+             "was not built at all (`not checked`, `failed`: its notebooks were skipped; results on disk are an earlier "
+             "run's). This gate comes first and is never turned into `stale`; the reason keeps what the data alone would "
+             "read (copes_lib/protocols/base_gate.py).",
              "- **one data set, one test**: a contrast whose two score arrays are byte-identical to an earlier "
              "notebook's contrast carries that test (its margin, its Holm family) and is left out of its own "
              "family; the reason names the first test.",
@@ -364,8 +395,8 @@ GLOSSARY = (
      "members, a pilot that gains, a gain spread over units: G1-E2, R, U of docs/preflight.md)"),
     ("regime criterion", "the check that the base resembles the paper's starting point (docs/regime.md)"),
     ("gate", "a precondition a claim is judged under: the base-regime criterion and the preflight of the task the "
-     "claim is measured on (docs/regime.md, docs/preflight.md); closed, the verdict is `not in regime` or `not "
-     "actionable` whatever the data show"),
+     "claim is measured on (docs/regime.md, docs/preflight.md), and its base's 5-seed check; closed, the verdict "
+     "is `not in regime`, `not actionable` or `not checked` whatever the data show"),
 )
 
 

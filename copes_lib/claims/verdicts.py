@@ -23,7 +23,11 @@ from copes_lib import paper, stats
 AGREES, PARTLY, DISAGREES, INCONCLUSIVE, MISSING = "agrees", "partly", "does not", "inconclusive", "missing"
 STALE = "stale"  # the notebook's results predate those of a notebook it builds on
 OPPOSITE, NOT_IN_REGIME, NOT_ACTIONABLE = "opposite", "not in regime", "not actionable"
-VERDICTS = (AGREES, PARTLY, DISAGREES, OPPOSITE, INCONCLUSIVE, NOT_IN_REGIME, NOT_ACTIONABLE, STALE, MISSING)
+# the claim's task's base was built without a passing 5-seed check (UNCHECKED_BASES), or not built at all
+# (copes_lib/protocols/base_gate.py, issue 47 decision 3)
+NOT_CHECKED = "not checked"
+VERDICTS = (AGREES, PARTLY, DISAGREES, OPPOSITE, INCONCLUSIVE, NOT_IN_REGIME, NOT_ACTIONABLE, NOT_CHECKED, STALE,
+            MISSING)
 SCORES = "_scores"  # load_summaries puts a notebook's stats.load_scores() under this key of its summary
 REGION_MAP = "_region_map"  # ... and notebook 13's region_map.csv rows (dicts) under this one
 WRITTEN = "_written"  # ... and the time its run ended (manifest.json's ``ended``), when it has a manifest

@@ -59,6 +59,59 @@ SLOTS: dict[str, str] = {
 }
 
 
+# Notebooks that train on notebook 01's base of their TASK_KIND (02's parameter; the class value of 03-07, 04's is
+# math): the runner skips them when 01 did not build that base or its preflight of it failed
+# (copes_lib/protocols/base_gate.py, issue 47 decision 3). 00 and paper B (10-13) use no base of 01; 08 times steps
+# (no claim rests on its base being checked); 09 builds its own bases at other sizes: none of these is skipped.
+USES_BASE: tuple[str, ...] = ("02_standard_es", "03_copes", "04_grpo", "05_fixed_budget_math", "06_copes_ablations",
+                              "07_multihop_qa")
+
+
+def base_kinds(notebook: str, values: dict[str, Any] | None = None) -> tuple[str, ...]:
+    """The kinds of 01's base ``notebook`` trains on (its ``TASK_KIND``, from ``values`` when given there), or ().
+
+    >>> base_kinds("05_fixed_budget_math"), base_kinds("02_standard_es", {"TASK_KIND": "qa"}), base_kinds("08_memory_and_gpu_hours")
+    (('math',), ('qa',), ())
+    """
+    if notebook not in USES_BASE:
+        return ()
+    return (str((values or {}).get("TASK_KIND", getattr(params_class(notebook), "TASK_KIND", "math"))),)
+
+
+# Notebooks that read 01's base without resting a claim on it, and the parameters they run with when that kind's base
+# is closed by its 5-seed check (so none of them trains a rejected or unchecked design on its own): 08 splits an ES
+# and a GRPO step into phases on the math agent; without a checked math base it times the same steps on a random
+# model with plain generate (ACCOUNT_ENGINE plain, its documented alternative; the summary records the engine).
+WITHOUT_BASE: dict[str, tuple[str, dict[str, Any]]] = {
+    "08_memory_and_gpu_hours": ("math", {"ACCOUNT_ENGINE": "plain"}),
+}
+
+
+# The suite's parts (issue 47 decision 1): `make reproduce PART=<name>` runs one, plain `make reproduce` runs them all,
+# in this order, one after another, each recorded in results/<profile>/suite_run.json with its own wall time (the
+# budgets: README and docs/cost.md). Each part ends with 99, which tabulates whatever results exist. The 2-hour bound
+# covers paper-a. Notebook 06's norm curve is a part of its own: paper-a runs 06 without it (PART_PARAMS), the
+# norm-curve part runs 06 again with the profile's NORM_CURVE_SEEDS, its arms cache hits (the same runs, keyed by their
+# config), so 06's numbers are those of one run with the curve.
+PARTS: dict[str, tuple[str, ...]] = {
+    "paper-a": ("00_suite_overview", "01_substrate_and_agent", "02_standard_es", "03_copes", "04_grpo",
+                "05_fixed_budget_math", "06_copes_ablations", "07_multihop_qa", "08_memory_and_gpu_hours", "99_summary"),
+    "paper-b": ("10_molora_substrate", "11_molora_router", "12_molora_factorial", "13_molora_sandbox", "99_summary"),
+    "study": ("09_scale_study", "99_summary"),
+    "norm-curve": ("06_copes_ablations", "99_summary"),
+}
+#: parameters a part sets on top of the profile's, per notebook
+PART_PARAMS: dict[str, dict[str, dict[str, Any]]] = {"paper-a": {"06_copes_ablations": {"NORM_CURVE_SEEDS": 0}}}
+
+
+def part_notebooks(part: str) -> tuple[str, ...]:
+    """The notebooks of ``part``; an unknown name is a one-line error naming the valid values."""
+    if part not in PARTS:
+        raise ConfigError(f"PART = {part!r} is not a part of the suite; valid values: {', '.join(PARTS)} "
+                          "(or no PART: every part, one after another)")
+    return PARTS[part]
+
+
 def params_class(notebook: str) -> type[NotebookParams]:
     """The parameter dataclass of ``notebook`` (its file stem, e.g. ``"02_standard_es"``)."""
     if notebook not in NOTEBOOKS:

@@ -136,8 +136,12 @@ class SubstrateNotebookParams(NotebookParams):
                                 "make reproduce REBUILD_BASES=1 turns it on too (docs/reproducibility.md#shipped-bases)")
     PREFLIGHT: bool = param(True, "measure the testbed's preconditions on the base (docs/preflight.md; the gpu "
                             "profile has no tuning split: off there)")
-    PREFLIGHT_ENFORCE: bool = param(True, "a failed preflight stops make reproduce after this notebook (off in smoke, "
-                                    "whose bases are too small to act)")
+    PREFLIGHT_ENFORCE: bool = param(True, "gate each base on the preflight: a kind whose recorded 5-seed check did not "
+                                    "pass is not built, and a kind whose preflight fails here skips the notebooks on "
+                                    "its base (copes_lib/protocols/base_gate.py; off in smoke, whose bases are too "
+                                    "small to act)")
+    UNCHECKED_BASES: bool = param(False, "exploration: build a base whose 5-seed check did not pass anyway; the claims "
+                                  "on that kind then read 'not checked' (make reproduce UNCHECKED_BASES=1)")
     PREFLIGHT_KINDS: str = param("math,qa", "task kinds the preflight measures, comma-separated")
     PREFLIGHT_PROMPTS: int = param(64, "preflight: tuning prompts sampled (G1/G2) and evaluated (E1)", ge=1)
     PREFLIGHT_GROUP: int = param(8, "preflight: samples per prompt at T 1 (GRPO's group size)", ge=2)

@@ -4,7 +4,7 @@ the files go, the exit status and the one-line errors.
 
 Exit status: 0 every precondition holds (or the profile does not enforce them: smoke, whose bases are too
 small to act, says so and exits 0 unless ``--strict``); 2 not actionable on a profile that enforces the
-preflight (``PREFLIGHT_ENFORCE``, as ``make reproduce`` would stop after notebook 01), or with ``--strict``;
+preflight (``PREFLIGHT_ENFORCE``: ``make reproduce`` would skip the notebooks on that kind's base), or with ``--strict``;
 1 anything else: a bad option, a bad parameter, a crash (one line; the traceback goes to a file).
 
 Files: by default ``reports/preflight/<profile>.json`` and ``.png`` (not tracked by git), so a preflight never
@@ -133,7 +133,7 @@ def finish(profile: str, failed: dict[str, list[str]], path: Path, figure: Path,
               f"to act; it runs the preflight to exercise the code and does not enforce it (PREFLIGHT_ENFORCE false), "
               "so `make reproduce` would go on. Exit 0 (--strict: 2).")
         return EXIT_HOLDS
-    print(f"NOT ACTIONABLE: {where}. `make reproduce PROFILE={profile}` would stop after notebook 01; see "
+    print(f"NOT ACTIONABLE: {where}. `make reproduce PROFILE={profile}` would skip the notebooks on that kind's base; see "
           "docs/preflight.md for what each precondition needs. Exit 2.")
     return EXIT_NOT_ACTIONABLE
 

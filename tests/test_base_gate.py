@@ -1,0 +1,107 @@
+"""The base gate (issue 47 decision 3): 01 builds a kind's base only when the recorded 5-seed check of the run's
+recipe passed for it; each other case is said with its reason, and the claims on a base not checked read so."""
+
+import dataclasses
+
+import pytest
+
+from copes_lib import claims, config, runs
+from copes_lib.protocols import base_gate
+from copes_lib.protocols import notebooks as registry
+from copes_lib.protocols.params import SubstrateNotebookParams
+
+
+def _params(profile="cpu", **values):
+    return config.build(SubstrateNotebookParams, {**registry.profile_params(profile, SubstrateNotebookParams.NOTEBOOK),
+                                                  "PROFILE": profile, **values})
+
+
+def _record(root, recipe, seeds_met, profile="cpu"):
+    """A record as `make preflight RECORD=1` writes it: per "<kind> seed <s>" met and what failed."""
+    kinds = {f"{kind} seed {seed}": {"met": met, "failed": [] if met else ["E1"], "shape": {}, "values": {},
+                                     "verdicts": {}}
+             for kind, seeds in seeds_met.items() for seed, met in seeds.items()}
+    recipe = dataclasses.asdict(recipe)
+    path = root / "preflight" / f"{profile}.json"
+    runs.atomic_write_json(path, {"profile": profile, "recipe": recipe, "kinds": kinds,
+                                  "seeds": sorted({s for seeds in seeds_met.values() for s in seeds})})
+    return path
+
+
+def _decide(p, root):
+    return base_gate.decide(p.PROFILE, p.SEED, p.warm_start_config(), enforce=p.PREFLIGHT_ENFORCE,
+                            trains=p.trains_base(), unchecked=p.UNCHECKED_BASES, root=root)
+
+
+FIVE = dict.fromkeys(range(5), True)
+
+
+def test_each_kind_is_gated_on_its_own_check(tmp_path, monkeypatch):
+    monkeypatch.delenv(config.RECIPE_ENV, raising=False)
+    p = _params()
+    gate = _decide(p, tmp_path)
+    assert {k: g["state"] for k, g in gate.items()} == {"math": "not checked", "qa": "not checked"}
+    assert "does not exist" in gate["math"]["reason"] and not gate["math"]["build"]
+    assert gate["qa"]["command"] == "make preflight PROFILE=cpu KINDS=qa SEEDS=0,1,2,3,4 RECORD=1"
+
+    _record(tmp_path, p.warm_start_config(), {"math": FIVE, "qa": {**FIVE, 3: False}})
+    gate = _decide(p, tmp_path)
+    assert gate["math"]["state"] == "passed" and gate["math"]["build"]
+    assert gate["qa"]["state"] == "failed" and "seed 3: E1" in gate["qa"]["reason"] and not gate["qa"]["build"]
+    assert base_gate.built(gate) == ["math"]
+    words = base_gate.lines(gate)
+    assert "[qa] base NOT built, failed" in words[1] and "rejected" in words[1] and "UNCHECKED_BASES=1" in words[1]
+
+    _record(tmp_path, p.warm_start_config(), {"math": {s: True for s in (1, 2, 3, 4, 5)}, "qa": {0: True, 1: True}})
+    gate = _decide(p, tmp_path)  # five math seeds but not the run's seed 0; two QA seeds
+    assert gate["math"]["state"] == "not checked" and "the run's seed 0" in gate["math"]["reason"]
+    assert gate["qa"]["state"] == "not checked" and "seeds 0, 1" in gate["qa"]["reason"]
+
+    other = dataclasses.replace(p.warm_start_config(), latent_math_steps=p.WARM_LATENT_MATH_STEPS + 1)
+    _record(tmp_path, other, {"math": FIVE, "qa": FIVE})
+    gate = _decide(p, tmp_path)
+    assert gate["math"]["state"] == "not checked" and "another warm-start recipe" in gate["math"]["reason"]
+    assert "latent_math_steps" in gate["math"]["reason"]
+
+
+def test_the_escape_hatch_smoke_and_loaded_bases_build_and_say_so(tmp_path, monkeypatch):
+    monkeypatch.delenv(config.RECIPE_ENV, raising=False)
+    gate = _decide(_params(UNCHECKED_BASES=True), tmp_path)
+    assert all(g["state"] == "unchecked" and g["build"] for g in gate.values())
+    keys = base_gate.summary_keys(gate)
+    assert keys["unchecked_bases"] is True and keys["base_check_math"] == "unchecked"
+    assert "not checked" in keys["base_check_math_reason"]
+    smoke = _decide(_params("smoke"), tmp_path)  # PREFLIGHT_ENFORCE false: nothing gated
+    assert all(g["state"] == "not enforced" and g["build"] for g in smoke.values())
+    assert base_gate.summary_keys(smoke)["unchecked_bases"] is False
+    loaded = base_gate.decide("gpu", 0, None, enforce=True, trains=False, root=tmp_path)
+    assert all(g["state"] == "not enforced" and "checkpoint" in g["reason"] for g in loaded.values())
+
+
+def test_an_unreadable_record_is_not_checked_naming_the_file(tmp_path, monkeypatch):
+    monkeypatch.delenv(config.RECIPE_ENV, raising=False)
+    path = tmp_path / "preflight" / "cpu.json"
+    path.parent.mkdir(parents=True)
+    path.write_text("{")
+    gate = _decide(_params(), tmp_path)
+    assert gate["math"]["state"] == "not checked" and str(path) in gate["math"]["reason"]
+
+
+def test_closed_kinds_read_from_01s_summary():
+    s01 = {"base_check_math": "failed", "base_check_math_reason": "seed 1: E1", "base_check_qa": "passed",
+           "preflight_enforced": True, "preflight_qa_met": False, "preflight_failed": ["qa R", "qa U"]}
+    closed = base_gate.closed_kinds(s01)
+    assert "seed 1: E1" in closed["math"] and "qa R, qa U" in closed["qa"]
+    assert base_gate.closed_kinds({"base_check_math": "unchecked", "base_check_qa": "not enforced"}) == {}
+
+
+@pytest.mark.parametrize(("state", "words"), [("unchecked", "built without a passing 5-seed check"),
+                                              ("failed", "did not build math's base")])
+def test_claims_on_a_base_not_checked_read_not_checked(state, words):
+    s01 = {"base_check_math": state, "base_check_math_reason": "cpu.json: seed 2: E2", "base_check_qa": "passed",
+           "gate_rule": "per_task", "regime_criterion_met_math": True, "regime_criterion_met_qa": True}
+    rows = {r["claim"]: r for r in claims.judge_claims({"01_substrate_and_agent": s01})}
+    assert rows["A1"]["verdict"] == claims.NOT_CHECKED and words in rows["A1"]["reason"]
+    assert "seed 2: E2" in rows["A1"]["reason"] and rows["A1"]["gate"] == "closed: math's base not checked"
+    assert rows["A8"]["verdict"] != claims.NOT_CHECKED  # QA's base passed: its claims are judged as usual
+    assert claims.NOT_CHECKED in claims.VERDICTS and "**not checked**" in claims.rules_markdown()
