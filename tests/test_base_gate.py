@@ -105,3 +105,18 @@ def test_claims_on_a_base_not_checked_read_not_checked(state, words):
     assert "seed 2: E2" in rows["A1"]["reason"] and rows["A1"]["gate"] == "closed: math's base not checked"
     assert rows["A8"]["verdict"] != claims.NOT_CHECKED  # QA's base passed: its claims are judged as usual
     assert claims.NOT_CHECKED in claims.VERDICTS and "**not checked**" in claims.rules_markdown()
+
+
+def test_a_record_of_the_larger_qa_data_gates_only_a_run_on_those_data(tmp_path, monkeypatch):
+    """P8.11's record names its QA data beside the warm-start recipe (tasks.recipe_data); the gate compares both."""
+    monkeypatch.setenv(config.RECIPE_ENV, "p8.11")
+    p = _params()
+    assert p.QA_DATA == "large"
+    path = _record(tmp_path, p.warm_start_config(), {"math": FIVE, "qa": FIVE}, profile="cpu-p8.11")
+    record = runs.read_json(path)
+    record["recipe"]["qa_data"] = "large"
+    runs.atomic_write_json(path, record)
+    gate = base_gate.decide_for(p, root=tmp_path)
+    assert {k: g["state"] for k, g in gate.items()} == {"math": "passed", "qa": "passed"}
+    standard = base_gate.decide(p.PROFILE, p.SEED, p.warm_start_config(), enforce=True, root=tmp_path, data={})
+    assert standard["qa"]["state"] == "not checked" and "qa_data" in standard["qa"]["reason"]

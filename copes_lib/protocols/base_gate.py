@@ -79,11 +79,17 @@ def _kind_state(kind: str, record: Mapping[str, Any], rows: list[dict[str, Any]]
 
 
 def decide(profile: str, seed: int, recipe: Any, *, enforce: bool, trains: bool = True, unchecked: bool = False,
-           root: str | Path | None = None, kinds: tuple[str, ...] = KINDS) -> dict[str, dict[str, Any]]:
+           root: str | Path | None = None, kinds: tuple[str, ...] = KINDS,
+           data: Mapping[str, Any] | None = None) -> dict[str, dict[str, Any]]:
     """Per kind: ``state`` (:data:`BUILDS` or :data:`CLOSED` values), ``build`` (whether 01 trains it),
     ``reason`` and ``command`` (what records its check). ``recipe``: the run's ``WarmStartConfig``; ``enforce``:
     01's ``PREFLIGHT_ENFORCE``; ``trains``: False when the base is loaded from a checkpoint; ``unchecked``: 01's
-    ``UNCHECKED_BASES``; ``root``: another results folder (tests)."""
+    ``UNCHECKED_BASES``; ``root``: another results folder (tests); ``data``: the run's non-standard data variant
+    as a record names it (:func:`copes_lib.tasks.recipe_data`; default: the one in effect in this process)."""
+    if data is None:
+        from copes_lib.tasks import recipe_data
+
+        data = recipe_data(profile)
     path = prerun_seed_check.record_path(profile, root)
     shown = str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
     out = {}
@@ -104,7 +110,7 @@ def decide(profile: str, seed: int, recipe: Any, *, enforce: bool, trains: bool 
         elif problem:
             state, reason = NOT_CHECKED, problem
         else:
-            differences = prerun_seed_check._recipe_differences(record.get("recipe"), recipe)
+            differences = prerun_seed_check._recipe_differences(record.get("recipe"), recipe, data)
             state, reason = _kind_state(kind, record, rows, int(seed), differences)
             reason = f"{shown}: {reason}"
         if state in CLOSED and unchecked:
@@ -115,8 +121,9 @@ def decide(profile: str, seed: int, recipe: Any, *, enforce: bool, trains: bool 
 
 def decide_for(params: Any, root: str | Path | None = None) -> dict[str, dict[str, Any]]:
     """:func:`decide` with notebook 01's parameters (``SubstrateNotebookParams``)."""
+    data = {} if params.QA_DATA == "standard" else {"qa_data": params.QA_DATA}  # as tasks.recipe_data names it
     return decide(params.PROFILE, params.SEED, params.warm_start_config(), enforce=params.PREFLIGHT_ENFORCE,
-                  trains=params.trains_base(), unchecked=params.UNCHECKED_BASES, root=root)
+                  trains=params.trains_base(), unchecked=params.UNCHECKED_BASES, root=root, data=data)
 
 
 def not_built() -> collections.defaultdict:

@@ -127,13 +127,14 @@ def compare(row: Mapping[str, Any] | None, *, digest: str | None, strict_tail: f
             "text": text or "neither a digest nor the tail means on both sides"}
 
 
-def _recipe_differences(recorded: Mapping[str, Any] | None, recipe: Any, data: Mapping[str, Any]) -> list[str] | None:
+def _recipe_differences(recorded: Mapping[str, Any] | None, recipe: Any,
+                        data: Mapping[str, Any] | None = None) -> list[str] | None:
     """Fields where the record's warm-start recipe differs from ``recipe`` with ``data`` (a non-standard data
     variant, :func:`copes_lib.tasks.recipe_data`) (None when the record has none)."""
     if recorded is None or recipe is None:
         return None
     ours = json.loads(json.dumps({**(dataclasses.asdict(recipe) if dataclasses.is_dataclass(recipe) else dict(recipe)),
-                                  **data}, default=str))
+                                  **(data or {})}, default=str))
     return sorted(k for k in set(ours) | set(recorded) if ours.get(k) != recorded.get(k))
 
 
