@@ -36,6 +36,15 @@ PYTHON_GPU ?= $(shell for p in python3 python3.12 python3.11 python3.13; do \
 RUN_VENV := $(if $(filter gpu,$(PROFILE)),venv-gpu,venv)
 RUN_BIN := $(if $(filter gpu,$(PROFILE)),$(VENV_GPU)/bin,$(BIN))
 PROFILE ?= cpu
+# An unknown PROFILE answers in one line before anything is built or imported (the profiles are profiles/*.yaml)
+PROFILE_NAMES := $(sort $(basename $(notdir $(wildcard profiles/*.yaml))))
+comma := ,
+space := $(subst ,, )
+ifneq ($(filter reproduce report validate preflight,$(MAKECMDGOALS)),)
+ifneq ($(words $(PROFILE))$(filter $(PROFILE),$(PROFILE_NAMES)),1$(strip $(PROFILE)))
+$(error PROFILE=$(PROFILE) is not valid; valid values: $(subst $(space),$(comma)$(space),$(PROFILE_NAMES)))
+endif
+endif
 # a candidate base design's overlay, profiles/recipes/<RECIPE>.yaml (docs/running.md#recipe-overlays); a design
 # runs this way until it passes its 5-seed check
 RECIPE ?=
@@ -202,8 +211,9 @@ test: venv
 REPRODUCE_ARGS = --profile $(PROFILE) --jobs $(JOBS) $(if $(ONLY),--only $(ONLY)) $(if $(call truthy,$(FORCE)),--force) \
 	$(if $(call truthy,$(RERUN_FAILED)),--rerun-failed) $(if $(call truthy,$(VERBOSE)),--verbose) $(if $(call truthy,$(WAIT)),--wait)
 
+# the command is not echoed: the suite prints its own lines, and a bad argument's one line stands alone
 reproduce: $(RUN_VENV)
-	$(RUN_BIN)/python -m copes_lib.cli run $(strip $(REPRODUCE_ARGS))
+	@$(RUN_BIN)/python -m copes_lib.cli run $(strip $(REPRODUCE_ARGS))
 
 # The HTML index of a profile from what is in results/, figures/ and reports/ (runs nothing): for cpu, the
 # committed run, each notebook's status from results/cpu/suite_run.json.
