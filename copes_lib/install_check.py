@@ -1,9 +1,16 @@
-"""Checks that ``make venv-gpu`` runs before and after it builds .venv-gpu, with a clear message for
-what a researcher's box lacks. Standard library only: it runs on the interpreter the venv is made
-from, before anything is installed (``python copes_lib/install_check.py python|torch|venv|cuda``).
+"""Checks that ``make venv`` and ``make venv-gpu`` run before and after they build their venv, with a
+clear message for what a researcher's box lacks. Standard library only: it runs on the interpreter the
+venv is made from, before anything is installed (``python copes_lib/install_check.py python|torch|...``).
 
-- ``python``: the gpu environment takes Python 3.11-3.13 (the pins have wheels for each; the CPU
-  environment, ``make venv``, stays on 3.11, the tested reference).
+- ``python [--cpu]``: both environments take Python 3.11-3.13 (the pins have wheels for each; 3.11 is
+  the tested reference). Run on ``PYTHON_GPU`` / ``PYTHON_CPU`` before the venv is created, so an
+  unsupported Python is refused before anything exists.
+- ``cpu-torch [--index URL] [--allow-cuda]`` (``make venv``, right after torch is installed without its
+  dependencies): the torch pip took is the CPU build. Where the CPU index is unreachable or has no wheel
+  for this Python, pip silently falls back to PyPI's torch, on Linux the CUDA build, whose dependencies
+  are ~4.6 GB of CUDA libraries; this check stops there (before they are installed), says what was
+  installed, why and how to get the CPU wheel. Read from ``torch/version.py`` without importing torch
+  (a CUDA build does not import before its CUDA libraries are installed).
 - ``torch`` (``SYSTEM_TORCH=1``): the interpreter already has a CUDA build of torch >= 2.7, which the
   venv then reuses (``--system-site-packages``) instead of installing torch 2.13 beside it. The
   interpreter may itself be a venv (a GPU box's ``python3`` often is): see ``parent-site``.
@@ -28,12 +35,15 @@ MIN_SYSTEM_TORCH = (2, 7)
 REFERENCE_TORCH = "2.13.0"  # requirements.txt's pin: the version the suite is tested with
 
 
-def python_error(version: tuple[int, int]) -> str | None:
+def python_error(version: tuple[int, int], cpu: bool = False, executable: str = "") -> str | None:
+    """Why this Python cannot build the venv (``cpu``: .venv, chosen by PYTHON_CPU; else .venv-gpu)."""
     if tuple(version[:2]) in GPU_PYTHONS:
         return None
     valid = ", ".join(f"{a}.{b}" for a, b in GPU_PYTHONS)
-    return (f"error: Python {version[0]}.{version[1]} cannot build .venv-gpu; valid versions: {valid} "
-            "(set PYTHON_GPU=/path/to/python3.12, for example)")
+    venv, variable = (".venv", "PYTHON_CPU") if cpu else (".venv-gpu", "PYTHON_GPU")
+    which = f" ({executable})" if executable else ""
+    return (f"error: Python {version[0]}.{version[1]}{which} cannot build {venv}; valid versions: {valid} "
+            f"(set {variable}=/path/to/python3.12, for example); nothing was created")
 
 
 def _release(version: str) -> tuple[int, ...]:
@@ -61,6 +71,62 @@ def torch_error(version: str | None, cuda: str | None) -> str | None:
                 f"torch found. Install a CUDA build, or run `make venv-gpu` without SYSTEM_TORCH (torch "
                 f"{REFERENCE_TORCH})")
     return None
+
+
+def read_torch_build(version_py: str) -> tuple[str | None, str | None, str | None]:
+    """(``__version__``, ``cuda``, ``hip``) from the text of an installed ``torch/version.py``.
+
+    >>> read_torch_build("__version__ = '2.13.0+cu130'\\ncuda: Optional[str] = '13.0'\\nhip: Optional[str] = None\\n")
+    ('2.13.0+cu130', '13.0', None)
+    """
+    import re
+
+    found = {}
+    for name in ("__version__", "cuda", "hip"):
+        match = re.search(rf"^{name}(?:\s*:[^=]*)?\s*=\s*(?:'([^']*)'|\"([^\"]*)\"|None)", version_py, re.M)
+        found[name] = (match.group(1) or match.group(2)) if match and (match.group(1) or match.group(2)) else None
+    return found["__version__"], found["cuda"], found["hip"]
+
+
+def cpu_torch_error(version: str | None, cuda: str | None, hip: str | None, python: tuple[int, int],
+                    index: str = "", pin: str = REFERENCE_TORCH) -> str | None:
+    """Why the torch ``make venv`` just installed is not the CPU build it asked for (None: it is).
+
+    ``version``, ``cuda``, ``hip``: from torch/version.py (:func:`read_torch_build`); ``index``: the CPU
+    index pip was given (``TORCH_INDEX``; empty: none)."""
+    if version is None:
+        return "error: make venv installed no torch (torch/version.py not found); rerun `make venv`"
+    if cuda is None and hip is None:
+        return None
+    build = f"CUDA {cuda}" if cuda else f"ROCm {hip}"
+    py = f"{python[0]}.{python[1]}"
+    tag = f"cp{python[0]}{python[1]}"
+    why = (f"the CPU index {index} was unreachable or had no torch {pin} wheel for Python {py} here (a local "
+           f"wheel folder, PIP_FIND_LINKS, holding only other Pythons' CPU wheels does the same), so pip took "
+           "PyPI's torch, which on Linux is the CUDA build" if index else
+           "TORCH_INDEX is empty, so pip took PyPI's torch, which on Linux is the CUDA build")
+    return (f"error: make venv asked for torch {pin}'s CPU build but pip installed torch {version} ({build}): "
+            f"{why}. It was removed again and nothing else was installed: its dependencies are ~4.6 GB of "
+            f"{build.split()[0]} libraries, which the suite's CPU profiles do not use.\n"
+            f"  Get the CPU wheel: rerun `make venv` where {index or 'https://download.pytorch.org/whl/cpu'} is "
+            f"reachable (TORCH_INDEX={index or 'https://download.pytorch.org/whl/cpu'}); or offline, on a networked machine: "
+            f"pip download --no-deps --only-binary=:all: --python-version {py} --platform manylinux_2_28_x86_64 "
+            f"--index-url https://download.pytorch.org/whl/cpu -d wheels torch=={pin} "
+            f"(a torch-{pin}+cpu-{tag}-... wheel), then here: PIP_FIND_LINKS=wheels make venv.\n"
+            "  Or keep a CUDA torch on purpose: `make venv ALLOW_CUDA_TORCH=1` (this build, with its CUDA "
+            "libraries), or the gpu environment, `make venv-gpu` (`make venv-gpu SYSTEM_TORCH=1` reuses a CUDA "
+            "torch already installed; docs/gpu_install.md).")
+
+
+def installed_torch_build() -> tuple[str | None, str | None, str | None]:
+    """:func:`read_torch_build` of the torch installed for this interpreter, without importing it."""
+    from importlib import metadata
+
+    try:
+        version_py = metadata.distribution("torch").locate_file("torch/version.py")
+        return read_torch_build(Path(version_py).read_text())
+    except (metadata.PackageNotFoundError, OSError):
+        return None, None, None
 
 
 def venv_error(pyvenv_cfg: str, system_torch: bool) -> str | None:
@@ -104,7 +170,17 @@ def _torch_info() -> tuple[str | None, str | None, bool]:
 def main(argv: list[str]) -> int:
     what = argv[0] if argv else ""
     if what == "python":
-        error = python_error(sys.version_info[:2])
+        error = python_error(sys.version_info[:2], cpu="--cpu" in argv, executable=sys.executable)
+    elif what == "cpu-torch":
+        version, cuda, hip = installed_torch_build()
+        index = argv[argv.index("--index") + 1] if "--index" in argv[:-1] else ""
+        error = cpu_torch_error(version, cuda, hip, sys.version_info[:2], index)
+        if error and "--allow-cuda" in argv and version is not None:
+            print(f"warning: torch {version} is a GPU build (ALLOW_CUDA_TORCH=1): its CUDA libraries come next, "
+                  "GBs more than the CPU build", file=sys.stderr)
+            error = None
+        elif error is None:
+            print(f"torch {version}: the CPU build")
     elif what == "torch":
         version, cuda, _ = _torch_info()
         error = torch_error(version, cuda)
@@ -131,8 +207,8 @@ def main(argv: list[str]) -> int:
                   "requirements-gpu.txt says how to get the CUDA wheel", file=sys.stderr)
         return 0
     else:
-        error = (f"error: install_check what = {what!r} is not valid; valid values: ['python', 'torch', 'venv', "
-                 "'parent-site', 'torch-in-venv', 'cuda']")
+        error = (f"error: install_check what = {what!r} is not valid; valid values: ['python', 'cpu-torch', 'torch', "
+                 "'venv', 'parent-site', 'torch-in-venv', 'cuda']")
     if error:
         print(error, file=sys.stderr)
         return 1

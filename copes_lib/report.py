@@ -34,7 +34,8 @@ PAPER_B = "B: decomposing evolutionary mixture-of-LoRA"
 # notebook stem -> (paper, what it reproduces). The README's notebook map says the same.
 SUITE_MAP: dict[str, tuple[str, str]] = {
     "00_suite_overview": ("suite", "map of the suite, environment (versions, device, threads), profile check"),
-    "01_substrate_and_agent": (PAPER_A, "substrate and agent: small Qwen3 models, tool-using agent, rewards (A4)"),
+    "01_substrate_and_agent": (PAPER_A, "substrate and agent: the base model (small Qwen3-style models on smoke and "
+                               "cpu, the paper's checkpoint on gpu), tool-using agent, rewards (A4)"),
     "02_standard_es": (PAPER_A, "standard ES baseline (Algorithm of A1; CoPES with K = 1)"),
     "03_copes": (PAPER_A, "CoPES (Algorithm 1): cooperative subspace ES"),
     "04_grpo": (PAPER_A, "GRPO baselines: full-parameter and LoRA"),
@@ -63,7 +64,7 @@ class Headline:
     key: str
     label: str
     paper: str | None = None  # the paper's figure, as text (None: the paper has none)
-    unit: str = ""  # "%": the value is a fraction shown in percent
+    unit: str = ""  # "%": a fraction shown in percent; "points": a difference of fractions, in points
 
 
 def _pct(x: float) -> str:
@@ -99,7 +100,7 @@ HEADLINES: dict[str, tuple[Headline, ...]] = {
         Headline("val_accuracy_at_16", "CoPES, validation accuracy at step 16", _pct(_T1["copes_at_16"]["val_acc"]), "%"),
         Headline("es_val_accuracy_at_16", "standard ES, same settings, step 16", _pct(_T1["es_at_16"]["val_acc"]), "%"),
         Headline("copes_minus_es_best_val_accuracy", "CoPES minus ES (points of accuracy)",
-                 f"{_T1['copes_at_16']['val_acc'] - _T1['es_at_16']['val_acc']:+.2f} points", "%"),
+                 f"{_T1['copes_at_16']['val_acc'] - _T1['es_at_16']['val_acc']:+.2f} points", "points"),
         Headline("mean_update_norm_ratio_copes_over_es", "update norm, CoPES / ES", "not reported"),
     ),
     "04_grpo": (
@@ -118,7 +119,7 @@ HEADLINES: dict[str, tuple[Headline, ...]] = {
     ),
     "10_molora_substrate": (
         Headline("substrate_params", "substrate parameters", "~150M"),
-        Headline("d_model", "d_model", "1536"),
+        Headline("d_model", "model width", "1536"),
         Headline("vocab_size", "vocabulary", "32,000"),
         Headline("test_balanced_log_ppl", "test balanced log-PPL (nats)"),
     ),
@@ -132,26 +133,95 @@ HEADLINES: dict[str, tuple[Headline, ...]] = {
 
 
 def format_value(value: Any, unit: str = "") -> str:
-    """A summary value for reading: 4 significant digits, fractions in percent where ``unit`` is "%".
+    """A summary value for reading: 4 significant digits, fractions in percent where ``unit`` is "%", a
+    difference of fractions in points where it is "points"; never a negative zero; a missing value reads
+    "not measured" (the row's notebook did not record it).
 
     >>> format_value(0.4567891), format_value(0.4567891, "%"), format_value(1373856), format_value(None)
-    ('0.4568', '45.68%', '1,373,856', '—')
+    ('0.4568', '45.68%', '1,373,856', 'not measured')
+    >>> format_value(-0.125, "points"), format_value(-0.00001, "%"), format_value(-0.0)
+    ('-12.50 points', '0.00%', '0')
     """
     if value is None:
-        return "\u2014"
+        return NOT_MEASURED
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, int):
         return f"{value:,}"
     if isinstance(value, float):
         if unit == "%":
-            return f"{100 * value:.2f}%"
+            return _no_negative_zero(f"{100 * value:.2f}%")
+        if unit == "points":
+            return _no_negative_zero(f"{100 * value:+.2f} points")
         if value != 0 and (abs(value) >= 1e5 or abs(value) < 1e-3):
             return f"{value:.3g}"
-        return f"{value:.4g}"
+        return _no_negative_zero(f"{value:.4g}")
     if isinstance(value, list):
         return ", ".join(format_value(v) for v in value[:6]) + (" ..." if len(value) > 6 else "")
     return str(value)
+
+
+NOT_MEASURED = "not measured"
+_NEGATIVE_ZERO = re.compile(r"(?<![\w.])[-\u2212]((?:0\.)?0+)(?![\d.])")
+# a summary key, a rule's ``<metric>_x`` or a key family's ``x_<size>``: snake_case that starts with a letter
+# (a notebook's stem starts with its number and stays), not a path, module or function (next to / or .)
+_RAW_KEY = re.compile(r"(?<![\w/.#-])<?[A-Za-z][A-Za-z0-9]*>?(?:_<?[A-Za-z0-9]+>?)+(?![\w/(]|\.\w)")
+_KEY_WORDS = {"val": "validation", "acc": "accuracy", "copes": "CoPES", "es": "ES", "grpo": "GRPO", "lora": "LoRA",
+              "qa": "QA", "f1": "F1", "indep": "independent", "sqrtk": "sqrt(K)", "2sigma": "2 sigma",
+              "lowrank": "low-rank", "n": "N", "p": "p", "mech": "mechanism", "params": "parameters",
+              "ppl": "PPL", "log": "log", "pct": "%", "met": "met", "std": "s.d.", "mde": "MDE"}
+
+
+_NONE_PAIR = re.compile(r"\[None, None\]")
+_NONE = re.compile(r"\bNone\b")
+
+
+def _no_negative_zero(text: str) -> str:
+    """``-0.0000`` -> ``0.0000`` (a value that rounds to zero has no sign worth reading).
+
+    >>> _no_negative_zero("-0.0000 nats, -0.3 pts, [-0, +1], x-0.0")
+    '0.0000 nats, -0.3 pts, [0, +1], x-0.0'
+    """
+    return _NEGATIVE_ZERO.sub(r"\1", text)
+
+
+def plain_key(key: str) -> str:
+    """A summary key in words, for a reader (the key itself stays in summary.json and the claim rules).
+
+    >>> plain_key("gain_recovery_copes"), plain_key("val_accuracy_k4"), plain_key("f1_es_sqrtk_alpha")
+    ('gain recovery CoPES', 'validation accuracy K=4', 'F1 ES sqrt(K) alpha')
+    >>> plain_key("regime_criterion_met_math"), plain_key("norm_curve_copes_norm"), plain_key("x_<size>")
+    ('regime criterion met (math)', 'norm curve CoPES norm', 'x at each size')
+    """
+    words = key.split("_")
+    tail = ""
+    if words[-1] in ("math", "qa") and len(words) > 2:
+        tail = f" ({words.pop()})"
+    out = []
+    for word in words:
+        if re.fullmatch(r"k\d+", word):
+            out.append(f"K={word[1:]}")
+        elif word == "<size>":
+            out.append("at each size")
+        elif word.startswith("<") and word.endswith(">"):
+            out.append(f"each {word[1:-1]}")
+        else:
+            out.append(_KEY_WORDS.get(word, word))
+    return " ".join(out) + tail
+
+
+def readable(text: str) -> str:
+    """A claim's text for the reports: summary keys in words (:func:`plain_key`), no negative zero.
+
+    >>> readable("gain_recovery_copes 0.881 vs gain_recovery_es -0.0000; 01_substrate_and_agent's regime_criterion_met is false")
+    "gain recovery CoPES 0.881 vs gain recovery ES 0.0000; 01_substrate_and_agent's regime criterion met is false"
+    >>> readable("E meas [None, None], p = None")
+    'E meas not measured, p = not measured'
+    >>> readable("docs/statistics.md#s2-two-sources and factorial.paired_test and copes_lib/cli.py stay")
+    'docs/statistics.md#s2-two-sources and factorial.paired_test and copes_lib/cli.py stay'
+    """
+    text = _NONE_PAIR.sub(NOT_MEASURED, text)
+    return _no_negative_zero(_NONE.sub(NOT_MEASURED, _RAW_KEY.sub(lambda m: plain_key(m.group()), text)))
 
 
 def headline(summary: dict[str, Any] | None, stem: str | None = None,
@@ -161,7 +231,7 @@ def headline(summary: dict[str, Any] | None, stem: str | None = None,
     (some claims read several notebooks); by default the claims are judged on ``summary`` alone.
 
     >>> [r["ours"] for r in headline({"val_accuracy_at_16": 0.5}, "02_standard_es")][:2]
-    ['—', '50.00%']
+    ['not measured', '50.00%']
     """
     summary = summary or {}
     rows = []
@@ -170,15 +240,22 @@ def headline(summary: dict[str, Any] | None, stem: str | None = None,
             claim_rows = claims.judge_claims({stem: summary})
         for row in claim_rows:
             if row["notebook"] == stem:
-                rows.append({"label": f"{row['claim']}: {row['statement']}", "ours": row["ours"],
-                             "paper": row["paper_figure"], "verdict": row["verdict"],
-                             "reason": row.get("reason", ""), "power": row.get("power", "")})
+                ours, reason = row["ours"], row.get("reason", "")
+                if row["verdict"] == claims.MISSING:  # the keys it lacks stay in the claim rules, not here
+                    ours = NOT_MEASURED
+                    reason = (f"{stem} has not recorded it: its results predate this measurement or its run left "
+                              f"it out (make reproduce ONLY={stem.split('_', 1)[0]} measures it)")
+                rows.append({"label": readable(f"{row['claim']}: {row['statement']}"), "ours": readable(ours),
+                             "paper": readable(row["paper_figure"]), "verdict": row["verdict"],
+                             "reason": readable(reason), "power": readable(row.get("power", ""))})
     for item in HEADLINES.get(stem or "", ()):
-        rows.append({"label": item.label, "ours": format_value(summary.get(item.key), item.unit),
-                     "paper": item.paper or "\u2014", "verdict": ""})
+        value = summary.get(item.key)
+        rows.append({"label": item.label, "ours": format_value(value, item.unit), "paper": item.paper or "\u2014",
+                     "verdict": "", "reason": "" if value is not None else
+                     f"{stem} did not record it ({'no results yet' if not summary else 'not in this run'})"})
     if not rows:  # a notebook the suite map does not know: its first numbers, in its own order
         for key, value in [(k, v) for k, v in summary.items() if k not in META_KEYS][:FALLBACK_ROWS]:
-            rows.append({"label": key, "ours": format_value(value), "paper": "\u2014", "verdict": ""})
+            rows.append({"label": plain_key(key), "ours": format_value(value), "paper": "\u2014", "verdict": ""})
     return rows
 
 
@@ -254,6 +331,40 @@ def status_from_results(profile: str, stem: str, results_root: str | Path | None
     return record
 
 
+SMOKE_NOTE = ("Smoke profile: a check that every notebook runs, on tiny models for a few steps. Its verdicts judge "
+              "nothing about the papers' claims (they are computed the same way, on numbers too small to mean anything); "
+              "the study is the cpu profile (make report PROFILE=cpu) and, on a GPU, the gpu profile.")
+
+
+def scale_note(profile: str, summaries: dict[str, dict[str, Any]] | None = None) -> str:
+    """What a verdict can judge on this profile, from the size of its substrate (01's ``substrate_params``)
+    beside the paper's Qwen3.5-4B; by profile where 01 has no results yet.
+
+    >>> scale_note("cpu", {"01_substrate_and_agent": {"substrate_params": 1373856}}).split(", so")[0]
+    "Our substrate has 1,373,856 parameters, about 3,400x fewer than the paper's Qwen3.5-4B (4,659,865,088)"
+    >>> "the paper's own model" in scale_note("gpu")
+    True
+    """
+    params = ((summaries or {}).get("01_substrate_and_agent") or {}).get("substrate_params")
+    reference = f"the paper's Qwen3.5-4B ({paper.QWEN35_4B_PARAMS:,})"
+    if isinstance(params, int) and not isinstance(params, bool) and params > 0:
+        ratio = paper.QWEN35_4B_PARAMS / params
+        if ratio >= 3:
+            shown = f"{float(f'{ratio:.2g}'):,.0f}"
+            return (f"Our substrate has {params:,} parameters, about {shown}x fewer than {reference}, so verdicts "
+                    "judge the direction and significance of an effect, not its size.")
+        return (f"Our substrate has {params:,} parameters, the size of {reference}: verdicts judge an effect's "
+                "direction, significance and size against the paper's.")
+    return {
+        "smoke": "The smoke profile's models are tiny: its verdicts judge nothing.",
+        "cpu": "Our models are thousands of times smaller than the papers' (notebook 01 gives the count), so "
+               "verdicts judge the direction and significance of an effect, not its size.",
+        "gpu": "The gpu profile runs the paper's own model and datasets from local paths (profiles/gpu.yaml: "
+               "MODEL_PATH, e.g. Qwen3.5-4B), so verdicts judge an effect's size against the paper's as well as "
+               "its direction; notebook 01's results give the model's parameter count.",
+    }.get(profile, "")
+
+
 def _problems_html(problems: list[str]) -> str:
     return "".join(f"<p class='stale'>{html.escape(m)}</p>" for m in problems)
 
@@ -319,6 +430,8 @@ body.cr { font-family: system-ui, sans-serif; margin: 0 auto; padding: 1.5em 2em
 .cr .note { color: #555; font-size: 90%; }
 .cr .stale { background: #fff4d6; padding: 6px 10px; border-radius: 4px; }
 .cr table.headline td.label { width: 45%; } .cr table.headline td.num { white-space: normal; }
+/* a long notebook name wraps inside its column instead of running into the status beside it */
+.cr table.index > tbody > tr > td:first-child { overflow-wrap: anywhere; }
 """
 
 
@@ -331,6 +444,8 @@ def _headline_table(rows: list[dict[str, str]], compact: bool = False) -> str:
     body = []
     for r in rows:
         power = f"<span class='power'>{html.escape(r['power'])}</span>" if r.get("power") else ""
+        if not r["verdict"] and r.get("reason"):  # why a number without a verdict is not there
+            power += f"<span class='reason'>{html.escape(r['reason'])}</span>"
         cells = [f"<td class='label'>{html.escape(r['label'])}</td>",
                  f"<td class='num'>{html.escape(r['ours'])}{power}</td>"]
         if show_paper:
@@ -373,6 +488,8 @@ def render_index(
     stems = sorted(notebooks if notebooks is not None else records)
     problems: list[str] = []
     claim_rows = _load_claims(profile, results_root, problems)
+    summaries = {stem: _read_result(results_root / profile / stem / "summary.json", profile, stem, problems) or {}
+                 for stem in ("01_substrate_and_agent",)}
     counts = {"ok": 0, "failed": 0}
     verdicts: dict[str, int] = {}
     rows = []
@@ -450,12 +567,12 @@ def render_index(
 <html lang="en"><head><meta charset="utf-8"><title>reports/{html.escape(profile)}</title>
 <style>{_CSS}</style></head><body class="cr">
 <h1>Reproducibility suite: profile <code>{html.escape(profile)}</code></h1>
+{f'<p class="stale smoke-note">{html.escape(SMOKE_NOTE)}</p>' if profile == "smoke" else ""}
 <p>{counts.get('ok', 0)} ok, {counts.get('failed', 0) + counts.get('running', 0) + counts.get('interrupted', 0)} failed or interrupted,
 {f"{counts['skipped']} skipped (the base gate: a base whose check did not pass is not used; not failures), " if counts.get('skipped') else ''}of {len(stems)} notebook(s). Claims: {verdict_text or 'none judged yet'}.</p>
 {_problems_html(problems)}
 <p class="note">Ours = this profile's <code>results/{html.escape(profile)}/*/summary.json</code>; paper = the
-papers' own figures (docs/paper_a_copes.md, docs/paper_b_molora.md). Our models are about 1000x smaller
-than the papers', so verdicts judge the direction and significance of an effect, not its size.
+papers' own figures (docs/paper_a_copes.md, docs/paper_b_molora.md). {html.escape(scale_note(profile, summaries))}
 Generated {generated} by <code>python -m copes_lib.cli</code>; {provenance}.</p>
 <table class="index"><colgroup><col style="width:18%"><col style="width:9%"><col style="width:57%">
 <col style="width:16%"></colgroup>
@@ -572,6 +689,7 @@ def reader_header(profile: str, stem: str, record: dict[str, Any] | None = None,
         meta.append(f"results of commit <code>{html.escape(str(summary.get('git_sha', '?'))[:10])}</code>"
                     + (" (uncommitted changes)" if summary.get("git_dirty") else ""))
     parts = [f"<h1>{html.escape(stem)}</h1>",
+             f"<p class='stale smoke-note'>{html.escape(SMOKE_NOTE)}</p>" if profile == "smoke" else "",
              f"<p class='what'>{html.escape(paper_name)} &middot; {html.escape(what)}</p>",
              f"<p>{' &middot; '.join(meta)}</p>"]
     manifest_path = summary_path.with_name("manifest.json")

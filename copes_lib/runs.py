@@ -173,12 +173,21 @@ def git_state() -> dict[str, Any]:
 
 
 def package_versions(names: Iterable[str] = TRACKED_PACKAGES) -> dict[str, str]:
+    """Installed versions; torch's with its build tag (``2.13.0+cpu``, ``2.13.0+cu130``): the metadata of
+    PyPI's CUDA build says plain ``2.13.0``, so the tag comes from ``torch.__version__``."""
     versions = {}
     for name in names:
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             versions[name] = "not installed"
+    if "torch" in versions and versions["torch"] != "not installed":
+        try:
+            import torch
+
+            versions["torch"] = str(torch.__version__)
+        except ImportError:
+            pass
     return versions
 
 
@@ -189,6 +198,7 @@ def device_info() -> dict[str, Any]:
         import torch
 
         info["torch_threads"] = torch.get_num_threads()
+        info["torch_cuda_build"] = torch.version.cuda  # None: a CPU build
         info["cuda_available"] = torch.cuda.is_available()
         if torch.cuda.is_available():
             info["cuda_devices"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]

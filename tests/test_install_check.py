@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from test_env_pins import _canonical, _pins, requirements_pins
@@ -206,3 +207,91 @@ def test_system_torch_wheelhouse_and_venv_use_no_deps_for_the_torch_dependents()
     assert len(pip_calls) == 3 and all("--no-index --find-links /tmp/wh" in c for c in pip_calls)
     assert any("install --no-deps -r requirements-system-torch-nodeps.txt" in c for c in pip_calls)
     assert "nodeps" not in _make_n("gpu-wheelhouse", python) + _make_n("venv-gpu", python)
+
+
+CUDA_VERSION_PY = "__version__ = '2.13.0+cu130'\ndebug = False\ncuda: Optional[str] = '13.0'\nhip: Optional[str] = None\n"
+CPU_VERSION_PY = "__version__ = '2.13.0+cpu'\ndebug = False\ncuda: Optional[str] = None\nhip: Optional[str] = None\n"
+
+
+def test_cpu_route_names_a_cuda_torch():
+    """make venv's check after torch is installed: the CPU build passes; a CUDA (or ROCm) build is an error
+    saying what was installed, why, how to get the CPU wheel for this Python, and the deliberate ways out."""
+    assert ic.read_torch_build(CPU_VERSION_PY) == ("2.13.0+cpu", None, None)
+    assert ic.read_torch_build(CUDA_VERSION_PY) == ("2.13.0+cu130", "13.0", None)
+    assert ic.cpu_torch_error("2.13.0+cpu", None, None, (3, 13), "https://download.pytorch.org/whl/cpu") is None
+    assert ic.cpu_torch_error("2.13.0", None, None, (3, 11)) is None  # macOS: PyPI's torch is a CPU build, no tag
+    error = ic.cpu_torch_error("2.13.0+cu130", "13.0", None, (3, 13), "https://download.pytorch.org/whl/cpu")
+    assert error.startswith("error: ") and "torch 2.13.0+cu130 (CUDA 13.0)" in error
+    assert "https://download.pytorch.org/whl/cpu was unreachable" in error and "Python 3.13" in error
+    assert "--python-version 3.13" in error and "cp313" in error and "PIP_FIND_LINKS" in error
+    assert "ALLOW_CUDA_TORCH=1" in error and "SYSTEM_TORCH=1" in error
+    assert "TORCH_INDEX is empty" in ic.cpu_torch_error("2.13.0", "13.0", None, (3, 12), "")
+    assert "ROCm 6.4" in ic.cpu_torch_error("2.13.0+rocm6.4", None, "6.4", (3, 12), "x")
+    assert "no torch" in ic.cpu_torch_error(None, None, None, (3, 12), "x")
+
+
+def test_cpu_python_is_checked_before_anything_is_created():
+    for version in ((3, 10), (3, 14)):
+        error = ic.python_error(version, cpu=True, executable="/usr/bin/python3.10")
+        assert "PYTHON_CPU" in error and ".venv" in error and "3.11, 3.12, 3.13" in error
+        assert "nothing was created" in error and "/usr/bin/python3.10" in error
+    out = _make_n("venv", "PYTHON_CPU=/opt/python3.12/bin/python3")
+    check = out.index("/opt/python3.12/bin/python3 copes_lib/install_check.py python --cpu")
+    assert check < out.index("-m venv .venv")
+    torch_line = out.index("torch==")
+    assert torch_line < out.index("install_check.py cpu-torch --index https://download.pytorch.org/whl/cpu")
+    assert out.index("cpu-torch") < out.index("install -r requirements.txt")
+    assert "--allow-cuda" not in out and "--allow-cuda" in _make_n("venv", "ALLOW_CUDA_TORCH=1")
+
+
+def _fake_torch_wheel(folder, version_py: str):
+    """A stand-in for PyPI's torch 2.13.0 wheel (no local tag, as PyPI's CUDA build): only torch/version.py."""
+    import base64
+    import hashlib
+    import zipfile
+
+    files = {"torch/__init__.py": "", "torch/version.py": version_py,
+             "torch-2.13.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: torch\nVersion: 2.13.0\n",
+             "torch-2.13.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = "".join(f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode()},"
+                     f"{len(text.encode())}\n" for name, text in files.items()) + "torch-2.13.0.dist-info/RECORD,,\n"
+    wheel = folder / "torch-2.13.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for name, text in {**files, "torch-2.13.0.dist-info/RECORD": record}.items():
+            zf.writestr(name, text)
+    return wheel
+
+
+@pytest.mark.slow(cost=20)
+def test_make_venv_stops_at_a_cuda_torch(tmp_path):
+    """The real `make venv` recipe, offline, with a stand-in wheel for PyPI's CUDA torch in the only wheel
+    folder: it stops after torch with the message, removes torch again, installs nothing else, no stamp.
+    And a PYTHON_CPU of an unsupported version is refused before the venv exists."""
+    import os
+    import shutil
+
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    _fake_torch_wheel(wheels, CUDA_VERSION_PY)
+    venv = tmp_path / "venv"
+    base = getattr(sys, "_base_executable", sys.executable)  # a venv of the test venv's own base Python
+    env = {**os.environ, "PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels),
+           "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    env.pop("PYTHONPATH", None)
+    done = subprocess.run(["make", "--no-print-directory", "venv", f"VENV={venv}", f"PYTHON_CPU={base}",
+                           "TORCH_INDEX="], cwd=REPO_ROOT, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode != 0
+    assert "error: make venv asked for torch 2.13.0's CPU build but pip installed torch 2.13.0+cu130 (CUDA 13.0)" \
+        in done.stderr, done.stderr
+    assert "install -r requirements.txt" not in done.stdout  # stopped before the CUDA libraries
+    assert not list(venv.glob("lib/python*/site-packages/torch")), "the CUDA torch stays installed"
+    assert not list(venv.glob(".installed-*"))
+    candidates = [*sorted(Path.home().glob(".pyenv/versions/3.10*/bin/python3.10")), shutil.which("python3.10")]
+    old = next((str(c) for c in candidates if c and subprocess.run([str(c), "-c", ""], capture_output=True).returncode == 0),
+               None)
+    if old is None:
+        return  # no Python 3.10 here: the unsupported-version check is covered by test_cpu_python_is_checked...
+    refused = subprocess.run(["make", "--no-print-directory", "venv", f"VENV={tmp_path / 'old'}",
+                              f"PYTHON_CPU={old}"], cwd=REPO_ROOT, capture_output=True, text=True, env=env, timeout=120)
+    assert refused.returncode != 0 and "cannot build .venv; valid versions: 3.11, 3.12, 3.13" in refused.stderr
+    assert not (tmp_path / "old").exists()

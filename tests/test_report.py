@@ -84,7 +84,9 @@ def test_headline_formats_numbers_for_reading():
     by_label = {r["label"]: r for r in rows}
     assert by_label["standard ES, validation accuracy at step 16"]["ours"] == "41.99%"
     assert by_label["standard ES, validation accuracy at step 16"]["paper"] == "77.60%"
-    assert by_label["base validation accuracy"]["ours"] == "\u2014"  # absent, not "None"
+    # absent: "not measured" with why (issue 50: a dash or "None" told the reader nothing)
+    assert by_label["base validation accuracy"]["ours"] == "not measured"
+    assert by_label["base validation accuracy"]["reason"] == "02_standard_es did not record it (not in this run)"
     assert report.format_value(float(__import__("numpy").float64(0.25))) == "0.25"
 
 

@@ -64,7 +64,7 @@ def test_runner_continues_records_failure_and_reruns_failed_only(suite, capsys):
         assert (reports / name).exists(), name
     index = (reports / "index.html").read_text()
     assert "deliberate failure" in index and 'href="02_broken.html"' in index
-    assert "<td class='label'>val_accuracy</td><td class='num'>0.1235</td>" in index
+    assert "<td class='label'>validation accuracy</td><td class='num'>0.1235</td>" in index  # the key in words (report.plain_key)
     assert 'href="../figures/smoke/01_curve.png"' in index and 'src="../figures/smoke/01_curve.png"' in index
     assert 'href="../results/smoke/01_first/summary.json"' in index
     out = capsys.readouterr().out

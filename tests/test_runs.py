@@ -63,6 +63,11 @@ def test_run_writes_the_results_contract(tmp_path):
     manifest = runs.read_json(folder / "manifest.json")
     assert manifest["config"]["SEED"] == 3 and manifest["wall_time_s"] >= 0
     assert {"torch", "transformers", "papermill"} <= set(manifest["packages"])
+    import torch
+
+    # the full version with its build tag (+cpu, +cu130): PyPI's CUDA build's metadata says plain 2.13.0
+    assert manifest["packages"]["torch"] == torch.__version__
+    assert manifest["device"]["torch_cuda_build"] == torch.version.cuda
     assert "torch_threads" in manifest["device"] and manifest["ended"] >= manifest["started"]
     assert [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()] == [
         {"step": 0, "reward/mean": 0.25}

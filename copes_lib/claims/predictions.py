@@ -135,10 +135,14 @@ def _judge_prediction(pred: regime.Prediction, notebook: str) -> Callable[[Conte
     def judge(ctx: Context) -> Judgement:
         value, low, high = (ctx.summary.get(k) for k in keys)
         power = "the notebook's 95% interval (seeds x problems, docs/statistics.md#s2-two-sources-of-noise)"
+        if all(v is None for v in (value, low, high)):  # the notebook writes None where its run lacks the cells
+            return Judgement(INCONCLUSIVE, f"{pred.quantity}: not measured", power,
+                             f"{notebook} recorded no value: the quantity is undefined for its run, which lacks "
+                             "the settings or cells it needs (docs/regime.md#r4-predictions-ours-registered-before-the-run)")
         if any(v is None or not math.isfinite(float(v)) for v in (value, low, high)):
-            return Judgement(INCONCLUSIVE, f"{pred.quantity}: undefined ({', '.join(keys)} = "
+            return Judgement(INCONCLUSIVE, f"{pred.quantity}: undefined (value, interval = "
                              f"{', '.join(_fmt(v) for v in (value, low, high))})", power,
-                             f"{notebook} wrote the keys but the quantity is undefined there")
+                             f"{notebook} wrote the quantity but it is undefined there (not finite)")
         stat = {"value": float(value), "low": float(low), "high": float(high)}
         text = f"{pred.quantity}: {stat['value']:.3g} [{stat['low']:.3g}, {stat['high']:.3g}]"
         agrees, why_a = _holds(pred.agrees_if, stat)
@@ -164,8 +168,9 @@ def _judge_r1(ctx: Context) -> Judgement:
     strict, protocol = float(ctx["regime_math_strict_accuracy"]), ctx["warm_protocol"]
     reading = regime.judge_r1(strict, protocol == "latent")
     recorded = ctx.summary.get("prediction_R1")
-    text = f"strict math accuracy of 01's base {strict:.3g} (warm_protocol {protocol}, p = " \
-           f"{_fmt(ctx.summary.get('warm_latent_p'))})"
+    latent_p = ctx.summary.get("warm_latent_p")  # None: a protocol without a latent p (paper, skill_gap)
+    text = f"strict math accuracy of 01's base {strict:.3g} (warm_protocol {protocol}" + \
+           (f", p = {_fmt(latent_p)})" if latent_p is not None else ")")
     note = "" if recorded in (None, reading) else f"; NOTE: 01 recorded prediction_R1 = {recorded!r}"
     power = "one greedy evaluation of the base on the validation split"
     if protocol != "latent":
