@@ -203,7 +203,8 @@ def breakdown(model, objective, config) -> dict:
             "op_share": {k: v / ops for k, v in by_kind.items()},
             "rollout_wall_s": rollout, "host_outside_model_share_of_rollout": (rollout - model_s) / rollout,
             "forward_calls": sum(b.forward_calls for b in seen),
-            "note": "profiler overhead inflates small ops; shares, not seconds, are the figure"}
+            "note": "op seconds are the profiler's clock per op (its overhead and the load inflate them): shares, "
+                    "not seconds, are the figure"}
 
 
 def matmul_params(model) -> int:
@@ -221,6 +222,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5,
                         help="repeats of the batched vs sequential step, each beside its own matmul baseline (median)")
     parser.add_argument("--breakdown", action="store_true", help="also profile one batched step (torch.profiler)")
+    parser.add_argument("--out", default=str(runs.RESULTS_ROOT / "bench" / "es.json"))
     args = parser.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     model, objective, what = setup(args.profile, args.batch, args.untrained)
@@ -297,7 +299,7 @@ def main() -> None:
     result["noise_ratio_expected"] = 0.25
 
     result["load_average_at_end"] = os.getloadavg()
-    path = runs.atomic_write_json(runs.RESULTS_ROOT / "bench" / "es.json", result)
+    path = runs.atomic_write_json(args.out, result)
     print(json.dumps(result, indent=1))
     print(f"saved {path}")
 
