@@ -360,6 +360,10 @@ class HeadPieces(tuple):
         first = self[0]
         return torch.Size((first.shape[0], first.shape[1] * len(self), *first.shape[2:]))
 
+    def whole(self) -> torch.Tensor:
+        """The pieces as one (rows, heads, columns, head_dim) tensor (a copy: for inspection and tests)."""
+        return torch.cat(list(self), dim=1)
+
 
 def sdpa_by_head(module, query, key, value, attention_mask, **kwargs):
     """transformers' sdpa attention, run once per KV head when the cache hands :class:`HeadPieces`
