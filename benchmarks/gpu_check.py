@@ -283,7 +283,8 @@ class CacheProbe:
     buffers while old ones are live. The probe wraps the attention cache layers' re-allocating methods
     (``update`` outside static layers, ``gather_columns``, ``add_rows``, ``batch_select_indices``,
     ``grow``) and counts, at each call, the other layers' bytes plus the peak of the layer's live
-    tensors inside the call (``budget.LiveTensorBytes``: old buffers, new ones and temporaries).
+    tensors inside the call (``budget.LiveTensorBytes``: old buffers, new ones and temporaries; the
+    call's own inputs, such as the new columns' K and V, are live before and after it and left out).
     Such transients are charged to the next forward's row (a re-pack runs just before the forward
     that needs it)."""
 
@@ -329,11 +330,17 @@ class CacheProbe:
         def wrapped(*args, **kwargs):
             before, own = self._storages(cache.layers), self._storages([layer])
             tracker = LiveTensorBytes(device_type=None)
-            tracker.track_existing(self._kv(layer))
+            # the call's inputs (the new columns' K and V, an index) are live before and after it and are not
+            # the cache: registered up front (a view of them inside the call would register them) and left out
+            inputs = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                      for t in [*args, *kwargs.values()] if torch.is_tensor(t) and t.numel()}
+            tracker.track_existing([*self._kv(layer), *(t for t in [*args, *kwargs.values()]
+                                                        if torch.is_tensor(t) and t.numel())])
             with tracker:
                 out = method(*args, **kwargs)
             others = sum(before.values()) - sum(own.values())
-            self._transient = max(self._transient, others + tracker.peak)
+            outside = sum(v for k, v in inputs.items() if k not in own)
+            self._transient = max(self._transient, others + tracker.peak - outside)
             return out
 
         return wrapped
