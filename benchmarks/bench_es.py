@@ -4,8 +4,12 @@ Measures (saved to results/bench/es.json):
 - step overhead: (ES step time) / (the same N rollouts on the unperturbed model), goal <= 1.10;
 - distance to the compute limit: the FLOP/s of the step's rollouts / the FLOP/s of a large fp32
   matmul (FLOPs of a rollout estimated as 2 x matmul parameters x tokens through the model, attention
-  ignored), goal >= 0.5;
+  ignored), goal >= 0.5 (population-batched); each of ``--repeats`` repeats runs the sequential and
+  the batched evaluation of the same step, each beside its own matmul baseline, all timed in this
+  process's CPU seconds (one thread), and the median of the per-repeat ratios is kept;
 - population-batched vs sequential evaluation of the same step (and whether their rewards agree);
+- ``--breakdown``: where a batched step's time goes (torch.profiler's op kinds, host time outside the
+  model), docs/engines.md#where-an-es-steps-time-goes;
 - noise-generation time per member, CoPES (K = 4) vs ES (K = 1), expected about 1/K.
 
 Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_es.py --profile smoke`` (add
@@ -112,12 +116,95 @@ def setup(profile: str, batch: int, untrained: bool):
 
 
 def matmul_flops(n: int = 1024, repeats: int = 5) -> float:
+    """FLOP/s of an n x n fp32 matmul: the median of ``repeats`` products, timed in this process's CPU
+    seconds (one thread: the compute, not the wait for a core on a shared machine)."""
     a, b = torch.randn(n, n), torch.randn(n, n)
     a @ b
-    t0 = time.perf_counter()
+    times = []
     for _ in range(repeats):
+        t0 = time.process_time()
         a @ b
-    return 2 * n**3 * repeats / (time.perf_counter() - t0)
+        times.append(time.process_time() - t0)
+    return 2 * n**3 / float(np.median(times))
+
+
+class CpuClock:
+    """Wraps an objective's rollout calls (``fitness``, ``population_fitness``) and sums this process's
+    CPU seconds inside them (``seconds``): on one thread the compute of the rollouts, which the load of
+    other jobs slows far less than the wall clock."""
+
+    def __init__(self, objective):
+        self.seconds = 0.0
+        for name in ("fitness", "population_fitness"):
+            method = getattr(objective, name)
+
+            def timed(*args, _method=method, **kwargs):
+                t0 = time.process_time()
+                try:
+                    return _method(*args, **kwargs)
+                finally:
+                    self.seconds += time.process_time() - t0
+
+            setattr(objective, name, timed)
+
+
+#: torch.profiler op names by where an ES step's model time goes (self CPU time; the rest is "other ops")
+OP_KINDS = {"linear matmuls": ("aten::bmm", "aten::mm", "aten::addmm", "aten::baddbmm", "aten::linear"),
+            "attention": ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::scaled_dot_product_attention",
+                          "aten::_scaled_dot_product_attention_math"),
+            "copies and layout": ("aten::copy_", "aten::cat", "aten::index", "aten::gather", "aten::index_copy_",
+                                  "aten::contiguous", "aten::clone", "aten::_to_copy"),
+            "elementwise (norms, rotary, activation)": ("aten::mul", "aten::add", "aten::silu", "aten::pow",
+                                                        "aten::mean", "aten::rsqrt", "aten::neg", "aten::sub",
+                                                        "aten::div", "aten::where", "aten::cos", "aten::sin",
+                                                        "aten::add_", "aten::mul_", "aten::div_"),
+            "noise (randn)": ("aten::normal_", "aten::randn"),
+            "sampling": ("aten::argmax", "aten::multinomial", "aten::softmax", "aten::_softmax")}
+
+
+def breakdown(model, objective, config) -> dict:
+    """Where one population-batched ES step's CPU time goes: torch.profiler's self CPU time by op kind
+    (OP_KINDS) and, from the rollout's own clocks, the host time outside the model's forward calls
+    (the loop, sampling's host side, stop checks, tool calls, tokenization)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from copes_lib import engines
+
+    bench_es = ES(copy.deepcopy(model), ESConfig(**{**config.to_dict(), "backend": "batched"}))
+    backend = make_backend(bench_es)
+    seen = []
+    generate = engines.LoopEngine.generate
+
+    def keep(self, *args, **kwargs):
+        out = generate(self, *args, **kwargs)
+        seen.append(out)
+        return out
+
+    engines.LoopEngine.generate = keep
+    try:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            t0 = time.process_time()
+            es_step(bench_es, 2, objective, backend)
+            total = time.process_time() - t0
+    finally:
+        engines.LoopEngine.generate = generate
+    by_kind = dict.fromkeys(OP_KINDS, 0.0)
+    ops = 0.0
+    for event in prof.key_averages():
+        seconds = event.self_cpu_time_total / 1e6
+        ops += seconds
+        for kind, names in OP_KINDS.items():
+            if event.key in names:
+                by_kind[kind] += seconds
+    by_kind["other ops"] = ops - sum(by_kind.values())
+    rollout = sum(b.elapsed_s for b in seen)
+    model_s = sum(b.model_s for b in seen)
+    return {"profiled_cpu_s": total, "op_self_cpu_s": by_kind,
+            "op_share": {k: v / ops for k, v in by_kind.items()},
+            "rollout_wall_s": rollout, "host_outside_model_share_of_rollout": (rollout - model_s) / rollout,
+            "forward_calls": sum(b.forward_calls for b in seen),
+            "note": "op seconds are the profiler's clock per op (its overhead and the load inflate them): shares, "
+                    "not seconds, are the figure"}
 
 
 def matmul_params(model) -> int:
@@ -132,12 +219,19 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--untrained", action="store_true",
                         help="a fresh model of the profile's size and a stand-in reward (no warm start)")
+    parser.add_argument("--repeats", type=int, default=5,
+                        help="repeats of the batched vs sequential step, each beside its own matmul baseline (median)")
+    parser.add_argument("--breakdown", action="store_true", help="also profile one batched step (torch.profiler)")
+    parser.add_argument("--out", default=str(runs.RESULTS_ROOT / "bench" / "es.json"))
     args = parser.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     model, objective, what = setup(args.profile, args.batch, args.untrained)
     result: dict = {"substrate": what, "population": args.population, "batch": args.batch,
-                    "threads": torch.get_num_threads(),
-                    "parameters": sum(p.numel() for p in model.parameters())}
+                    "threads": torch.get_num_threads(), "repeats": args.repeats,
+                    "parameters": sum(p.numel() for p in model.parameters()),
+                    "load_average_at_start": os.getloadavg(),
+                    "clock": "process CPU seconds (one thread) for every FLOP/s ratio; wall seconds where named _s"}
+    clock = CpuClock(objective)
 
     # 1. a full sequential ES step vs the rollouts inside it (time spent in the objective's calls)
     config = ESConfig(population=args.population, subspaces=1, sigma=1e-2, alpha=5e-3, chunk_size=4096)
@@ -150,31 +244,39 @@ def main() -> None:
     result["noise_share_of_step"] = step.noise_s / step.step_s
     result["step_overhead_goal"] = 1.10
 
-    # 2. FLOP/s of those rollouts vs a large matmul (2 x matmul parameters x tokens through the model)
-    peak = matmul_flops()
-    flops = 2 * matmul_params(model) * objective.tokens
-    result["matmul_gflops"] = peak / 1e9
-    result["rollout_gflops"] = flops / step.fitness_s / 1e9
-    result["rollout_fraction_of_matmul"] = flops / step.fitness_s / peak
-    result["compute_fraction_goal"] = 0.5
-
-    # 3. batched vs sequential evaluation of the same step
-    timings = {}
-    rewards = {}
+    # 2. and 3. FLOP/s of the step's rollouts (2 x matmul parameters x tokens through the model) over a
+    # large matmul's, sequential and population-batched evaluation of the same step, each repeat beside
+    # its own matmul baseline (median of the per-repeat ratios: load that comes and goes hits both)
+    fractions: dict = {"sequential": [], "batched": []}
+    timings: dict = {"sequential": [], "batched": []}
+    peaks, rewards = [], {}
+    for _ in range(args.repeats):
+        for backend_name in ("sequential", "batched"):
+            cfg = ESConfig(**{**config.to_dict(), "backend": backend_name})
+            bench_es = ES(copy.deepcopy(model), cfg)
+            backend = make_backend(bench_es)
+            objective.tokens, clock.seconds = 0, 0.0
+            before = matmul_flops()
+            res = es_step(bench_es, 2, objective, backend)
+            peak = (before + matmul_flops()) / 2
+            peaks.append(peak)
+            timings[backend_name].append(clock.seconds)
+            fractions[backend_name].append(2 * matmul_params(model) * objective.tokens / clock.seconds / peak)
+            if backend_name in rewards and not np.array_equal(rewards[backend_name], res.rewards):
+                raise RuntimeError(f"{backend_name}: rewards differ between repeats of the same step")
+            rewards[backend_name] = res.rewards
+    result["matmul_gflops"] = float(np.median(peaks)) / 1e9
     for backend_name in ("sequential", "batched"):
-        cfg = ESConfig(**{**config.to_dict(), "backend": backend_name})
-        bench_model = copy.deepcopy(model)
-        bench_es = ES(bench_model, cfg)
-        backend = make_backend(bench_es)
-        objective.tokens = 0
-        res = es_step(bench_es, 2, objective, backend)
-        timings[backend_name], rewards[backend_name] = res.rollout_s, res.rewards
-        result[f"{backend_name}_rollout_fraction_of_matmul"] = (
-            2 * matmul_params(model) * objective.tokens / res.fitness_s / peak)
-    result["sequential_eval_s"] = timings["sequential"]
-    result["batched_eval_s"] = timings["batched"]
-    result["batched_speedup"] = timings["sequential"] / timings["batched"]
+        result[f"{backend_name}_rollout_fraction_of_matmul"] = float(np.median(fractions[backend_name]))
+        result[f"{backend_name}_rollout_fraction_per_repeat"] = fractions[backend_name]
+        result[f"{backend_name}_eval_cpu_s"] = float(np.median(timings[backend_name]))
+    result["rollout_fraction_of_matmul"] = result["sequential_rollout_fraction_of_matmul"]
+    result["compute_fraction_goal"] = 0.5
+    result["batched_speedup"] = result["sequential_eval_cpu_s"] / result["batched_eval_cpu_s"]
     result["batched_rewards_equal"] = bool(np.array_equal(rewards["sequential"], rewards["batched"]))
+    result["batched_rewards"] = np.asarray(rewards["batched"]).tolist()
+    if args.breakdown:
+        result["batched_step_breakdown"] = breakdown(model, objective, config)
 
     # 4. noise time per member: CoPES K = 4 vs ES K = 1 (perturb + restore of every member)
     per_member = {}
@@ -196,7 +298,8 @@ def main() -> None:
     result["noise_ratio_copes_over_es"] = per_member[4] / per_member[1]
     result["noise_ratio_expected"] = 0.25
 
-    path = runs.atomic_write_json(runs.RESULTS_ROOT / "bench" / "es.json", result)
+    result["load_average_at_end"] = os.getloadavg()
+    path = runs.atomic_write_json(args.out, result)
     print(json.dumps(result, indent=1))
     print(f"saved {path}")
 

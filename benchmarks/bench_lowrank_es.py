@@ -52,6 +52,8 @@ def throughput(args, batch: int) -> dict:
             "lowrank_batched_k4": dict(noise_rank=args.rank, backend="batched", subspaces=4),
             "fullrank_batched": dict(backend="batched"),
             "fullrank_sequential": dict(backend="sequential")}
+    if args.arms != "all":  # the low-rank arms only (a short run: full-rank sequential is most of the time)
+        arms = {name: extra for name, extra in arms.items() if name.startswith("lowrank")}
     best: dict = {}
     # the arms interleaved, each repeat in turn, the minimum kept: the machine is shared, and load that
     # comes and goes then hits every arm alike
@@ -69,6 +71,7 @@ def throughput(args, batch: int) -> dict:
         return values
 
     objective.population_fitness = timed
+    per_repeat: dict = {}  # arm -> CPU seconds of each repeat (the medians of the per-repeat ratios below)
     for _ in range(args.repeats):
         # pure batched inference of the same N x B rows on the unperturbed model (the ceiling)
         held, t0, timed.cpu_s = objective.tokens, time.perf_counter(), 0.0
@@ -77,6 +80,7 @@ def throughput(args, batch: int) -> dict:
         best["inference"] = min(best.get("inference", float("inf")), time.perf_counter() - t0)
         tokens["inference"] = objective.tokens - held
         cpu["inference"] = min(cpu.get("inference", float("inf")), timed.cpu_s)
+        per_repeat.setdefault("inference", []).append(timed.cpu_s)
         for name, extra in arms.items():
             es = ES(copy.deepcopy(model), ESConfig(**{**base, **extra}))
             held, timed.cpu_s = objective.tokens, 0.0
@@ -86,11 +90,26 @@ def throughput(args, batch: int) -> dict:
                 tokens[name] = objective.tokens - held
             if name != "fullrank_sequential":  # its members run through fitness(), not the batched call
                 cpu[name] = min(cpu.get(name, float("inf")), timed.cpu_s)
+                per_repeat.setdefault(name, []).append(timed.cpu_s)
     objective.population_fitness = rollouts
     out["inference_s"] = best["inference"]
+    if args.arms != "all":
+        out["arms"] = sorted(arms)
+        ratios = {name: [i / v for i, v in zip(per_repeat["inference"], per_repeat[name])] for name in arms}
+        out["cpu_fraction_of_inference_per_repeat"] = ratios
+        out["cpu_fraction_of_inference_median"] = {name: float(np.median(v)) for name, v in ratios.items()}
+        out["goal_fraction_of_inference_b1"] = 0.91
+        out["tokens"] = tokens
+        out["decode_linear_delta_cost"] = delta_cost(model, n, args.rank)
+        return out
     out["inference_tokens"] = tokens["inference"]
     out["rollout_cpu_s"] = cpu
     out["cpu_fraction_of_inference"] = {name: cpu["inference"] / v for name, v in cpu.items() if name != "inference"}
+    # each repeat's arms ran right after its inference: the ratio within a repeat, median over repeats
+    ratios = {name: [i / v for i, v in zip(per_repeat["inference"], values)]
+              for name, values in per_repeat.items() if name != "inference"}
+    out["cpu_fraction_of_inference_per_repeat"] = ratios
+    out["cpu_fraction_of_inference_median"] = {name: float(np.median(v)) for name, v in ratios.items()}
     for name in arms:
         out[f"{name}_eval_s"] = best[name].rollout_s
         out[f"{name}_step_s"] = best[name].step_s
@@ -110,6 +129,36 @@ def throughput(args, batch: int) -> dict:
     out["goal_fraction_of_inference"], out["goal_speedup_over_sequential"] = 0.8, 5.0
     out["goals_met"] = bool(out["lowrank_fraction_of_inference"] >= 0.8
                             and out["lowrank_speedup_over_fullrank_sequential"] >= 5.0)
+    return out
+
+
+def delta_cost(model, members: int, rank: int, repeats: int = 200) -> dict:
+    """At a decode step (one token per row, ``members`` rows, one member each), each Linear shape of
+    ``model``: this process's CPU seconds of the plain ``F.linear`` (pure inference) against the same
+    call with the low-rank delta of ``lowrank.LowRankPopulation`` (x B_i by ``bmm``, then ``baddbmm_``
+    of A_i into the output); medians of ``repeats``, interleaved. The ratio is what a forward whose
+    time were all Linear calls could reach against pure inference (the model's shapes, then 1024 and
+    2048 square for reference)."""
+    import torch.nn.functional as F
+
+    shapes = sorted({tuple(m.weight.shape) for m in model.modules() if isinstance(m, torch.nn.Linear)})
+    out = {}
+    # and two wider square shapes for reference (the delta's fixed cost against a larger matmul)
+    for out_f, in_f in shapes + [(1024, 1024), (2048, 2048)]:
+        weight, x = torch.randn(out_f, in_f), torch.randn(members, 1, in_f)
+        a_t, b_t = torch.randn(members, rank, out_f), torch.randn(members, rank, in_f)
+        plain, low = [], []
+        for _ in range(repeats):
+            t0 = time.process_time()
+            F.linear(x, weight)
+            t1 = time.process_time()
+            base = F.linear(x, weight)
+            base.view(members, 1, -1).baddbmm_(torch.bmm(x, b_t.transpose(1, 2)), a_t, alpha=0.01)
+            t2 = time.process_time()
+            plain.append(t1 - t0)
+            low.append(t2 - t1)
+        out[f"{in_f}->{out_f}"] = {"linear_us": float(np.median(plain)) * 1e6, "with_delta_us": float(np.median(low)) * 1e6,
+                                   "fraction": float(np.median(plain) / np.median(low))}
     return out
 
 
@@ -145,6 +194,9 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=32, help="max new tokens per rollout")
     parser.add_argument("--rank", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--arms", default="all", choices=("all", "lowrank"),
+                        help="lowrank: pure inference and the low-rank arms only (their CPU-time ratios, median of "
+                        "the per-repeat ratios)")
     parser.add_argument("--learning", action="store_true", help="also the learning-per-step comparison")
     parser.add_argument("--learn-population", type=int, default=8)
     parser.add_argument("--learn-steps", type=int, default=6)
@@ -152,8 +204,9 @@ def main() -> None:
     parser.add_argument("--out", default=str(runs.RESULTS_ROOT / "bench" / "lowrank_es.json"))
     args = parser.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    result = {"threads": torch.get_num_threads(),
+    result = {"threads": torch.get_num_threads(), "load_average_at_start": os.getloadavg(),
               "throughput": [throughput(args, int(b)) for b in args.batches.split(",")]}
+    result["load_average_at_end"] = os.getloadavg()
     print(json.dumps(result, indent=1), flush=True)
     if args.learning:
         result["learning"] = learning(args)

@@ -77,7 +77,7 @@ try:
     IMPORT_ERROR = None
 except Exception:  # recorded by main()
     IMPORT_ERROR = traceback.format_exc(limit=8)
-    AgentEnv, QWEN35_SIZES = object, {"tiny": None, "0.8b": None, "2b": None}
+    AgentEnv, QWEN35_SIZES = object, {"tiny": None, "4b-layout": None, "0.8b": None, "2b": None}
 
 # The goals (docs/gpu_check.md#goals, set before any GPU run), judged in the summary on CUDA only.
 GOALS = {"fast_over_loop": 4.0, "member_over_pure": 0.8, "kv_over_model_tolerance": 0.15, "slot_width": 1.25,
@@ -283,7 +283,8 @@ class CacheProbe:
     buffers while old ones are live. The probe wraps the attention cache layers' re-allocating methods
     (``update`` outside static layers, ``gather_columns``, ``add_rows``, ``batch_select_indices``,
     ``grow``) and counts, at each call, the other layers' bytes plus the peak of the layer's live
-    tensors inside the call (``budget.LiveTensorBytes``: old buffers, new ones and temporaries).
+    tensors inside the call (``budget.LiveTensorBytes``: old buffers, new ones and temporaries; the
+    call's own inputs, such as the new columns' K and V, are live before and after it and left out).
     Such transients are charged to the next forward's row (a re-pack runs just before the forward
     that needs it)."""
 
@@ -296,14 +297,17 @@ class CacheProbe:
         self.pre_handle = model.register_forward_pre_hook(self._instrument, with_kwargs=True)
 
     @staticmethod
-    def _storages(layers) -> dict[int, int]:
-        out = {}
-        for layer in layers:
-            for name in ("keys", "values"):
-                t = getattr(layer, name, None)
-                if torch.is_tensor(t) and t.numel():
-                    out[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    def _kv(layer) -> list[torch.Tensor]:
+        """A layer's K and V tensors: one each, or one per KV head (``rollout.HeadPieces``)."""
+        out = []
+        for name in ("keys", "values"):
+            t = getattr(layer, name, None)
+            out += [p for p in (t if isinstance(t, tuple) else [t]) if torch.is_tensor(p) and p.numel()]
         return out
+
+    @classmethod
+    def _storages(cls, layers) -> dict[int, int]:
+        return {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for layer in layers for t in cls._kv(layer)}
 
     @torch.compiler.disable
     def _instrument(self, module, args, kwargs):
@@ -326,12 +330,17 @@ class CacheProbe:
         def wrapped(*args, **kwargs):
             before, own = self._storages(cache.layers), self._storages([layer])
             tracker = LiveTensorBytes(device_type=None)
-            tracker.track_existing(t for t in (getattr(layer, "keys", None), getattr(layer, "values", None))
-                                   if torch.is_tensor(t) and t.numel())
+            # the call's inputs (the new columns' K and V, an index) are live before and after it and are not
+            # the cache: registered up front (a view of them inside the call would register them) and left out
+            inputs = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                      for t in [*args, *kwargs.values()] if torch.is_tensor(t) and t.numel()}
+            tracker.track_existing([*self._kv(layer), *(t for t in [*args, *kwargs.values()]
+                                                        if torch.is_tensor(t) and t.numel())])
             with tracker:
                 out = method(*args, **kwargs)
             others = sum(before.values()) - sum(own.values())
-            self._transient = max(self._transient, others + tracker.peak)
+            outside = sum(v for k, v in inputs.items() if k not in own)
+            self._transient = max(self._transient, others + tracker.peak - outside)
             return out
 
         return wrapped
@@ -344,14 +353,12 @@ class CacheProbe:
             return
         width, kv, states, seen = 0, 0, 0, set()
         for layer in cache.layers:
-            for name in ("keys", "values"):
-                t = getattr(layer, name, None)
-                if torch.is_tensor(t) and t.numel():
-                    width = max(width, t.shape[-2])
-                    storage = t.untyped_storage()
-                    if storage.data_ptr() not in seen:
-                        seen.add(storage.data_ptr())
-                        kv += storage.nbytes()
+            for t in self._kv(layer):
+                width = max(width, t.shape[-2])
+                storage = t.untyped_storage()
+                if storage.data_ptr() not in seen:
+                    seen.add(storage.data_ptr())
+                    kv += storage.nbytes()
             for name in ("conv_states", "recurrent_states"):
                 for t in getattr(layer, name, None) or []:
                     if torch.is_tensor(t):
@@ -387,7 +394,12 @@ def kv_figures(rows: list[dict], per_token: int) -> dict:
         previous = rows[at - 1]  # it still held the rows of the forward before (rows that just ended)
         model_bytes = max(model_bytes, per_token * previous["live_rows"] * previous["longest_row"])
     steady_model = per_token * steady["live_rows"] * steady["longest_row"]
+    # each forward's peak (transients included) over the cache around it: a re-allocation before
+    # forward i goes from the cache forward i-1 left to the one forward i leaves
+    around = [max(r["kv_bytes"], rows[i - 1]["kv_bytes"] if i else 0) for i, r in enumerate(rows)]
+    over = [r.get("kv_peak_bytes", r["kv_bytes"]) / a for r, a in zip(rows, around) if a]
     return {"forwards_seen": len(rows), "at_peak": peak, "model_bytes_at_peak": model_bytes,
+            "kv_peak_over_steady": max(over, default=None),
             # the judged figure: re-allocation transients included (CacheProbe)
             "kv_over_model": peak.get("kv_peak_bytes", peak["kv_bytes"]) / model_bytes if model_bytes else None,
             "kv_steady_over_model": steady["kv_bytes"] / steady_model if steady_model else None,

@@ -272,6 +272,12 @@ QWEN35_SIZES = {
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
                  num_key_value_heads=2, head_dim=16, linear_key_head_dim=16, linear_value_head_dim=16,
                  linear_num_key_heads=2, linear_num_value_heads=4),
+    # Qwen3.5-4B's attention layout, narrow: 8 full-attention layers with 4 KV heads (paper A, docs/paper_a_copes.md
+    # #a4-task-agent-reward-and-data) in Qwen3.5's 3:1 pattern (32 layers; the paper gives no layer count); what the
+    # KV cache's re-allocation transient depends on (benchmarks/bench_kv.py), at a width a CPU runs in seconds
+    "4b-layout": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=32, num_attention_heads=8,
+                      num_key_value_heads=4, head_dim=16, linear_key_head_dim=16, linear_value_head_dim=16,
+                      linear_num_key_heads=2, linear_num_value_heads=4),
     # realistic sizes (randomly initialised; benchmarks): about 0.8B and 2B parameters with Qwen3.5's vocabulary
     "0.8b": dict(hidden_size=1024, intermediate_size=3584, num_hidden_layers=24, num_attention_heads=8,
                  num_key_value_heads=2, head_dim=256, linear_key_head_dim=128, linear_value_head_dim=128,

@@ -56,10 +56,12 @@ class Population:
         self.model, self.stacked, self.rows_per_member = model, stacked, rows_per_member
         self.modules = supported_modules(model)
         self.members: torch.Tensor | None = None  # member index of each row of the current call
+        self._runs: tuple[torch.Tensor, list | None] | None = None  # (members, their _groups)
 
     # the rollout calls this before every forward with the original row indices of the call's rows
     def row_hook(self, rows: list[int]) -> None:
         self.members = torch.as_tensor([r // self.rows_per_member for r in rows], dtype=torch.long)
+        self._runs = (self.members, self._groups(self.members))  # once per forward, not per patched module
 
     def __enter__(self) -> Population:
         for module in self.modules:
@@ -89,6 +91,22 @@ class Population:
     def _weights(self, param: torch.Tensor) -> torch.Tensor:
         return self.stacked[id(param)]
 
+    def _runs_of(self, members: torch.Tensor) -> list[tuple[int, int, int]] | None:
+        """``_groups(members)``, computed once per row_hook (every patched module of a forward reads it)."""
+        if self._runs is None or self._runs[0] is not members:
+            self._runs = (members, self._groups(members))
+        return self._runs[1]
+
+    def _equal_runs(self, members: torch.Tensor) -> tuple[slice | list[int], int] | None:
+        """(the members, as a slice of the stack when consecutive; rows each) when the rows come in equal
+        runs of distinct members, else None."""
+        runs = self._runs_of(members)
+        if runs is None or len({stop - start for _, start, stop in runs}) != 1:
+            return None
+        first, ids = runs[0][0], [m for m, _, _ in runs]
+        pick = slice(first, first + len(ids)) if ids == list(range(first, first + len(ids))) else ids
+        return pick, runs[0][2] - runs[0][1]
+
     def _groups(self, members: torch.Tensor) -> list[tuple[int, int, int]] | None:
         """(member, start, stop) runs of consecutive rows, or None if rows are not grouped by member."""
         values = members.tolist()
@@ -106,7 +124,7 @@ class Population:
             members = self._rows(x.shape[0])
             weight = self._weights(module.weight)
             bias = self._weights(module.bias) if module.bias is not None else None
-            runs = self._groups(members)
+            runs = self._runs_of(members)
             if runs is None:  # rows interleaved: sort by member, compute, unsort
                 order = torch.argsort(members, stable=True)
                 saved = self.members
@@ -145,13 +163,23 @@ class Population:
     def _rmsnorm_forward(self, module: nn.Module):
         # the same arithmetic as transformers' Qwen3RMSNorm, with a per-row weight
         def forward(hidden: torch.Tensor) -> torch.Tensor:
-            members = self._rows(hidden.shape[0]).to(hidden.device)
-            weight = self._weights(module.weight)[members]
-            weight = weight.view(hidden.shape[0], *([1] * (hidden.dim() - 2)), weight.shape[-1])
+            members = self._rows(hidden.shape[0])
+            stack = self._weights(module.weight)
             dtype = hidden.dtype
             h = hidden.to(torch.float32)
             variance = h.pow(2).mean(-1, keepdim=True)
             h = h * torch.rsqrt(variance + module.variance_epsilon)
+            equal = self._equal_runs(members)
+            if equal is not None:
+                # equal runs: each member's weight broadcast over its rows (the same products as a per-row
+                # gather, without building it)
+                pick, rows = equal
+                weight = stack[pick] if isinstance(pick, slice) else stack[torch.as_tensor(pick, device=stack.device)]
+                shaped = h.to(dtype).view(len(weight), rows, *hidden.shape[1:])
+                return (weight.view(len(weight), *([1] * (hidden.dim() - 1)), weight.shape[-1])
+                        * shaped).view(hidden.shape)
+            weight = stack[members.to(hidden.device)]
+            weight = weight.view(hidden.shape[0], *([1] * (hidden.dim() - 2)), weight.shape[-1])
             return weight * h.to(dtype)
 
         return forward

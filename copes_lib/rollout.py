@@ -42,6 +42,7 @@ from transformers.cache_utils import (
     LinearAttentionLayer,
     StaticLayer,
 )
+from transformers.integrations.sdpa_attention import sdpa_attention_forward as _SDPA
 
 from copes_lib.config import Config, ConfigError, param
 from copes_lib.tasks import TOOL_LIMITS, Task, format_prompt
@@ -330,15 +331,83 @@ def prompt_style(tokenizer, config: RolloutConfig) -> str:
 
 
 def growing_cache(model):
-    """HF's DynamicCache with its full-attention layers replaced by :class:`GrowingLayer`."""
+    """HF's DynamicCache with its full-attention layers replaced by :class:`GrowingLayer` (one buffer per
+    KV head, :class:`HeadPieces`, for an sdpa model)."""
     cache = DynamicCache(config=getattr(model, "config", None))
-    cache.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    apart = heads_apart(model)
+    cache.layers = [GrowingLayer(apart) if type(layer) is DynamicLayer else layer for layer in cache.layers]
     if getattr(cache, "layer_class_to_replicate", None) is DynamicLayer:
-        cache.layer_class_to_replicate = GrowingLayer
+        cache.layer_class_to_replicate = lambda: GrowingLayer(apart)
     return cache
 
 
 _growing_cache = growing_cache  # the name tests of other modules used before it was public
+
+
+class HeadPieces(tuple):
+    """A full-attention layer's K (or V) as one tensor per KV head, each (rows, 1, columns, head_dim):
+    what a cache layer returns to the attention instead of one (rows, heads, columns, head_dim) tensor.
+
+    Why: a cache that grows, re-packs or changes rows copies into a new buffer while the old one is
+    live, and the peak memory sees both. Held whole, that transient is a layer's K or V (1 / (2 x full
+    layers) of the cache: 1/16 on Qwen3.5-4B's 8 full-attention layers); held by head it is 1 / (2 x
+    full layers x KV heads) (1/64 there), since each piece is copied and its old buffer freed before
+    the next. The attention runs per KV head on its query heads (:func:`sdpa_by_head`): the same
+    per-(row, head) arithmetic as one sdpa call over all heads (the tests check equal tokens)."""
+
+    @property
+    def shape(self):
+        first = self[0]
+        return torch.Size((first.shape[0], first.shape[1] * len(self), *first.shape[2:]))
+
+    def whole(self) -> torch.Tensor:
+        """The pieces as one (rows, heads, columns, head_dim) tensor (a copy: for inspection and tests)."""
+        return torch.cat(list(self), dim=1)
+
+
+def sdpa_by_head(module, query, key, value, attention_mask, **kwargs):
+    """transformers' sdpa attention, run once per KV head when the cache hands :class:`HeadPieces`
+    (each piece with its query heads; outputs concatenated by head), else unchanged."""
+    if not isinstance(key, HeadPieces):
+        return _SDPA(module, query, key, value, attention_mask, **kwargs)
+    group = query.shape[1] // len(key)
+    outputs = [_SDPA(module, query[:, h * group:(h + 1) * group], k, v, attention_mask, **kwargs)[0]
+               for h, (k, v) in enumerate(zip(key, value))]
+    return torch.cat(outputs, dim=2), None  # (rows, queries, heads, head_dim), heads in order
+
+
+def heads_apart(model) -> bool:
+    """Whether ``model``'s attention takes :class:`HeadPieces` (sdpa, through :func:`sdpa_by_head`,
+    installed here once: transformers' sdpa entry is wrapped, unchanged for plain tensors); other
+    attention implementations get one buffer per K and V."""
+    from transformers.modeling_utils import AttentionInterface
+
+    if getattr(getattr(model, "config", None), "_attn_implementation", None) != "sdpa":
+        return False
+    if AttentionInterface._global_mapping.get("sdpa") is not sdpa_by_head:
+        AttentionInterface.register("sdpa", sdpa_by_head)
+    return True
+
+
+def _pieces(heads: bool, tensor: torch.Tensor) -> list[torch.Tensor]:
+    """``tensor`` (rows, heads, columns, dim) as the list of buffers a layer holds."""
+    return [tensor[:, h:h + 1] for h in range(tensor.shape[1])] if heads else [tensor]
+
+
+def _view(heads: bool, buffers: list[torch.Tensor], n: int | None = None):
+    """What a layer hands the attention: its buffers' first ``n`` columns (all if None)."""
+    views = [b if n is None else b[..., :n, :] for b in buffers]
+    return HeadPieces(views) if heads else views[0]
+
+
+def _one_at_a_time(buffers: list[torch.Tensor], make) -> None:
+    """Replace each buffer by ``make(old)``, in place in the list: every old buffer is dropped as soon as
+    its new one is made, so a re-allocation holds one buffer twice, never more (the caller must hold no
+    other reference to the buffers)."""
+    for i in range(len(buffers)):
+        old, buffers[i] = buffers[i], None
+        buffers[i] = make(old)
+        del old
 
 
 def _regrown(old, like, capacity: int, n: int):
@@ -350,62 +419,80 @@ def _regrown(old, like, capacity: int, n: int):
 
 
 class GrowingLayer(DynamicLayer):
-    """A DynamicLayer that writes into a preallocated buffer (grown with ~3% spare when full) instead
+    """A DynamicLayer that writes into preallocated buffers (grown with ~3% spare when full) instead
     of concatenating the whole cache at every step: one decode step then copies one column, not
     the cache (profiled: the concatenation was a third of a QA rollout's time). Rows can be added
-    (``add_rows``: rows joining a running batch) and columns re-packed (``gather_columns``)."""
+    (``add_rows``: rows joining a running batch) and columns re-packed (``gather_columns``).
+
+    ``heads_apart``: K and V held as one buffer per KV head (:class:`HeadPieces`); every re-allocation
+    (grow, re-pack, rows leaving or joining) copies one buffer at a time, freeing the old one before the
+    next, so its transient is one head's K or V (docs/engines.md#memory-at-the-forward)."""
+
+    def __init__(self, heads_apart: bool = False):
+        super().__init__()
+        self.heads = heads_apart
 
     def lazy_initialization(self, key_states, value_states) -> None:
         super().lazy_initialization(key_states, value_states)
-        self._k = self._v = None
+        self._k: list[torch.Tensor] = []
+        self._v: list[torch.Tensor] = []
         self._n = 0
 
-    def _set(self, k, v, n) -> None:
-        self._k, self._v, self._n = k, v, n
-        self.keys, self.values = k[..., :n, :], v[..., :n, :]
+    def _set(self, n) -> None:
+        self._n = n
+        self.keys, self.values = _view(self.heads, self._k, n), _view(self.heads, self._v, n)
+
+    def get_seq_length(self) -> int:
+        return self._n if self.is_initialized else 0
 
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         new = key_states.shape[-2]
-        if self._k is None or self._n + new > self._k.shape[-2]:
+        keys, values = _pieces(self.heads, key_states), _pieces(self.heads, value_states)
+        if not self._k or self._n + new > self._k[0].shape[-2]:
             # a small spare (~3%): the cache's bytes stay near rows x width (a larger one was most of the KV goal's
             # excess); a regrowth every ~n/32 decode steps copies the cache, a small cost next to n/32 forwards
             capacity = self._n + new + max(16, self._n // 32)
-            # K, then V: each old buffer is freed once copied, so a regrowth holds one buffer twice (what a
-            # peak-memory reading sees), not the layer's K and V both
-            self.keys = self.values = None
-            self._k = _regrown(self._k, key_states, capacity, self._n)
-            self._v = _regrown(self._v, value_states, capacity, self._n)
-        self._k[..., self._n:self._n + new, :] = key_states
-        self._v[..., self._n:self._n + new, :] = value_states
-        self._set(self._k, self._v, self._n + new)
+            self.keys = self.values = None  # the views: the old buffers are freed as they are replaced
+            if not self._k:
+                self._k, self._v = [_regrown(None, k, capacity, 0) for k in keys], [_regrown(None, v, capacity, 0)
+                                                                                 for v in values]
+            else:
+                n = self._n
+                _one_at_a_time(self._k, lambda old: _regrown(old, old, capacity, n))
+                _one_at_a_time(self._v, lambda old: _regrown(old, old, capacity, n))
+        for buffer, k in zip(self._k, keys):
+            buffer[..., self._n:self._n + new, :] = k
+        for buffer, v in zip(self._v, values):
+            buffer[..., self._n:self._n + new, :] = v
+        self._set(self._n + new)
         return self.keys, self.values
+
+    def _reallocate(self, make) -> None:
+        self.keys = self.values = None
+        _one_at_a_time(self._k, make)
+        _one_at_a_time(self._v, make)
+        self._set(self._n)
 
     def batch_select_indices(self, indices) -> None:
         if self.is_initialized and self._n:
-            self.keys = self.values = None  # K, then V (as in update)
-            self._k = self._k[indices]
-            self._v = self._v[indices]
-            self._set(self._k, self._v, self._n)
+            self._reallocate(lambda old: old[indices])
 
     def add_rows(self, count: int) -> None:
-        if self.is_initialized and self._k is not None:
-            self.keys = self.values = None  # K, then V (as in update)
-            self._k = torch.cat([self._k, self._k.new_zeros(count, *self._k.shape[1:])])
-            self._v = torch.cat([self._v, self._v.new_zeros(count, *self._v.shape[1:])])
-            self._set(self._k, self._v, self._n)
+        if self.is_initialized and self._k:
+            self._reallocate(lambda old: torch.cat([old, old.new_zeros(count, *old.shape[1:])]))
 
     def gather_columns(self, order: torch.Tensor) -> None:
         """Keep, per row, the columns ``order[row]`` (rows x new width) in that order."""
         if not (self.is_initialized and self._n):
             return
         index = order[:, None, :, None]
-        # K, then V, each old buffer dropped before the next gather (as in update)
-        self._k = self.keys = torch.gather(self.keys, 2, index.expand(-1, self.keys.shape[1], -1, self.keys.shape[3]))
-        self._v = self.values = torch.gather(self.values, 2,
-                                             index.expand(-1, self.values.shape[1], -1, self.values.shape[3]))
-        self._set(self._k, self._v, order.shape[1])  # the next update reallocates with slack
+        n = self._n
+        # the gather reads only the first n columns: the next update reallocates with slack
+        self._reallocate(lambda old: torch.gather(old[..., :n, :], 2,
+                                                  index.expand(-1, old.shape[1], -1, old.shape[3])))
+        self._set(order.shape[1])
 
     def crop(self, tokens_to_remove: int) -> None:
         raise NotImplementedError("the rollout never crops its cache")
@@ -414,53 +501,89 @@ class GrowingLayer(DynamicLayer):
 class StaticRowLayer(StaticLayer):
     """transformers' StaticLayer (a fixed ``columns``-wide buffer written at a device-side column
     counter, so a compiled / CUDA-graph decode step keeps its shapes and addresses) with what a
-    rollout needs: select rows, add rows, re-pack columns. Changing rows makes new buffers (a new
+    rollout needs: select rows, add rows, re-pack columns; ``heads_apart`` as :class:`GrowingLayer`
+    (one buffer per KV head, re-allocated one at a time). Changing rows makes new buffers (a new
     graph for a new batch size); re-packing copies in place."""
 
-    def _mark(self) -> None:
+    def __init__(self, max_cache_len: int, heads_apart: bool = False, **kwargs):
+        super().__init__(max_cache_len, **kwargs)
+        self.heads = heads_apart
+
+    def lazy_initialization(self, key_states, value_states) -> None:
+        self.device = key_states.device
+        self.batch_size, self.num_heads = key_states.shape[:2]
+        self.k_head_dim, self.v_head_dim = key_states.shape[-1], value_states.shape[-1]
+        per = 1 if self.heads else self.num_heads
+        self._k = [key_states.new_zeros(self.batch_size, per, self.max_cache_len, self.k_head_dim)
+                   for _ in range(self.num_heads // per)]
+        self._v = [value_states.new_zeros(self.batch_size, per, self.max_cache_len, self.v_head_dim)
+                   for _ in range(self.num_heads // per)]
+        self.cumulative_length = self.cumulative_length.to(self.device)
+        self.is_initialized = True
+        self._set()
         if not torch.compiler.is_compiling():
-            torch._dynamo.mark_static_address(self.keys)
-            torch._dynamo.mark_static_address(self.values)
+            torch._dynamo.mark_static_address(self.cumulative_length)
+
+    def _set(self) -> None:
+        self.keys, self.values = _view(self.heads, self._k), _view(self.heads, self._v)
+        self.batch_size = self._k[0].shape[0]
+        if not torch.compiler.is_compiling():
+            for buffer in self._k + self._v:
+                torch._dynamo.mark_static_address(buffer)
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        kv_length = key_states.shape[-2]
+        cache_position = torch.arange(kv_length, device=self.device) + self.cumulative_length
+        self.cumulative_length.add_(kv_length)  # in place: a static address
+        for buffers, states in ((self._k, key_states), (self._v, value_states)):
+            for buffer, part in zip(buffers, _pieces(self.heads, states)):
+                buffer.index_copy_(2, cache_position, part)
+        return self.keys, self.values
+
+    def _reallocate(self, make) -> None:
+        self.keys = self.values = None
+        _one_at_a_time(self._k, make)
+        _one_at_a_time(self._v, make)
+        self._set()
 
     def batch_select_indices(self, indices) -> None:
-        if self.is_initialized:  # K, then V: each old buffer freed before the next copy
-            self.keys = self.keys[indices]
-            self.values = self.values[indices]
-            self.batch_size = self.keys.shape[0]
-            self._mark()
+        if self.is_initialized:
+            self._reallocate(lambda old: old[indices])
 
     def add_rows(self, count: int) -> None:
         if self.is_initialized:
-            self.keys = torch.cat([self.keys, self.keys.new_zeros(count, *self.keys.shape[1:])])
-            self.values = torch.cat([self.values, self.values.new_zeros(count, *self.values.shape[1:])])
-            self.batch_size = self.keys.shape[0]
-            self._mark()
+            self._reallocate(lambda old: torch.cat([old, old.new_zeros(count, *old.shape[1:])]))
 
     def grow(self, columns: int) -> None:
-        """Widen the buffer to ``columns`` (a chunk that fits in no re-packing: new buffers)."""
+        """Widen the buffers to ``columns`` (a chunk that fits in no re-packing: new buffers)."""
         if self.is_initialized:
-            pad = columns - self.max_cache_len
-            self.keys = torch.cat([self.keys, self.keys.new_zeros(*self.keys.shape[:2], pad, self.keys.shape[3])], 2)
-            self.values = torch.cat([self.values, self.values.new_zeros(*self.values.shape[:2], pad,
-                                                                          self.values.shape[3])], 2)
-            self._mark()
+            n = self.max_cache_len
+            self._reallocate(lambda old: _zero_from(_regrown(old, old, columns, n), n))
         self.max_cache_len = columns
 
     def gather_columns(self, order: torch.Tensor) -> None:
         if not self.is_initialized:
             return
         width = order.shape[1]
-        for buffer in (self.keys, self.values):
+        for buffer in self._k + self._v:
             index = order[:, None, :, None].expand(-1, buffer.shape[1], -1, buffer.shape[3])
             buffer[:, :, :width] = torch.gather(buffer, 2, index)
         self.cumulative_length.fill_(width)
+
+
+def _zero_from(buffer: torch.Tensor, n: int) -> torch.Tensor:
+    buffer[..., n:, :] = 0
+    return buffer
 
 
 def static_cache(model, columns: int):
     """A cache of :class:`StaticRowLayer` (full attention, ``columns`` wide) and transformers'
     LinearAttentionLayer (already fixed-shape) for ``model``."""
     cache = StaticCache(config=model.config, max_cache_len=columns)
-    cache.layers = [StaticRowLayer(max_cache_len=columns) if type(layer) is StaticLayer else layer
+    apart = heads_apart(model)
+    cache.layers = [StaticRowLayer(max_cache_len=columns, heads_apart=apart) if type(layer) is StaticLayer else layer
                     for layer in cache.layers]
     unsupported = [type(layer).__name__ for layer in cache.layers
                    if not isinstance(layer, (StaticRowLayer, LinearAttentionCacheLayerMixin))]
@@ -905,6 +1028,11 @@ class Trajectories:
         the cache first when the chunk would make it wider than (1 + slack) x the longest live row, or
         would not fit a static cache (then widened, in buckets of 64 columns: few compiled shapes)."""
         longest = max((r + n for r, n in zip(self.real, lengths)), default=0)
+        if longest > self.config.max_context:  # the cache is sized for max_context tokens a row: no silent growth
+            i = next(i for i, (r, n) in enumerate(zip(self.real, lengths)) if r + n > self.config.max_context)
+            raise ConfigError(f"KV cache: row {self.rows[i]} (task {self.tasks[self.rows[i]].id!r}) would hold "
+                              f"{self.real[i] + lengths[i]} tokens, more than the {self.config.max_context} it is "
+                              "sized for (RolloutConfig.max_context); raise max_context or shorten the prompt")
         columns = chunk.shape[1]
         if self.width + columns > (1 + self.slack) * longest:
             self.compact()
