@@ -504,7 +504,8 @@ def plot(reports: dict[str, dict[str, Any]]):
     for (left, right), (kind, r) in zip(axes, reports.items()):
         rates = (r.get("groups") or {}).get("protocol_rate")
         if rates is not None:
-            left.hist(rates, bins=np.linspace(0, 1, 11), color="tab:blue", edgecolor="white")
+            group = int(r["settings"]["group_size"])  # a rate is k / G: one bar per k (fixed-width bins leave gaps)
+            left.hist(rates, bins=(np.arange(group + 2) - 0.5) / group, color="tab:blue", edgecolor="white")
         else:  # a record written before the rates were kept
             left.text(0.5, 0.5, "per-prompt rates not recorded", ha="center", va="center", transform=left.transAxes)
         left.set_xlabel(f"per-prompt sampled protocol rate (G = {r['settings']['group_size']}, T = "
