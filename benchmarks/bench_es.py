@@ -9,7 +9,7 @@ Measures (saved to results/bench/es.json):
   process's CPU seconds (one thread), and the median of the per-repeat ratios is kept;
 - population-batched vs sequential evaluation of the same step (and whether their rewards agree);
 - ``--breakdown``: where a batched step's time goes (torch.profiler's op kinds, host time outside the
-  model), docs/engines.md#where-an-es-steps-time-goes;
+  model), docs/engines.md#where-an-es-steps-time-goes-cpu-size;
 - noise-generation time per member, CoPES (K = 4) vs ES (K = 1), expected about 1/K.
 
 Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_es.py --profile smoke`` (add

@@ -217,8 +217,8 @@ def readable(text: str) -> str:
     "gain recovery CoPES 0.881 vs gain recovery ES 0.0000; 01_substrate_and_agent's regime criterion met is false"
     >>> readable("E meas [None, None], p = None")
     'E meas not measured, p = not measured'
-    >>> readable("docs/statistics.md#s2-two-sources and factorial.paired_test and copes_lib/cli.py stay")
-    'docs/statistics.md#s2-two-sources and factorial.paired_test and copes_lib/cli.py stay'
+    >>> readable("docs/statistics.md#s2-two-sources-of-noise and factorial.paired_test and copes_lib/cli.py stay")
+    'docs/statistics.md#s2-two-sources-of-noise and factorial.paired_test and copes_lib/cli.py stay'
     """
     text = _NONE_PAIR.sub(NOT_MEASURED, text)
     return _no_negative_zero(_NONE.sub(NOT_MEASURED, _RAW_KEY.sub(lambda m: plain_key(m.group()), text)))

@@ -621,7 +621,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     preflight_cli.print_table(table(entries), MEANING)
     out = {"profile": args.profile, "recipe_name": active_recipe(), **key, "git": git,
            "threads": threads.thread_info(),
-           "seeds": sorted({int(r["warm_seed"]) for r in entries.values() if r.get("warm_seed") is not None}),
+           "seeds": sorted({int(label.rsplit(" seed ", 1)[1]) if " seed " in label else r.get("warm_seed", params.SEED)
+                            for label, r in entries.items()}),
            "written_utc": written, "kinds": entries}
     runs.atomic_write_json(path, out)
     figure.parent.mkdir(parents=True, exist_ok=True)
