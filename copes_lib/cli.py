@@ -333,8 +333,8 @@ def tidy_after_killed_run(profile: str, status: dict[str, Any], results_root: st
     """With the profile's lock held (so no run of the suite is using them): delete the ``.partial/`` folders
     a killed run left in ``results/<profile>/*/`` and ``figures/<profile>/.partial/``, except those of a
     notebook another process runs now (its ``runs.notebook_lock`` is held: a notebook open in JupyterLab),
-    and mark the notebooks that ``status`` still calls ``running`` as ``interrupted``. Returns what was done,
-    one line each."""
+    mark the notebooks that ``status`` still calls ``running`` as ``interrupted``, and delete the kernel
+    connection files no live process uses (:func:`stale_kernel_files`). Returns what was done, one line each."""
     done = []
     results = Path(results_root or runs.RESULTS_ROOT) / profile
     figures = Path(figures_root or runs.FIGURES_ROOT) / profile / ".partial"
@@ -354,7 +354,44 @@ def tidy_after_killed_run(profile: str, status: dict[str, Any], results_root: st
         if record.get("status") == "running":
             record.update(status="interrupted", interrupted="the run was killed while this notebook ran")
             done.append(f"{stem}: status 'running' left by a run that was killed, now 'interrupted'")
+    stale = stale_kernel_files()
+    if stale:
+        done.append(f"deleted {len(stale)} kernel connection file(s) no live process uses (left by killed kernels), "
+                    f"in {stale[0].parent}")
     return done
+
+
+def stale_kernel_files(runtime_dir: str | Path | None = None, *, min_age_s: float = 60.0) -> list[Path]:
+    """Delete the Jupyter kernel connection files (``kernel-*.json`` in Jupyter's runtime folder) that no live
+    process uses: a run killed with its kernels (SIGKILL, a crashed host) leaves them, each holding a kernel's
+    ports and signing key. A file is kept when any process still names it on its command line (``-f <file>``:
+    a kernel of JupyterLab or of another run) or when it is younger than ``min_age_s`` (a kernel starting now).
+    Linux only (it reads ``/proc``); elsewhere nothing is deleted. Returns the files deleted."""
+    import time
+
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return []
+    if runtime_dir is None:
+        from jupyter_core.paths import jupyter_runtime_dir
+
+        runtime_dir = jupyter_runtime_dir()
+    files = sorted(Path(runtime_dir).glob("kernel-*.json"))
+    if not files:
+        return []
+    used = set()
+    for cmdline in proc.glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):
+            used.update(arg for arg in cmdline.read_bytes().decode(errors="replace").split("\0") if arg.endswith(".json"))
+    deleted = []
+    now = time.time()
+    for path in files:
+        with contextlib.suppress(OSError):
+            if str(path) in used or any(arg.endswith(path.name) for arg in used) or now - path.stat().st_mtime < min_age_s:
+                continue
+            path.unlink()
+            deleted.append(path)
+    return deleted
 
 
 class Interrupted(KeyboardInterrupt):

@@ -582,3 +582,27 @@ def test_a_refused_run_leaves_the_holders_record_in_the_lock_file(tmp_path):
                     pass
             assert path.read_text() == record
     assert path.read_text() == ""  # the holder empties it when it lets go
+
+
+def test_kernel_connection_files_of_killed_kernels_are_deleted_live_ones_kept(tmp_path):
+    """Issue 48: a killed run leaves its kernels' connection files (ports and signing keys); the next start
+    deletes those no live process names, and keeps a live kernel's and a fresh one's."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    dead, live, fresh = (tmp_path / f"kernel-{n}.json" for n in ("dead", "live", "fresh"))
+    for path in (dead, live, fresh):
+        path.write_text("{}")
+    old = time.time() - 3600
+    os.utime(dead, (old, old))
+    os.utime(live, (old, old))
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-f", str(live)])
+    try:
+        deleted = cli.stale_kernel_files(tmp_path)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert deleted == [dead] and not dead.exists() and live.exists() and fresh.exists()
+    assert cli.stale_kernel_files(tmp_path / "absent") == []
