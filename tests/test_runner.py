@@ -589,8 +589,8 @@ def test_kernel_connection_files_of_killed_kernels_are_deleted_live_ones_kept(tm
     deletes those no live process names, and keeps a live kernel's and a fresh one's."""
     import os
     import subprocess
-    import sys
     import time
+    from pathlib import Path
 
     dead, live, fresh = (tmp_path / f"kernel-{n}.json" for n in ("dead", "live", "fresh"))
     for path in (dead, live, fresh):
@@ -598,11 +598,19 @@ def test_kernel_connection_files_of_killed_kernels_are_deleted_live_ones_kept(tm
     old = time.time() - 3600
     os.utime(dead, (old, old))
     os.utime(live, (old, old))
-    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-f", str(live)])
+    # a stand-in kernel naming its connection file on its command line (no Python: nothing of the test's
+    # environment can make it exit early); the scan starts once the kernel's /proc entry shows the file
+    holder = subprocess.Popen(["/bin/sh", "-c", "sleep 60; :", "sh", str(live)], env={"PATH": os.defpath},
+                              start_new_session=True)  # "; :" keeps sh (and its command line) alive
     try:
+        for _ in range(100):
+            if str(live).encode() in Path(f"/proc/{holder.pid}/cmdline").read_bytes():
+                break
+            time.sleep(0.05)
+        assert holder.poll() is None, "the stand-in kernel ended early"
         deleted = cli.stale_kernel_files(tmp_path)
     finally:
-        holder.kill()
+        os.killpg(holder.pid, 9)
         holder.wait()
     assert deleted == [dead] and not dead.exists() and live.exists() and fresh.exists()
     assert cli.stale_kernel_files(tmp_path / "absent") == []
