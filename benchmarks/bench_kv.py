@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_check  # noqa: E402  (the workload, CacheProbe and kv_figures of the gpu check)
 
 from copes_lib import runs  # noqa: E402
-from copes_lib.engines import ENGINES, build_qwen35, make_engine  # noqa: E402
+from copes_lib.engines import ENGINES, build_qwen35  # noqa: E402
 from copes_lib.memory_model import kv_bytes_per_token  # noqa: E402
 from copes_lib.substrate import build_agent_model  # noqa: E402
 
@@ -42,18 +42,11 @@ GOAL_PEAK_OVER_STEADY = 1.05
 
 def measure(model, tokenizer, batch: int, new_tokens: int) -> dict:
     per_token = kv_bytes_per_token(gpu_check.describe(model), dtype_bytes=4)
-    env, tasks, row_scripts, config = gpu_check.workload(tokenizer, batch, new_tokens)
+    work = gpu_check.workload(tokenizer, batch, new_tokens)
     out, tokens = {}, {}
     for name in ENGINES:
-        probe = gpu_check.CacheProbe(model)
         began = time.perf_counter()
-        try:
-            batch_out = gpu_check.generate(make_engine(name, model, tokenizer), tasks, env, config, row_scripts,
-                                           len(tokenizer))
-        finally:
-            probe.close()
-        figures = gpu_check.kv_figures(probe.rows, per_token)
-        tokens[name] = batch_out.completion_ids
+        figures, _, tokens[name] = gpu_check.engine_kv(name, model, tokenizer, work, per_token)
         out[name] = {key: figures[key] for key in ("kv_peak_over_steady", "kv_over_model", "kv_steady_over_model",
                                                     "max_width_over_longest_row", "forwards_seen")}
         out[name]["seconds"] = time.perf_counter() - began

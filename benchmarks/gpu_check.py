@@ -377,6 +377,18 @@ class CacheProbe:
             delattr(layer, name)  # the class's method again
 
 
+def engine_kv(name: str, model, tokenizer, workload, per_token: int) -> tuple[dict, list[dict], list]:
+    """Engine ``name`` on ``workload`` (:func:`workload`'s four values) under a :class:`CacheProbe`: its KV figures
+    (:func:`kv_figures`), the probe's rows (one per forward) and the completion ids."""
+    env, tasks, row_scripts, config = workload
+    probe = CacheProbe(model)
+    try:
+        out = generate(engines.make_engine(name, model, tokenizer), tasks, env, config, row_scripts, len(tokenizer))
+    finally:
+        probe.close()
+    return kv_figures(probe.rows, per_token), probe.rows, out.completion_ids
+
+
 def kv_figures(rows: list[dict], per_token: int) -> dict:
     """The KV goals' figures from a CacheProbe's rows (one per forward, read where the forward left the
     cache: its chunk included) and the model's K/V bytes per token: at the forward where the allocated

@@ -620,6 +620,21 @@ def cross_call_failure(record: dict) -> str | None:
     return None
 
 
+def replacing_next_reply(real, bad):
+    """A stand-in for a worker's ``_receive`` that returns ``bad`` in place of the worker's next reply to a call
+    (a forged or malformed frame) and passes every other message through from ``real``."""
+    swapped = []
+
+    def receive(deadline):
+        message = real(deadline)
+        if isinstance(message, dict) and "ok" in message and not swapped:
+            swapped.append(message)
+            return bad
+        return message
+
+    return receive
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="run the sandbox attacks as this user; print JSON")
     parser.add_argument("--layers", default="auto", choices=("auto", "hook-only", "kernel-only"))

@@ -369,18 +369,11 @@ def test_kv_peak_stays_within_5_percent_of_the_steady_cache_at_qwen35_4bs_layout
     model = build_qwen35("4b-layout", len(tokenizer), 0, tokenizer=tokenizer, max_positions=4096)
     assert sum(t == "full_attention" for t in model.config.layer_types) == 8 and model.config.num_key_value_heads == 4
     per_token = kv_bytes_per_token(gpu_check.describe(model), dtype_bytes=4)
-    env, tasks, row_scripts, config = gpu_check.workload(tokenizer, 4, 32)  # bench_kv.py --batch 4 --new-tokens 32
+    work = gpu_check.workload(tokenizer, 4, 32)  # bench_kv.py --batch 4 --new-tokens 32
     tokens = {}
     for name in ENGINES:
-        probe = gpu_check.CacheProbe(model)
-        try:
-            out = gpu_check.generate(make_engine(name, model, tokenizer), tasks, env, config, row_scripts,
-                                     len(tokenizer))
-        finally:
-            probe.close()
-        figures = gpu_check.kv_figures(probe.rows, per_token)
-        tokens[name] = out.completion_ids
-        assert any(r["transient_bytes"] for r in probe.rows), name  # it did re-allocate
+        figures, rows, tokens[name] = gpu_check.engine_kv(name, model, tokenizer, work, per_token)
+        assert any(r["transient_bytes"] for r in rows), name  # it did re-allocate
         assert figures["kv_peak_over_steady"] <= 1.05, (name, figures)
         assert abs(figures["kv_over_model"] - 1) <= gpu_check.GOALS["kv_over_model_tolerance"], (name, figures)
     assert all(t == tokens["loop"] for t in tokens.values())

@@ -504,16 +504,7 @@ def test_a_malformed_worker_reply_is_a_failed_call(monkeypatch):
         real = worker._receive
         for bad in ({"ok": True, "output": "x"}, {"ok": "yes", "output": "", "error": "", "elapsed_s": 0.1},
                     {"ok": True, "output": "", "error": "", "elapsed_s": True}, ["ok"], None):
-            swapped = []
-
-            def receive(deadline, bad=bad, swapped=swapped):  # the worker's reply to a call becomes `bad`
-                message = real(deadline)
-                if isinstance(message, dict) and "ok" in message and not swapped:
-                    swapped.append(message)
-                    return bad
-                return message
-
-            monkeypatch.setattr(worker, "_receive", receive)
+            monkeypatch.setattr(worker, "_receive", attacks.replacing_next_reply(real, bad))
             result = sandbox.run("print('innocent')")
             assert not result.ok and result.error.startswith("RuntimeError: the sandbox worker"), (bad, result)
             monkeypatch.setattr(worker, "_receive", real)

@@ -110,16 +110,7 @@ def test_a_reply_that_names_another_call_fails_and_shifts_nothing(monkeypatch):
         forged = {"ok": True, "output": "forged", "error": "", "elapsed_s": 0.0}
 
         for bad in (forged, {**forged, "call": "00" * sbx.NONCE_BYTES}):
-            swapped = []
-
-            def receive(deadline, bad=bad, swapped=swapped):
-                message = real(deadline)
-                if isinstance(message, dict) and "ok" in message and not swapped:
-                    swapped.append(message)
-                    return bad
-                return message
-
-            monkeypatch.setattr(worker, "_receive", receive)
+            monkeypatch.setattr(worker, "_receive", attacks.replacing_next_reply(real, bad))
             pid = box.worker_pids()[0]
             result = box.run("print('innocent')")
             assert not result.ok and "did not name this call" in result.error, result
