@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from copes_lib.config import ConfigError
+from copes_lib.config import REPO_ROOT, ConfigError
 from copes_lib.tasks import (
     SEARCH_K,
     SPLITS,
@@ -39,7 +39,7 @@ def test_splits_are_explicit_disjoint_and_saved(kind):
 @pytest.mark.parametrize("kind", ["math", "qa"])
 def test_tuning_split_is_explicit_and_disjoint_from_train_val_and_test(kind):
     tuning = load_tasks("smoke", kind, TUNING_SPLIT)
-    saved = json.loads(open(f"data/splits/smoke_{kind}_{TUNING_SPLIT}.json").read())
+    saved = json.loads(open(REPO_ROOT / "data" / "splits" / f"smoke_{kind}_{TUNING_SPLIT}.json").read())
     assert saved["ids"] == [t.id for t in tuning] and len(set(saved["ids"])) == len(tuning) > 0
     for split in SPLITS:
         other = load_tasks("smoke", kind, split)
@@ -57,7 +57,7 @@ def test_overlapping_tuning_split_is_a_clear_error():
 
 def test_cpu_validation_is_large_enough():
     # the ES comparison needs >= 512 validation problems (FINDINGS: 2.2 points standard error)
-    assert len(json.loads(open("data/splits/cpu_math.json").read())["ids"]["val"]) >= 512
+    assert len(json.loads(open(REPO_ROOT / "data" / "splits" / "cpu_math.json").read())["ids"]["val"]) >= 512
 
 
 def test_math_difficulties_and_tools():
