@@ -34,6 +34,7 @@ def _decide(p, root):
 
 
 FIVE = dict.fromkeys(range(5), True)
+SIX = dict.fromkeys(range(6), True)
 
 
 def test_each_kind_is_gated_on_its_own_check(tmp_path, monkeypatch):
@@ -42,7 +43,7 @@ def test_each_kind_is_gated_on_its_own_check(tmp_path, monkeypatch):
     gate = _decide(p, tmp_path)
     assert {k: g["state"] for k, g in gate.items()} == {"math": "not checked", "qa": "not checked"}
     assert "does not exist" in gate["math"]["reason"] and not gate["math"]["build"]
-    assert gate["qa"]["command"] == "make preflight PROFILE=cpu KINDS=qa SEEDS=0,1,2,3,4 RECORD=1"
+    assert gate["qa"]["command"] == "make preflight PROFILE=cpu KINDS=qa SEEDS=0,1,2,3,4 JOBS=2 RECORD=1"
 
     _record(tmp_path, p.warm_start_config(), {"math": FIVE, "qa": {**FIVE, 3: False}})
     gate = _decide(p, tmp_path)
@@ -54,7 +55,7 @@ def test_each_kind_is_gated_on_its_own_check(tmp_path, monkeypatch):
 
     _record(tmp_path, p.warm_start_config(), {"math": {s: True for s in (1, 2, 3, 4, 5)}, "qa": {0: True, 1: True}})
     gate = _decide(p, tmp_path)  # five math seeds but not the run's seed 0; two QA seeds
-    assert gate["math"]["state"] == "not checked" and "the run's seed 0" in gate["math"]["reason"]
+    assert gate["math"]["state"] == "not checked" and "0 not yet recorded" in gate["math"]["reason"]
     assert gate["qa"]["state"] == "not checked" and "seeds 0, 1" in gate["qa"]["reason"]
 
     other = dataclasses.replace(p.warm_start_config(), latent_math_steps=p.WARM_LATENT_MATH_STEPS + 1)
@@ -112,7 +113,7 @@ def test_a_record_of_the_larger_qa_data_gates_only_a_run_on_those_data(tmp_path,
     monkeypatch.setenv(config.RECIPE_ENV, "p8.11")
     p = _params()
     assert p.QA_DATA == "large"
-    path = _record(tmp_path, p.warm_start_config(), {"math": FIVE, "qa": FIVE}, profile="cpu-p8.11")
+    path = _record(tmp_path, p.warm_start_config(), {"math": SIX, "qa": FIVE}, profile="cpu-p8.11")
     record = runs.read_json(path)
     record["recipe"]["qa_data"] = "large"
     runs.atomic_write_json(path, record)
@@ -120,3 +121,37 @@ def test_a_record_of_the_larger_qa_data_gates_only_a_run_on_those_data(tmp_path,
     assert {k: g["state"] for k, g in gate.items()} == {"math": "passed", "qa": "passed"}
     standard = base_gate.decide(p.PROFILE, p.SEED, p.warm_start_config(), enforce=True, root=tmp_path, data={})
     assert standard["qa"]["state"] == "not checked" and "qa_data" in standard["qa"]["reason"]
+
+
+def test_the_gate_requires_every_seed_the_designs_registration_names(tmp_path, monkeypatch):
+    """P8.10 registered six math seeds (0-5; seed 0 was seen by P8.9's probes): five passing seeds do not open the
+    gate, the sixth does; QA's registration keeps 0-4. The command to finish the check names the registered seeds."""
+    monkeypatch.setenv(config.RECIPE_ENV, "p8.10")
+    p = _params()
+    assert p.check_seeds() == {"math": (0, 1, 2, 3, 4, 5), "qa": (0, 1, 2, 3, 4)}
+    _record(tmp_path, p.warm_start_config(), {"math": FIVE, "qa": FIVE}, profile="cpu-p8.10")
+    gate = base_gate.decide_for(p, root=tmp_path)
+    assert gate["math"]["state"] == "not checked" and not gate["math"]["build"]
+    assert "5 not yet recorded" in gate["math"]["reason"] and "BASE_CHECK_SEEDS_MATH" in gate["math"]["reason"]
+    assert gate["math"]["command"] == ("make preflight PROFILE=cpu RECIPE=p8.10 KINDS=math SEEDS=0,1,2,3,4,5 JOBS=2 "
+                                       "RECORD=1")
+    assert gate["qa"]["state"] == "passed"
+    _record(tmp_path, p.warm_start_config(), {"math": SIX, "qa": FIVE}, profile="cpu-p8.10")
+    gate = base_gate.decide_for(p, root=tmp_path)
+    assert gate["math"]["state"] == "passed" and "registered: 0, 1, 2, 3, 4, 5" in gate["math"]["reason"]
+    _record(tmp_path, p.warm_start_config(), {"math": {**SIX, 5: False}, "qa": FIVE}, profile="cpu-p8.10")
+    assert base_gate.decide_for(p, root=tmp_path)["math"]["state"] == "failed"
+
+
+def test_a_run_seed_outside_the_registered_check_is_not_checked(tmp_path, monkeypatch):
+    monkeypatch.delenv(config.RECIPE_ENV, raising=False)
+    p = _params(SEED=7)
+    _record(tmp_path, p.warm_start_config(), {"math": FIVE, "qa": FIVE})
+    gate = base_gate.decide_for(p, root=tmp_path)
+    assert gate["math"]["state"] == "not checked" and "seed 7 is not among" in gate["math"]["reason"]
+
+
+@pytest.mark.parametrize("seeds", ["0,1,2,3", "0,1,2,3,3", "0,1,x,3,4", "", "-1,0,1,2,3"])
+def test_a_registered_seed_list_that_is_not_a_check_is_an_error_naming_it(seeds):
+    with pytest.raises(config.ConfigError, match="BASE_CHECK_SEEDS_QA"):
+        _params(BASE_CHECK_SEEDS_QA=seeds)

@@ -8,7 +8,8 @@ passed for that kind:
 
 - the record's warm-start recipe equals the run's (every field of ``WarmStartConfig``; an entry that carries its
   own ``recipe`` must equal it too),
-- it holds at least :data:`MIN_SEEDS` seeds of the kind, 01's ``SEED`` among them,
+- it holds every seed of the kind's registered check (01's ``BASE_CHECK_SEEDS_<KIND>``: the seeds its design's
+  registration names, at least :data:`MIN_SEEDS`; P8.10 names six for math), 01's ``SEED`` among them,
 - and every one of them ``met`` P1, U and P2's targets.
 
 Otherwise the kind is ``not checked`` (no record, another recipe, too few seeds, the run's seed missing) or
@@ -24,7 +25,7 @@ kind whose gate is closed is built anyway and marked ``unchecked``; every claim 
 from __future__ import annotations
 
 import collections
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ from copes_lib.config import REPO_ROOT, active_recipe
 from copes_lib.protocols import prerun_seed_check
 
 KINDS = ("math", "qa")
-MIN_SEEDS = 5  # docs/preflight.md P8.5: 5 warm-start seeds per kind
+MIN_SEEDS = 5  # docs/preflight.md P8.5: at least 5 warm-start seeds per kind
 # a kind's state: the first two build its base, the last three do not ... except unchecked, the escape hatch
 PASSED, NOT_ENFORCED, UNCHECKED = "passed", "not enforced", "unchecked"
 NOT_CHECKED, FAILED = "not checked", "failed"
@@ -45,16 +46,16 @@ REASON_KEY = "base_check_{kind}_reason"
 UNCHECKED_KEY = "unchecked_bases"
 
 
-def command(profile: str, kind: str, recipe: str | None = None) -> str:
-    """The command that records the check of ``kind`` for the run's recipe (resumable: a recorded seed is kept)."""
-    recipe = recipe if recipe is not None else active_recipe()
-    return (f"make preflight PROFILE={profile}{f' RECIPE={recipe}' if recipe else ''} KINDS={kind} "
-            f"SEEDS=0,1,2,3,4 RECORD=1")
+def command(profile: str, kind: str, recipe: str | None = None,
+            seeds: Sequence[int] = prerun_seed_check.DEFAULT_SEEDS) -> str:
+    """The command that records the check of ``kind`` on its registered ``seeds`` for the run's recipe
+    (:func:`copes_lib.protocols.prerun_seed_check.record_command`)."""
+    return prerun_seed_check.record_command(profile, kind, seeds, recipe if recipe is not None else active_recipe())
 
 
 def _kind_state(kind: str, record: Mapping[str, Any], rows: list[dict[str, Any]], seed: int,
-                differences: list[str] | None) -> tuple[str, str]:
-    """(state, reason) of one kind from a readable record."""
+                differences: list[str] | None, registered: Sequence[int]) -> tuple[str, str]:
+    """(state, reason) of one kind from a readable record; ``registered``: the seeds its design's check names."""
     if differences is None:
         return NOT_CHECKED, "the record holds no warm-start recipe to compare with this run's"
     if differences:
@@ -71,21 +72,30 @@ def _kind_state(kind: str, record: Mapping[str, Any], rows: list[dict[str, Any]]
         what = "; ".join(f"seed {r['seed']}: {', '.join(r['failed']) or 'not judged'}" for r in missed)
         return FAILED, f"failed its check ({what})"
     seeds = sorted({r["seed"] for r in mine})
-    if len(seeds) < MIN_SEEDS or seed not in seeds:
+    name, listed = f"BASE_CHECK_SEEDS_{kind.upper()}", ", ".join(map(str, registered))
+    if seed not in registered:
+        return NOT_CHECKED, (f"the run's seed {seed} is not among the seeds of {kind}'s registered check ({name}: "
+                             f"{listed}); a base is gated on the check of its own seed")
+    missing = [s for s in registered if s not in seeds]
+    if missing:
         have = f"seeds {', '.join(map(str, seeds))}" if seeds else "no seed"
-        return NOT_CHECKED, (f"checked on {have}; the rule needs >= {MIN_SEEDS} seeds of {kind}, the run's seed "
-                             f"{seed} among them")
-    return PASSED, f"checked on seeds {', '.join(map(str, seeds))}, every one met P1, U and P2's targets"
+        return NOT_CHECKED, (f"checked on {have}; its registered check names seeds {listed} ({name}), "
+                             f"{', '.join(map(str, missing))} not yet recorded")
+    return PASSED, (f"checked on seeds {', '.join(map(str, seeds))} (registered: {listed}), every one met P1, U and "
+                    "P2's targets")
 
 
 def decide(profile: str, seed: int, recipe: Any, *, enforce: bool, trains: bool = True, unchecked: bool = False,
            root: str | Path | None = None, kinds: tuple[str, ...] = KINDS,
-           data: Mapping[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+           data: Mapping[str, Any] | None = None,
+           check_seeds: Mapping[str, Sequence[int]] | None = None) -> dict[str, dict[str, Any]]:
     """Per kind: ``state`` (:data:`BUILDS` or :data:`CLOSED` values), ``build`` (whether 01 trains it),
     ``reason`` and ``command`` (what records its check). ``recipe``: the run's ``WarmStartConfig``; ``enforce``:
     01's ``PREFLIGHT_ENFORCE``; ``trains``: False when the base is loaded from a checkpoint; ``unchecked``: 01's
     ``UNCHECKED_BASES``; ``root``: another results folder (tests); ``data``: the run's non-standard data variant
-    as a record names it (:func:`copes_lib.tasks.recipe_data`; default: the one in effect in this process)."""
+    as a record names it (:func:`copes_lib.tasks.recipe_data`; default: the one in effect in this process);
+    ``check_seeds``: per kind the seeds of its registered check (01's ``BASE_CHECK_SEEDS_<KIND>``; default
+    :data:`copes_lib.protocols.prerun_seed_check.DEFAULT_SEEDS`), every one of which must be recorded and pass."""
     if data is None:
         from copes_lib.tasks import recipe_data
 
@@ -102,7 +112,9 @@ def decide(profile: str, seed: int, recipe: Any, *, enforce: bool, trains: bool 
             problem = f"no check is recorded ({shown} does not exist)"
         except (OSError, ValueError) as exc:
             problem = f"{shown} cannot be read ({exc})"
+    check_seeds = check_seeds or {}
     for kind in kinds:
+        registered = tuple(check_seeds.get(kind, prerun_seed_check.DEFAULT_SEEDS))
         if not trains:
             state, reason = NOT_ENFORCED, "the base is loaded from a checkpoint: no warm-start seed to check"
         elif not enforce:
@@ -111,11 +123,11 @@ def decide(profile: str, seed: int, recipe: Any, *, enforce: bool, trains: bool 
             state, reason = NOT_CHECKED, problem
         else:
             differences = prerun_seed_check._recipe_differences(record.get("recipe"), recipe, data)
-            state, reason = _kind_state(kind, record, rows, int(seed), differences)
+            state, reason = _kind_state(kind, record, rows, int(seed), differences, registered)
             reason = f"{shown}: {reason}"
         if state in CLOSED and unchecked:
             state, reason = UNCHECKED, f"built UNCHECKED (UNCHECKED_BASES): {state}: {reason}"
-        out[kind] = {"state": state, "build": state in BUILDS, "reason": reason, "command": command(profile, kind)}
+        out[kind] = {"state": state, "build": state in BUILDS, "reason": reason, "command": command(profile, kind, seeds=registered)}
     return out
 
 
@@ -123,7 +135,8 @@ def decide_for(params: Any, root: str | Path | None = None) -> dict[str, dict[st
     """:func:`decide` with notebook 01's parameters (``SubstrateNotebookParams``)."""
     data = {} if params.QA_DATA == "standard" else {"qa_data": params.QA_DATA}  # as tasks.recipe_data names it
     return decide(params.PROFILE, params.SEED, params.warm_start_config(), enforce=params.PREFLIGHT_ENFORCE,
-                  trains=params.trains_base(), unchecked=params.UNCHECKED_BASES, root=root, data=data)
+                  trains=params.trains_base(), unchecked=params.UNCHECKED_BASES, root=root, data=data,
+                  check_seeds=params.check_seeds())
 
 
 def not_built() -> collections.defaultdict:

@@ -142,6 +142,11 @@ class SubstrateNotebookParams(NotebookParams):
                                     "small to act)")
     UNCHECKED_BASES: bool = param(False, "exploration: build a base whose 5-seed check did not pass anyway; the claims "
                                   "on that kind then read 'not checked' (make reproduce UNCHECKED_BASES=1)")
+    BASE_CHECK_SEEDS_MATH: str = param("0,1,2,3,4", "the warm-start seeds whose recorded check gates the math base "
+                                       "(its design's registration names them, docs/preflight.md P8.5): every one "
+                                       "must be recorded and pass; comma-separated, at least 5")
+    BASE_CHECK_SEEDS_QA: str = param("0,1,2,3,4", "the warm-start seeds whose recorded check gates the QA base, as "
+                                     "BASE_CHECK_SEEDS_MATH")
     PREFLIGHT_KINDS: str = param("math,qa", "task kinds the preflight measures, comma-separated")
     PREFLIGHT_PROMPTS: int = param(64, "preflight: tuning prompts sampled (G1/G2) and evaluated (E1)", ge=1)
     PREFLIGHT_GROUP: int = param(8, "preflight: samples per prompt at T 1 (GRPO's group size)", ge=2)
@@ -195,6 +200,7 @@ class SubstrateNotebookParams(NotebookParams):
                               f"{self.WARM_GRADED_HIGH} and < WARM_GRADED_HIGH_QA = {self.WARM_GRADED_HIGH_QA}; valid: "
                               "0 <= WARM_GRADED_LOW < WARM_GRADED_HIGH, WARM_GRADED_HIGH_QA < 1")
         self.preflight_kinds()
+        self.check_seeds()
         try:
             self.preflight_settings()
         except ConfigError as error:
@@ -220,6 +226,25 @@ class SubstrateNotebookParams(NotebookParams):
             raise ConfigError(f"PREFLIGHT_KINDS = {self.PREFLIGHT_KINDS!r}; valid: a comma-separated subset of "
                               "['math', 'qa']")
         return kinds
+
+    def check_seeds(self) -> dict[str, tuple[int, ...]]:
+        """Per kind, the warm-start seeds of its registered check (``BASE_CHECK_SEEDS_<KIND>``), which the base
+        gate requires recorded and passing (:mod:`copes_lib.protocols.base_gate`)."""
+        from copes_lib.protocols.base_gate import MIN_SEEDS
+
+        out = {}
+        for kind in ("math", "qa"):
+            name = f"BASE_CHECK_SEEDS_{kind.upper()}"
+            text = getattr(self, name)
+            try:
+                seeds = tuple(int(v) for v in text.split(",") if v.strip())
+            except ValueError:
+                seeds = ()
+            if len(seeds) < MIN_SEEDS or len(set(seeds)) != len(seeds) or min(seeds) < 0:
+                raise ConfigError(f"{name} = {text!r}; valid: at least {MIN_SEEDS} distinct comma-separated "
+                                  "integers >= 0, e.g. '0,1,2,3,4' (docs/preflight.md P8.5)")
+            out[kind] = tuple(sorted(seeds))
+        return out
 
     def preflight_settings(self):
         """The preflight's settings."""

@@ -35,11 +35,22 @@ from copes_lib import runs
 from copes_lib.config import REPO_ROOT
 from copes_lib.tasks import recipe_data
 
-#: the command that writes (and commits, with git) the check notebook 01 reads
-COMMAND = "make preflight PROFILE={profile}{recipe} SEEDS=0,1,2,3,4 JOBS=2 RECORD=1"
+#: the seeds of a check when its design names none (docs/preflight.md P8.5: 5 warm-start seeds, the run's 0 among them)
+DEFAULT_SEEDS = (0, 1, 2, 3, 4)
 #: the preconditions shown per seed (docs/preflight.md#p1-the-preconditions, P8.4)
 PRECONDITIONS = ("G1", "G2", "E1", "E2", "R", "U")
 _LABEL = re.compile(r"^(?P<kind>\w+)(?: seed (?P<seed>\d+))?$")
+
+
+def record_command(profile: str, kind: str | None = None, seeds=DEFAULT_SEEDS, recipe: str | None = None) -> str:
+    """The one command that records the check notebook 01 and the base gate read (and that git then commits):
+    ``kind`` alone, or every kind; ``seeds`` the registered ones; ``recipe`` default :func:`copes_lib.config.
+    active_recipe`. Resumable: a (kind, seed) already recorded for the same recipe is not measured again."""
+    from copes_lib.config import active_recipe
+
+    recipe = recipe if recipe is not None else active_recipe()
+    return (f"make preflight PROFILE={profile}{f' RECIPE={recipe}' if recipe else ''}{f' KINDS={kind}' if kind else ''} "
+            f"SEEDS={','.join(str(s) for s in seeds)} JOBS=2 RECORD=1")
 
 
 def record_name(profile: str, recipe: str | None = None) -> str:
@@ -139,21 +150,20 @@ def _recipe_differences(recorded: Mapping[str, Any] | None, recipe: Any,
 
 
 def check(profile: str, run_seed: int, run_bases: Mapping[str, Mapping[str, Any]], *, recipe: Any = None,
-          trained: bool = True, root: str | Path | None = None) -> dict[str, Any]:
+          trained: bool = True, root: str | Path | None = None, seeds=DEFAULT_SEEDS) -> dict[str, Any]:
     """Read ``results/preflight/<profile>.json`` and judge it against this run.
 
     ``run_bases``: per kind the run builds, its base's ``digest`` (:func:`copes_lib.protocols.base_digest.
     state_digest`), ``strict_tail`` and ``lenient_tail`` (:func:`copes_lib.substrate.tail_mean` of its curve).
     ``recipe``: the run's warm-start config; when given, a record measured on another recipe is said not to
-    cover this run's base. Returns the rows (:func:`seed_rows`), the seeds per kind, ``met`` (every checked
+    cover this run's base. ``seeds``: the registered check seeds (the union over kinds), for the command it names.
+    Returns the rows (:func:`seed_rows`), the seeds per kind, ``met`` (every checked
     seed met everything; None without a record or on another recipe), ``run_seed_checked``, per kind the comparison
     (:func:`compare`), and ``lines``: what to tell the reader, in words. ``trained`` False (a base loaded from a
     local checkpoint, gpu profile): no warm-start seed exists, so nothing is read."""
     path = record_path(profile, root)
     shown = str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
-    from copes_lib.config import active_recipe
-
-    command = COMMAND.format(profile=profile, recipe=f" RECIPE={active_recipe()}" if active_recipe() else "")
+    command = record_command(profile, seeds=seeds)
     out: dict[str, Any] = {"profile": profile, "file": None, "exists": path.exists(), "rows": [], "seeds": {},
                            "met": None, "failed": [], "run_seed": int(run_seed), "run_seed_checked": False,
                            "recipe_differences": None, "git": None, "file_git": None, "written": None,
@@ -261,4 +271,4 @@ def summary_keys(result: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["COMMAND", "record_name", "record_path", "seed_rows", "compare", "check", "table", "summary_keys"]
+__all__ = ["DEFAULT_SEEDS", "record_command", "record_name", "record_path", "seed_rows", "compare", "check", "table", "summary_keys"]
