@@ -83,7 +83,7 @@ PREDICTIONS: tuple[Prediction, ...] = (
     Prediction("R1", "At greedy decoding the latent base's strict math accuracy is near 0 for p < 0.5: the "
                "argmax takes the majority answer form", "strict math accuracy of 01's base", "<= 0.05", "> 0.15"),
     Prediction("R2", "At p = 0 ES recovers ~0 of the reward's headroom: its strict gain at the budget is below "
-               "3 points", "Delta S of ES at p = 0", "interval upper bound < 0.03", "interval lower bound > 0.03"),
+               "0.03 (3 points of accuracy)", "Delta S of ES at p = 0", "interval upper bound < 0.03", "interval lower bound > 0.03"),
     Prediction("R3", "ES's gains in the latent regime are mostly protocol, not skill",
                "Delta S - 2 Delta L of ES at the headline p", "interval lower bound > 0", "interval upper bound < 0"),
     Prediction("R4", "GRPO's gains in the latent regime are mostly protocol, not skill",

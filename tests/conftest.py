@@ -169,3 +169,19 @@ def pytest_collection_modifyitems(config, items):
     ordered += list(rest)
     assert len(ordered) == len(items) and {id(i) for i in ordered} == {id(i) for i in items}
     items[:] = ordered
+
+
+@pytest.fixture(autouse=True)
+def _process_data_settings_restored():
+    """What a test's use_profile_data / use_qa_data / use_tool_settings set stays in that test: the cpu default's
+    QA data are 'large', so a variant left behind by one test would change the recipe key another reads
+    (copes_lib.tasks keeps them per process, as a notebook's parameter loading sets them)."""
+    from copes_lib import tasks
+
+    saved = dict(tasks._qa_data), dict(tasks._tool_settings), list(tasks._gpu_data)
+    yield
+    tasks._qa_data.clear()
+    tasks._qa_data.update(saved[0])
+    tasks._tool_settings.clear()
+    tasks._tool_settings.update(saved[1])
+    tasks._gpu_data[:] = saved[2]

@@ -16,12 +16,18 @@ def _params(profile="cpu", **values):
                                                   "PROFILE": profile, **values})
 
 
-def _record(root, recipe, seeds_met, profile="cpu"):
-    """A record as `make preflight RECORD=1` writes it: per "<kind> seed <s>" met and what failed."""
+def _data(p):
+    """The run's data variant as a record names it (tasks.recipe_data): the cpu default's QA data are 'large'."""
+    return {} if p.QA_DATA == "standard" else {"qa_data": p.QA_DATA}
+
+
+def _record(root, recipe, seeds_met, profile="cpu", data=None):
+    """A record as `make preflight RECORD=1` writes it: per "<kind> seed <s>" met and what failed; ``data``: the
+    data variant it names beside the recipe."""
     kinds = {f"{kind} seed {seed}": {"met": met, "failed": [] if met else ["E1"], "shape": {}, "values": {},
                                      "verdicts": {}}
              for kind, seeds in seeds_met.items() for seed, met in seeds.items()}
-    recipe = dataclasses.asdict(recipe)
+    recipe = {**dataclasses.asdict(recipe), **(data or {})}
     path = root / "preflight" / f"{profile}.json"
     runs.atomic_write_json(path, {"profile": profile, "recipe": recipe, "kinds": kinds,
                                   "seeds": sorted({s for seeds in seeds_met.values() for s in seeds})})
@@ -30,7 +36,7 @@ def _record(root, recipe, seeds_met, profile="cpu"):
 
 def _decide(p, root):
     return base_gate.decide(p.PROFILE, p.SEED, p.warm_start_config(), enforce=p.PREFLIGHT_ENFORCE,
-                            trains=p.trains_base(), unchecked=p.UNCHECKED_BASES, root=root)
+                            trains=p.trains_base(), unchecked=p.UNCHECKED_BASES, root=root, data=_data(p))
 
 
 FIVE = dict.fromkeys(range(5), True)
@@ -45,7 +51,7 @@ def test_each_kind_is_gated_on_its_own_check(tmp_path, monkeypatch):
     assert "does not exist" in gate["math"]["reason"] and not gate["math"]["build"]
     assert gate["qa"]["command"] == "make preflight PROFILE=cpu KINDS=qa SEEDS=0,1,2,3,4 JOBS=2 RECORD=1"
 
-    _record(tmp_path, p.warm_start_config(), {"math": FIVE, "qa": {**FIVE, 3: False}})
+    _record(tmp_path, p.warm_start_config(), {"math": FIVE, "qa": {**FIVE, 3: False}}, data=_data(p))
     gate = _decide(p, tmp_path)
     assert gate["math"]["state"] == "passed" and gate["math"]["build"]
     assert gate["qa"]["state"] == "failed" and "seed 3: E1" in gate["qa"]["reason"] and not gate["qa"]["build"]
@@ -53,7 +59,8 @@ def test_each_kind_is_gated_on_its_own_check(tmp_path, monkeypatch):
     words = base_gate.lines(gate)
     assert "[qa] base NOT built, failed" in words[1] and "rejected" in words[1] and "UNCHECKED_BASES=1" in words[1]
 
-    _record(tmp_path, p.warm_start_config(), {"math": {s: True for s in (1, 2, 3, 4, 5)}, "qa": {0: True, 1: True}})
+    _record(tmp_path, p.warm_start_config(), {"math": {s: True for s in (1, 2, 3, 4, 5)}, "qa": {0: True, 1: True}},
+            data=_data(p))
     gate = _decide(p, tmp_path)  # five math seeds but not the run's seed 0; two QA seeds
     assert gate["math"]["state"] == "not checked" and "0 not yet recorded" in gate["math"]["reason"]
     assert gate["qa"]["state"] == "not checked" and "seeds 0, 1" in gate["qa"]["reason"]
@@ -109,11 +116,12 @@ def test_claims_on_a_base_not_checked_read_not_checked(state, words):
 
 
 def test_a_record_of_the_larger_qa_data_gates_only_a_run_on_those_data(tmp_path, monkeypatch):
-    """P8.11's record names its QA data beside the warm-start recipe (tasks.recipe_data); the gate compares both."""
-    monkeypatch.setenv(config.RECIPE_ENV, "p8.11")
+    """P8.11's record (the cpu default's) names its QA data beside the warm-start recipe (tasks.recipe_data); the
+    gate compares both."""
+    monkeypatch.delenv(config.RECIPE_ENV, raising=False)
     p = _params()
     assert p.QA_DATA == "large"
-    path = _record(tmp_path, p.warm_start_config(), {"math": SIX, "qa": FIVE}, profile="cpu-p8.11")
+    path = _record(tmp_path, p.warm_start_config(), {"math": SIX, "qa": FIVE})
     record = runs.read_json(path)
     record["recipe"]["qa_data"] = "large"
     runs.atomic_write_json(path, record)
@@ -146,7 +154,7 @@ def test_the_gate_requires_every_seed_the_designs_registration_names(tmp_path, m
 def test_a_run_seed_outside_the_registered_check_is_not_checked(tmp_path, monkeypatch):
     monkeypatch.delenv(config.RECIPE_ENV, raising=False)
     p = _params(SEED=7)
-    _record(tmp_path, p.warm_start_config(), {"math": FIVE, "qa": FIVE})
+    _record(tmp_path, p.warm_start_config(), {"math": FIVE, "qa": FIVE}, data=_data(p))
     gate = base_gate.decide_for(p, root=tmp_path)
     assert gate["math"]["state"] == "not checked" and "seed 7 is not among" in gate["math"]["reason"]
 

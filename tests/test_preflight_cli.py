@@ -235,5 +235,6 @@ def test_a_recipe_overlay_records_into_its_own_file(roots, monkeypatch, capsys):
     assert pf.main(["--profile", "cpu", "--kinds", "math", "--seeds", "1", "--record"]) == 0
     record = runs.read_json(roots / "results" / "preflight" / "cpu-p8.10.json")
     assert record["recipe_name"] == "p8.10" and record["settings"]["calibration_batches"] == 4
+    assert record["kinds"]["math seed 1"]["recorded_git"] == runs.git_state()["git_sha"]  # the code that measured it
     assert not (roots / "results" / "preflight" / "cpu.json").exists()
     assert (roots / "figures" / "preflight" / "cpu-p8.10.png").exists()

@@ -155,18 +155,25 @@ def test_the_parameter_checks_its_value():
         build(SubstrateNotebookParams, {"PROFILE": "gpu", "QA_DATA": "large"})
 
 
-def test_the_p8_11_overlay_is_p8_10_plus_the_large_qa_data(monkeypatch):
+def test_the_cpu_default_is_p8_10_plus_the_large_qa_data(monkeypatch):
+    """P8.11, the default since its check passed (docs/preflight.md), is P8.10's design with QA on the large data;
+    the P8.10 overlay differs from it only there."""
+    from copes_lib.protocols.notebooks import load_profile
     from copes_lib.protocols.substrate_setup import substrate_params, use_profile_data
 
-    p810, p811 = config.recipe_overlay("cpu", "p8.10"), config.recipe_overlay("cpu", "p8.11")
-    assert p811["01_substrate_and_agent"] == {**p810["01_substrate_and_agent"], "QA_DATA": "large"}
-    monkeypatch.setenv(config.RECIPE_ENV, "p8.11")
+    monkeypatch.delenv(config.RECIPE_ENV, raising=False)
+    default = load_profile("cpu")["01_substrate_and_agent"]
+    p810 = config.recipe_overlay("cpu", "p8.10")["01_substrate_and_agent"]
+    assert {**p810, "QA_DATA": "large"} == default
     assert substrate_params("cpu").QA_DATA == "large"
     use_profile_data("cpu")  # what every notebook and worker does: the tasks see the variant
     assert data_variant("cpu", "qa") == "large" and data_variant("cpu", "math") == "standard"
-    monkeypatch.delenv(config.RECIPE_ENV)
+    monkeypatch.setenv(config.RECIPE_ENV, "p8.10")
     use_profile_data("cpu")
     assert data_variant("cpu", "qa") == "standard"
+    monkeypatch.delenv(config.RECIPE_ENV)
+    use_profile_data("cpu")
+    assert data_variant("cpu", "qa") == "large"
 
 
 def test_a_warm_start_worker_uses_the_callers_variant(monkeypatch, tmp_path):

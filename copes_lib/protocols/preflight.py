@@ -615,7 +615,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     git = runs.git_state()
     written = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     measured = {name: {**{k: r[k] for k in RECORDED if k in r}, "groups": {"protocol_rate": r["groups"]["protocol_rate"]},
-                       "recorded_git": git.get("commit"), "recorded_utc": written}
+                       "recorded_git": git.get("git_sha"), "recorded_utc": written}
                 for name, r in reports.items()}
     entries = {**earlier, **json.loads(json.dumps(measured, default=str))}
     preflight_cli.print_table(table(entries), MEANING)
