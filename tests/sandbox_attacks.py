@@ -551,6 +551,32 @@ except (OSError, ImportError):  # (as 'nobody' under Landlock the socket module 
     pass
 print("SETTINGS", reached)
 """
+# Issue 48: System V IPC objects (a shared memory segment, a semaphore set, a message queue) and a POSIX message
+# queue live in the IPC namespace, not in a file the call's folder holds: a call that made them (with its hook off,
+# through ctypes) would leave them to every later call of its worker, a channel between calls. IPC_LEAVE makes
+# each, IPC_LOOK (run afterwards on every worker) opens each by its key or name without creating it.
+IPC_KEY = 0x0C0DE5
+_IPC_LIBC = """import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mq_open.restype = ctypes.c_int
+libc.mq_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p]
+"""
+IPC_LEAVE = _IPC_LIBC + f"""made = []
+for name, call in (("shm", lambda: libc.shmget({IPC_KEY}, 4096, 0o1666)), ("sem", lambda: libc.semget({IPC_KEY}, 1, 0o1666)),
+                   ("msg", lambda: libc.msgget({IPC_KEY}, 0o1666)),
+                   ("mq", lambda: libc.mq_open(b"/copes-sandbox-mq", 0o100 | 0o2, 0o666, None))):
+    if call() >= 0:
+        made.append(name)
+print("MADE", made)
+"""
+IPC_LOOK = _IPC_LIBC + f"""found = []
+for name, call in (("shm", lambda: libc.shmget({IPC_KEY}, 0, 0o666)), ("sem", lambda: libc.semget({IPC_KEY}, 0, 0o666)),
+                   ("msg", lambda: libc.msgget({IPC_KEY}, 0o666)),
+                   ("mq", lambda: libc.mq_open(b"/copes-sandbox-mq", 0o2, 0, None))):
+    if call() >= 0:
+        found.append(name)
+print("FOUND", found)
+"""
 HOST_SETTINGS = ("/proc/sys/kernel/hostname", "/proc/sys/kernel/domainname", "/proc/sys/kernel/core_pattern")
 
 
@@ -585,9 +611,12 @@ def run_cross_call(layers: str, drop_privileges: bool, without: str = "") -> dic
         before = host_settings()
         settings = box.run(KERNEL_SETTINGS_ATTACK)
         after = host_settings()
+        ipc_left = box.run(IPC_LEAVE)
+        ipc_seen = box.run_many([IPC_LOOK + f"# worker {i}" for i in range(2 * config.workers)])
         record = lambda r: {"ok": r.ok, "output": r.output, "error": r.error}  # noqa: E731
         return {"layers": box.layers, "attack": record(attack), "later": [record(r) for r in later], "memo": memo,
-                "settings": record(settings), "host_before": before, "host_after": after}
+                "settings": record(settings), "host_before": before, "host_after": after,
+                "ipc_left": record(ipc_left), "ipc_seen": [record(r) for r in ipc_seen]}
 
 
 def kernel_settings_failure(record: dict) -> str | None:
@@ -598,6 +627,44 @@ def kernel_settings_failure(record: dict) -> str | None:
         return f"the call reached the host's kernel settings: {record['settings']}"
     if record["host_before"] != record["host_after"]:
         return f"the host's settings changed: {record['host_before']} -> {record['host_after']}"
+    return None
+
+
+def remove_host_ipc() -> None:
+    """Remove what IPC_LEAVE makes from this process's IPC namespace (the host's, when a run without namespaces
+    let it through), so that a failing run leaves nothing behind."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    ipc_rmid = 0
+    for get, control in ((lambda: libc.shmget(IPC_KEY, 0, 0), libc.shmctl), (lambda: libc.semget(IPC_KEY, 0, 0), None),
+                         (lambda: libc.msgget(IPC_KEY, 0), libc.msgctl)):
+        ident = get()
+        if ident >= 0:
+            if control is None:
+                libc.semctl(ident, 0, ipc_rmid)
+            else:
+                control(ident, ipc_rmid, None)
+    libc.mq_unlink(b"/copes-sandbox-mq")
+
+
+def ipc_not_tried(record: dict) -> str | None:
+    """Why the IPC probe of ``record`` (of :func:`run_cross_call`) proves nothing in its mode (the call could not
+    load ctypes, so it had no way to make an IPC object); None when it ran."""
+    left = record["ipc_left"]
+    if left["error"].startswith(("ModuleNotFoundError", "ImportError")) and "ctypes" in left["error"]:
+        return f"a call cannot load ctypes in this mode, so it has no way to make an IPC object: {left['error']}"
+    return None
+
+
+def ipc_failure(record: dict) -> str | None:
+    """Why ``record`` (of :func:`run_cross_call`) shows an IPC object outliving the call that made it."""
+    left = record["ipc_left"]
+    if left["ok"] and "MADE" not in left["output"]:
+        return f"the IPC call did not run to its end (so this proves nothing): {left}"
+    for seen in record["ipc_seen"]:
+        if "FOUND" in seen["output"] and "FOUND []" not in seen["output"]:
+            return f"a later call found what an earlier one left: {seen} (made: {left})"
     return None
 
 

@@ -231,3 +231,5 @@ def test_a_call_with_the_hook_off_cannot_touch_another_call_or_the_host_as_a_non
         pytest.skip(f"kernel-only, without={without!r}, as a non-root user: {record}")
     assert attacks.cross_call_failure(record) is None, attacks.cross_call_failure(record)
     assert attacks.kernel_settings_failure(record) is None, attacks.kernel_settings_failure(record)
+    if attacks.ipc_not_tried(record) is None:
+        assert attacks.ipc_failure(record) is None, attacks.ipc_failure(record)

@@ -44,6 +44,7 @@ def cross_record(request):
     try:
         return attacks.run_cross_call("kernel-only", drop, without)
     finally:
+        attacks.remove_host_ipc()  # (without namespaces, a failing run's IPC objects are the host's)
         if attacks.host_settings() != before:  # (a failing run must not leave the host renamed)
             for path in ("/proc/sys/kernel/hostname", "/proc/sys/kernel/domainname"):
                 with open(path, "w") as handle:
@@ -58,6 +59,17 @@ def test_a_call_with_the_hook_off_cannot_change_another_calls_result(cross_recor
 def test_a_call_with_the_hook_off_cannot_write_the_hosts_kernel_settings(cross_record):
     failure = attacks.kernel_settings_failure(cross_record)
     assert failure is None, failure
+
+
+def test_a_call_with_the_hook_off_leaves_no_ipc_object_to_a_later_call(cross_record):
+    """SysV shared memory, semaphores, message queues and POSIX message queues are denied (seccomp): a call that
+    loads ctypes cannot make one, so nothing outlives it in the worker's IPC namespace."""
+    reason = attacks.ipc_not_tried(cross_record)
+    if reason:
+        pytest.skip(reason)
+    failure = attacks.ipc_failure(cross_record)
+    assert failure is None, failure
+    assert not cross_record["ipc_left"]["ok"], cross_record["ipc_left"]  # the first IPC call ends the process
 
 
 def test_the_calls_see_their_own_host_name():

@@ -121,6 +121,12 @@ _DENIED_SYSCALLS_X86_64 = {
     "pidfd_send_signal": 424, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
     "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
     "clone3": 435, "pidfd_getfd": 438, "mount_setattr": 442, "memfd_secret": 447,
+    # System V IPC and POSIX message queues: their objects live in the IPC namespace, not in the call's folder,
+    # so they would outlive the call that made them and reach every later call of its worker (or, without
+    # namespaces, the host's); no preloaded module needs them (POSIX shared memory is a file in /dev/shm)
+    "shmget": 29, "shmat": 30, "shmctl": 31, "semget": 64, "semop": 65, "semctl": 66, "shmdt": 67, "msgget": 68,
+    "msgsnd": 69, "msgrcv": 70, "msgctl": 71, "semtimedop": 220, "mq_open": 240, "mq_unlink": 241,
+    "mq_timedsend": 242, "mq_timedreceive": 243, "mq_notify": 244, "mq_getsetattr": 245,
 }
 
 

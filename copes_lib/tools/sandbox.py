@@ -55,7 +55,8 @@ table of which layer stops which attack, and which hosts lack which layer):
 1. kernel, per worker: Landlock (file reads and writes, whatever path, ``dir_fd`` or descriptor
    trick; executing anything but the interpreter; TCP and signals on ABI >= 4 / 6) or, where Landlock is
    missing, a read-only view of the interpreter's files as the mount namespace's root, seccomp (sockets,
-   fork/vfork/clone3, execveat, ptrace, memfd, io_uring, namespaces, mounts: the process is killed),
+   fork/vfork/clone3, execveat, ptrace, memfd, io_uring, namespaces, mounts, System V IPC and message
+   queues, whose objects would outlive the call: the process is killed),
    no_new_privs and no capabilities, a network namespace without interfaces, a private tmpfs of
    ``temp_quota_mb``, a pid namespace with its own /proc (the children cannot name a host process;
    nothing outlives the call). Unprivileged hosts get the namespaces through a user namespace that maps
@@ -1210,7 +1211,7 @@ def _signal_error(signum: int, settings: dict) -> str:
         return (f"RecursionError: the Python process crashed ({signal.Signals(signum).name}), most likely "
                 "from recursion that is too deep or from running out of memory")
     if signum == signal.SIGSYS:
-        return "PermissionError: sandbox: a system call the seccomp filter denies (socket, process, exec, ...)"
+        return "PermissionError: sandbox: a system call the seccomp filter denies (socket, process, exec, IPC, ...)"
     try:
         name = signal.Signals(signum).name
     except ValueError:
