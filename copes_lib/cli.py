@@ -440,8 +440,12 @@ def run_one(path: Path, parameters: dict[str, Any], reports_dir: Path, cwd: Path
         _CURRENT.log = log  # _NotebookLogs writes this thread's papermill records here
         try:
             papermill.execute_notebook(
-                str(path), str(executed), parameters=parameters, kernel_name=KERNEL, cwd=str(cwd),
-                log_output=True, progress_bar=False,
+                # the kernel starts in `cwd` (nbclient's resources path), and this process stays where it is:
+                # papermill's own cwd= is an os.chdir of the whole process, which two notebooks run at once in
+                # threads (JOBS=2) restore out of order, leaving the runner (or a test's worker) in a notebook
+                # folder and a kernel started in the wrong one
+                str(path), str(executed), parameters=parameters, kernel_name=KERNEL,
+                resources={"metadata": {"path": str(cwd)}}, log_output=True, progress_bar=False,
                 # the kernel process writes its own log (a warning per start about its local TCP sockets)
                 # to our terminal; only its errors there, unless verbose
                 extra_arguments=[] if getattr(_CURRENT, "verbose", False) else ["--IPKernelApp.log_level=ERROR"],

@@ -185,3 +185,20 @@ def _process_data_settings_restored():
     tasks._tool_settings.clear()
     tasks._tool_settings.update(saved[1])
     tasks._gpu_data[:] = saved[2]
+
+
+_START_CWD = os.getcwd()
+
+
+@pytest.fixture(autouse=True)
+def _working_directory_unchanged():
+    """A test that leaves the process in another folder fails at its teardown, naming the folder (relative paths
+    in every later test of that xdist worker would resolve there); the folder is restored for the next test."""
+    yield
+    try:
+        now = os.getcwd()
+    except FileNotFoundError:  # left in a folder that has since been removed
+        now = "(a removed folder)"
+    if now != _START_CWD:
+        os.chdir(_START_CWD)
+        pytest.fail(f"the test left the process's working directory in {now}, not {_START_CWD}", pytrace=False)

@@ -614,3 +614,27 @@ def test_kernel_connection_files_of_killed_kernels_are_deleted_live_ones_kept(tm
         holder.wait()
     assert deleted == [dead] and not dead.exists() and live.exists() and fresh.exists()
     assert cli.stale_kernel_files(tmp_path / "absent") == []
+
+
+def test_notebooks_run_at_once_start_in_their_folder_and_leave_the_runners_cwd_alone(tmp_path):
+    """JOBS=2 runs two notebooks in threads; papermill's cwd= would os.chdir the whole process for each, and the two
+    restores, out of order, left the process in a notebook folder (a fresh clone's random-order run found an xdist
+    worker there). The kernels start in their folder; the runner's own cwd never moves."""
+    import threading
+
+    folders = [tmp_path / "a", tmp_path / "b"]
+    for folder in folders:
+        folder.mkdir()
+        _notebook(folder / "01_where.ipynb", "import os, time\ntime.sleep(1.0)\nopen('cwd.txt', 'w').write(os.getcwd())")
+    before = os.getcwd()
+    records = {}
+    threads_ = [threading.Thread(target=lambda f=f: records.update({f: cli.run_one(
+        f / "01_where.ipynb", {"PROFILE": "smoke"}, f / "reports", cwd=f)})) for f in folders]
+    for thread in threads_:
+        thread.start()
+    for thread in threads_:
+        thread.join(120)
+    assert os.getcwd() == before
+    for folder in folders:
+        assert records[folder]["status"] == "ok", records[folder]
+        assert (folder / "cwd.txt").read_text() == str(folder)
