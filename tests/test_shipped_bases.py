@@ -212,19 +212,27 @@ def test_the_command_says_when_a_base_is_not_shipped(tmp_path, monkeypatch, caps
 
 
 # --------------------------------------------------------------------------- the committed smoke bases
-def test_the_committed_smoke_bases_are_the_smoke_profiles_and_intact():
-    """bases/smoke/ ships every base a smoke run uses, under the key the smoke recipe has now, its weights
-    matching their digest: so the smoke suite loads them instead of training. After a change of the recipe, the
-    data or the library version: `make bases PROFILE=smoke` (and commit bases/smoke/)."""
-    config = substrate_config("smoke")
-    for kind, seed in shipped_bases.default_pairs("smoke"):
-        key = substrate.warm_start_recipe("smoke", kind, seed, config)[1]
-        weights, sidecar = bases.paths("smoke", kind, seed, key)
-        assert sidecar.exists(), (f"no shipped smoke base for {kind} seed {seed} with key {key} (shipped: "
-                                  f"{[p.name for p in bases.shipped('smoke', kind, seed)]}): run make bases PROFILE=smoke")
+@pytest.mark.parametrize("profile", ["smoke", "cpu"])
+def test_the_committed_bases_are_the_profiles_and_intact(profile):
+    """bases/<profile>/ ships every base a run of the profile uses, under the key the profile's recipe has now, its
+    weights matching their digest: so a run loads them instead of training. After a change of the recipe, the
+    data or the library version: `make bases PROFILE=<profile>` (and commit bases/<profile>/). The cpu bases are
+    the very weights the default's pre-run seed check measured (their state digest is the record's)."""
+    from copes_lib.protocols.substrate_setup import use_profile_data
+
+    config = substrate_config(profile)
+    use_profile_data(profile)
+    for kind, seed in shipped_bases.default_pairs(profile):
+        key = substrate.warm_start_recipe(profile, kind, seed, config)[1]
+        weights, sidecar = bases.paths(profile, kind, seed, key)
+        assert sidecar.exists(), (f"no shipped {profile} base for {kind} seed {seed} with key {key} (shipped: "
+                                  f"{[p.name for p in bases.shipped(profile, kind, seed)]}): run make bases PROFILE={profile}")
         meta = bases.read_sidecar(sidecar)
         assert bases.file_sha256(weights) == meta["weights_sha256"], weights
         assert meta["recipe_key"] == key and meta["kind"] == kind and meta["seed"] == seed
+        if profile == "cpu":
+            record = runs.read_json(runs.REPO_ROOT / "results" / "preflight" / "cpu.json")
+            assert meta["state_digest"] == record["kinds"][f"{kind} seed {seed}"]["base_digest"]
 
 
 @pytest.mark.slow(cost=90)  # one smoke math warm start: about 60 s of CPU measured (23 min of wall under load 20)
