@@ -15,7 +15,7 @@ the baseline measured in this run, because absolute timings depend on the machin
 
 Before / after kernel isolation (issue 24), measured in the same run, in alternating rounds (the best
 round of each counts, as the machine is shared): ``before`` is the sandbox of ``--before-ref`` (main's
-``copes_lib/tools/sandbox.py``, loaded from git), ``hook_only`` is this sandbox with
+``copes_lib/tools/sandbox.py`` and, from the split on, its worker's files, loaded from git), ``hook_only`` is this sandbox with
 ``layers='hook-only'`` (``allow_unconfined_files``), ``after`` is this sandbox with its default layers
 (Landlock or the read-only view, seccomp, namespaces, private tmpfs, then the hook). The headline keys
 (``sandbox_run_calls_per_s`` ...) are ``after``; ``after_vs_before_run`` and
@@ -75,19 +75,30 @@ def bench_baseline(n: int) -> tuple[float, float]:
 
 
 def load_before(ref: str):
-    """The sandbox module of git ``ref`` (its zygote file lives in a temp folder; PYTHONPATH finds copes_lib)."""
-    source = subprocess.run(["git", "show", f"{ref}:copes_lib/tools/sandbox.py"], cwd=runs.REPO_ROOT,
-                            capture_output=True, text=True, check=True).stdout
+    """The sandbox module of git ``ref`` (its worker's files live in a temp folder; PYTHONPATH finds copes_lib).
+    From the split of issue 49 on, the host module imports its worker module, and the set-up script imports it
+    and isolation.py as its siblings: the copies in the temp folder are imported by those sibling names."""
+    def show(name: str) -> str | None:
+        done = subprocess.run(["git", "show", f"{ref}:copes_lib/tools/{name}"], cwd=runs.REPO_ROOT,
+                              capture_output=True, text=True)
+        return done.stdout if done.returncode == 0 else None
+
     folder = tempfile.mkdtemp(prefix="copes-bench-")
+    source = show("sandbox.py")
+    if source is None:
+        raise SystemExit(f"--before-ref {ref}: it has no copes_lib/tools/sandbox.py")
+    source = (source.replace("from copes_lib.tools import sandbox_worker as worker", "import sandbox_worker as worker")
+              .replace("from copes_lib.tools.sandbox_worker import", "from sandbox_worker import"))
     path = os.path.join(folder, "sandbox_before.py")
     with open(path, "w") as handle:
         handle.write(source)
-    # its zygote loads isolation.py from its own folder (refs before issue 24 have none)
-    isolation = subprocess.run(["git", "show", f"{ref}:copes_lib/tools/isolation.py"], cwd=runs.REPO_ROOT,
-                               capture_output=True, text=True)
-    if isolation.returncode == 0:
-        with open(os.path.join(folder, "isolation.py"), "w") as handle:
-            handle.write(isolation.stdout)
+    # its zygote loads isolation.py from its own folder (refs before issue 24 have none); the worker's files
+    for name in ("isolation.py", "sandbox_worker.py", "sandbox_setup.py"):
+        text = show(name)
+        if text is not None:
+            with open(os.path.join(folder, name), "w") as handle:
+                handle.write(text)
+    sys.path.insert(0, folder)  # (the sibling imports of the split's host module)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(runs.REPO_ROOT), os.environ.get("PYTHONPATH")]))
     spec = importlib.util.spec_from_file_location("copes_sandbox_before", path)
     module = importlib.util.module_from_spec(spec)

@@ -303,20 +303,20 @@ def test_close_leaves_no_processes():
 
 
 def test_a_success_needs_the_exit_status_and_the_secret():
-    from copes_lib.tools import sandbox as sbx
+    from copes_lib.tools import sandbox_worker as worker
 
     settings = {"timeout_s": 1.0}
     exited = lambda code: code << 8  # noqa: E731 - a waitpid status for a normal exit with `code`
-    assert sbx._verdict(exited(sbx.FINISHED_EXIT), True, None, settings) == (True, "")
-    ok, error = sbx._verdict(exited(sbx.FINISHED_EXIT), False, "forged", settings)  # os._exit(0), no secret
+    assert worker._verdict(exited(worker.FINISHED_EXIT), True, None, settings) == (True, "")
+    ok, error = worker._verdict(exited(worker.FINISHED_EXIT), False, "forged", settings)  # os._exit(0), no secret
     assert not ok and error.startswith("SystemExit")
-    ok, error = sbx._verdict(exited(sbx.DENIED_EXIT), True, "", settings)
+    ok, error = worker._verdict(exited(worker.DENIED_EXIT), True, "", settings)
     assert not ok and error.startswith("PermissionError: sandbox:")
-    ok, error = sbx._verdict(exited(sbx.FAILED_EXIT), False, "ValueError: x", settings)
+    ok, error = worker._verdict(exited(worker.FAILED_EXIT), False, "ValueError: x", settings)
     assert (ok, error) == (False, "ValueError: x")
-    ok, error = sbx._verdict(signal.SIGKILL, True, None, settings)  # killed by a signal
+    ok, error = worker._verdict(signal.SIGKILL, True, None, settings)  # killed by a signal
     assert not ok and error.startswith("MemoryError")
-    ok, error = sbx._verdict(signal.SIGSYS, True, None, settings)  # the seccomp filter
+    ok, error = worker._verdict(signal.SIGSYS, True, None, settings)  # the seccomp filter
     assert not ok and error.startswith("PermissionError: sandbox:")
 
 
@@ -515,7 +515,7 @@ def test_a_malformed_worker_reply_is_a_failed_call(monkeypatch):
     ours, theirs = socket.socketpair()
     holder = type("W", (), {"channel": ours})()
     for payload in (b"\xff{", b"{\"ok\": tru"):
-        theirs.sendall(sbx._HEADER.pack(len(payload)) + payload)
+        theirs.sendall(sbx.worker._HEADER.pack(len(payload)) + payload)
         assert sbx._Worker._receive(holder, time.monotonic() + 5) is None
     theirs.close()
     ours.close()
