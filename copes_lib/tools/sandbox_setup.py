@@ -15,17 +15,11 @@ import signal
 import struct
 import sys
 
-import isolation  # (this file's folder is sys.path[0])
-import sandbox_worker
-from sandbox_worker import (
-    SANDBOX_GID,
-    SANDBOX_UID,
-    SETUP_EXIT,
-    TEMP_MAX_FILES,
-    _make_call_dir,
-    _read_roots,
-    _write_message,
-)
+if __name__ == "__main__":  # the set-up process: this file's folder is sys.path[0] (the package would load numpy)
+    import isolation
+    import sandbox_worker
+else:  # imported (the doctest collection imports every module of copes_lib)
+    from copes_lib.tools import isolation, sandbox_worker
 
 WORKER = os.path.abspath(sandbox_worker.__file__)
 
@@ -87,7 +81,7 @@ def _setup_main(settings: dict) -> None:
     active: dict[str, str] = {}
     if "namespaces" not in without:
         try:
-            active.update(iso.enter_namespaces(settings["base_dir"], settings["temp_quota_mb"], TEMP_MAX_FILES))
+            active.update(iso.enter_namespaces(settings["base_dir"], settings["temp_quota_mb"], sandbox_worker.TEMP_MAX_FILES))
         except OSError:
             pass
     abi = 0 if "landlock" in without else iso.landlock_abi()
@@ -101,11 +95,11 @@ def _setup_main(settings: dict) -> None:
         active.pop("landlock", None)
         active.pop("seccomp", None)
     drop = settings["drop_privileges"] and os.geteuid() == 0
-    uid, gid = (SANDBOX_UID, SANDBOX_GID) if drop else (None, None)
+    uid, gid = (sandbox_worker.SANDBOX_UID, sandbox_worker.SANDBOX_GID) if drop else (None, None)
     os.chmod(settings["base_dir"], 0o711)  # children (maybe 'nobody') must traverse into their folder
-    call_dir = _make_call_dir(settings["base_dir"], uid, gid)
+    call_dir = sandbox_worker._make_call_dir(settings["base_dir"], uid, gid)
     parents: list[str] = []
-    read_roots = _read_roots(settings, parents)
+    read_roots = sandbox_worker._read_roots(settings, parents)
     libraries, executables = _library_paths()  # (reads /proc/self/maps: before the view replaces the root)
     # (this file too: the worker runs it; the rest of copes_lib stays unreadable)
     reads = read_roots + tuple(libraries) + (WORKER,)
@@ -116,7 +110,7 @@ def _setup_main(settings: dict) -> None:
     release_r, release_w = os.pipe()
     pid = os.fork()
     if pid == 0:
-        status = SETUP_EXIT
+        status = sandbox_worker.SETUP_EXIT
         try:
             os.close(release_w)
             os.read(release_r, 1)  # the set-up process has told the host this process's pid
@@ -145,7 +139,7 @@ def _setup_main(settings: dict) -> None:
                 # without capabilities (root without the uid drop) can then neither open its /proc
                 # files nor ptrace it. (A non-root host's user namespace maps one gid: there, the
                 # sockets, the masked /proc/1, Landlock and seccomp's ban on ptrace keep the worker apart.)
-                os.setresgid(os.getgid(), SANDBOX_GID, SANDBOX_GID)
+                os.setresgid(os.getgid(), sandbox_worker.SANDBOX_GID, sandbox_worker.SANDBOX_GID)
             iso.harden(keep_capabilities=drop)
             if "landlock" in active:
                 fds = lambda paths: [fd for _, fd in iso.open_rule_paths(paths)]  # noqa: E731
@@ -161,14 +155,14 @@ def _setup_main(settings: dict) -> None:
         finally:
             os._exit(status)
     os.close(release_r)
-    _write_message(1, {"server_pid": pid})
+    sandbox_worker._write_message(1, {"server_pid": pid})
     os.write(release_w, b"x")
     os.close(release_w)
     devnull = os.open(os.devnull, os.O_RDWR)  # the channel to the host is the worker's alone
     os.dup2(devnull, 0)
     os.dup2(devnull, 1)
     _, status = os.waitpid(pid, 0)
-    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else SETUP_EXIT)
+    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else sandbox_worker.SETUP_EXIT)
 
 
 if __name__ == "__main__":
