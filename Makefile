@@ -253,7 +253,7 @@ validate: venv
 RECORD ?=
 STRICT ?=
 preflight: venv
-	$(BIN)/python -m copes_lib.protocols.preflight --profile $(PROFILE) $(if $(SEEDS),--seeds $(SEEDS)) $(if $(KINDS),--kinds $(KINDS)) \
+	$(BIN)/python -m copes_lib.protocols.testbed.preflight --profile $(PROFILE) $(if $(SEEDS),--seeds $(SEEDS)) $(if $(KINDS),--kinds $(KINDS)) \
 		$(if $(JOBS),--jobs $(JOBS)) $(if $(call truthy,$(RECORD)),--record) $(if $(call truthy,$(STRICT)),--strict) $(if $(call truthy,$(FORCE)),--force)
 
 # The bases a run uses, shipped with the repository (docs/reproducibility.md#shipped-bases): bases/$(PROFILE)/ from the
@@ -261,7 +261,7 @@ preflight: venv
 # base in a temporary cache and says "equal" or "differs (CPU vendor X vs Y)"; exit 0 equal, 1 differs, 2 not shipped.
 REPLACE ?=
 bases: venv
-	$(BIN)/python -m copes_lib.protocols.shipped_bases --profile $(PROFILE) $(if $(KINDS),--kinds $(KINDS)) \
+	$(BIN)/python -m copes_lib.protocols.testbed.shipped_bases --profile $(PROFILE) $(if $(KINDS),--kinds $(KINDS)) \
 		$(if $(SEEDS),--seeds $(SEEDS)) $(if $(JOBS),--jobs $(JOBS)) $(if $(call truthy,$(REPLACE)),--replace) \
 		$(if $(call truthy,$(REBUILD_BASES)),--rebuild)
 

@@ -29,7 +29,7 @@ from copes_lib.config import build, profile_params
 from copes_lib.molora.lm import build_corpus_lm, lm_loss
 from copes_lib.molora.pool import AdapterPool, PoolConfig, export_peft
 from copes_lib.molora.routers import RouterConfig, make_router
-from copes_lib.protocols.molora_params import MoloraRouterParams, MoloraSubstrateParams
+from copes_lib.protocols.paper_b.molora_params import MoloraRouterParams, MoloraSubstrateParams
 
 
 def median_time(fn, repeats: int, warmup: int = 2) -> float:

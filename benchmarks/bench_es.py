@@ -92,7 +92,7 @@ def setup(profile: str, batch: int, untrained: bool):
         import zlib
 
         from copes_lib.es_objective import AgentObjective
-        from copes_lib.protocols.substrate_setup import substrate_config
+        from copes_lib.protocols.testbed.substrate_setup import substrate_config
         from copes_lib.rollout import make_env
         from copes_lib.substrate import build_agent_model, get_tokenizer, warm_rollout_config, warm_start
         from copes_lib.tasks import load_tasks

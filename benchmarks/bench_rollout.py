@@ -49,7 +49,7 @@ from pathlib import Path
 import torch
 
 from copes_lib import runs
-from copes_lib.protocols.substrate_setup import substrate_config
+from copes_lib.protocols.testbed.substrate_setup import substrate_config
 from copes_lib.rollout import RolloutConfig, StopMatcher, make_env, rollout
 from copes_lib.substrate import build_agent_model, get_tokenizer, warm_start, warm_start_folder
 from copes_lib.tasks import format_prompt, load_tasks

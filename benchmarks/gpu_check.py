@@ -69,7 +69,7 @@ try:
     from copes_lib.engines import QWEN35_SIZES, build_qwen35
     from copes_lib.es import ES, ESConfig, es_step
     from copes_lib.memory_model import ModelDescription, kv_bytes_per_token
-    from copes_lib.protocols.substrate_setup import substrate_config
+    from copes_lib.protocols.testbed.substrate_setup import substrate_config
     from copes_lib.rollout import AgentEnv, RolloutConfig, encode, rollout
     from copes_lib.substrate import train_agent_tokenizer
     from copes_lib.tasks import format_prompt

@@ -19,7 +19,7 @@ key, whatever overlay or profile section produced it. Where the warm start is re
 materialised from these files after the weights' sha256 is checked against the sidecar (:func:`materialise`):
 the cache stays the one place code reads a base from, so every notebook and worker that asks for it gets the
 shipped one. Shipping (``make bases``) and rebuilding to compare (``REBUILD_BASES=1``) live in
-:mod:`copes_lib.protocols.shipped_bases`.
+:mod:`copes_lib.protocols.testbed.shipped_bases`.
 
 Departure from the paper: the paper ships nothing of its own base (Qwen3.5-4B is public); ours are trained
 here, so shipping them is what lets a fresh clone skip the warm start (cpu: about 40 min per base).

@@ -14,7 +14,7 @@ Parts (:data:`PARTS`, issue 47 decision 1): ``--part paper-a|paper-b|study|norm-
 part's run is recorded in ``results/<profile>/suite_run.json`` (:func:`record_suite_run`). ``--only`` runs the
 named notebooks, outside any part, and records nothing there.
 
-The base gate (issue 47 decision 3, :mod:`copes_lib.protocols.base_gate`): before anything runs, the runner asks
+The base gate (issue 47 decision 3, :mod:`copes_lib.protocols.testbed.base_gate`): before anything runs, the runner asks
 which of notebook 01's bases the run may use (the recorded 5-seed check of the run's recipe, on a profile that
 enforces the preflight); once 01 has run, its summary adds the kinds whose own preflight failed. A notebook that
 trains on a closed kind's base (:func:`copes_lib.protocols.notebooks.base_kinds`: 02-06 math, 07 QA) is not run:
@@ -80,8 +80,8 @@ if __name__ == "__main__":  # an unknown profile or notebook answers in one line
 
 from copes_lib import claims, config, report, runs, threads  # noqa: E402
 from copes_lib.cli_args import NOTEBOOK_PATTERN, discover_notebooks, select  # noqa: E402,F401 (cli.select etc.)
-from copes_lib.protocols import base_gate  # noqa: E402
 from copes_lib.protocols import notebooks as suite  # noqa: E402
+from copes_lib.protocols.testbed import base_gate  # noqa: E402
 
 # What each notebook reads from the others: suite.NEEDS (copes_lib/protocols/notebooks.py).
 NEEDS = suite.NEEDS
@@ -104,7 +104,7 @@ KERNEL = "python3"
 
 def substrate_gate(profile: str, parameters01: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Notebook 01's gate per kind under ``profile`` with the parameters the run injects into 01
-    (:func:`copes_lib.protocols.base_gate.decide_for`): which bases 01 builds, and why not."""
+    (:func:`copes_lib.protocols.testbed.base_gate.decide_for`): which bases 01 builds, and why not."""
     params = config.build(suite.params_class(SUBSTRATE), {**parameters01, "PROFILE": profile},
                           source=f"parameters of {SUBSTRATE}")
     return base_gate.decide_for(params)
@@ -113,7 +113,7 @@ def substrate_gate(profile: str, parameters01: dict[str, Any]) -> dict[str, dict
 def closed_after(profile: str, stem: str, record: dict[str, Any],
                  results_root: Path | str | None = None) -> dict[str, str]:
     """The kinds whose notebooks must be skipped once ``stem`` has run: for 01, when it ended ``ok``, the kinds it
-    did not build or whose enforced preflight failed (:func:`copes_lib.protocols.base_gate.closed_kinds` on the
+    did not build or whose enforced preflight failed (:func:`copes_lib.protocols.testbed.base_gate.closed_kinds` on the
     summary it just wrote), each with the reason; {} otherwise (a failed 01 wrote no new summary)."""
     if stem != SUBSTRATE or record.get("status") != "ok":
         return {}

@@ -36,7 +36,7 @@ to; under another profile, or with an unknown name, it is an error naming the va
 processes inherit the variable, so they read the same values.
 
 The notebooks' parameter classes live in :mod:`copes_lib.protocols.params` (and
-``protocols.molora_params``); :mod:`copes_lib.protocols.notebooks` maps each notebook to its class.
+``protocols.paper_b.molora_params``); :mod:`copes_lib.protocols.notebooks` maps each notebook to its class.
 This module knows no notebook: its helpers take a parameter class, whose ``NOTEBOOK`` names its
 section of the profile files.
 """

@@ -516,7 +516,7 @@ def render_index(
                          for f in _figures(figures_root, profile, stem))
         err = rec.get("error")
         err_html = ""
-        if rec.get("skipped"):  # by the base gate (copes_lib/protocols/base_gate.py): why, in its words
+        if rec.get("skipped"):  # by the base gate (copes_lib/protocols/testbed/base_gate.py): why, in its words
             err_html = f'<div class="err">{html.escape(str(rec["skipped"]))}</div>'
         if err:
             first = (err.get("evalue") or "").splitlines()[:1]

@@ -23,7 +23,7 @@ def main() -> None:
     import torch
 
     from copes_lib import runs, threads
-    from copes_lib.protocols.substrate_setup import substrate_config
+    from copes_lib.protocols.testbed.substrate_setup import substrate_config
     from copes_lib.substrate import warm_start
 
     runs.CACHE_ROOT = runs.Path(tempfile.mkdtemp(prefix="kernel-digest-"))

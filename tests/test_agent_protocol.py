@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 from transformers import PreTrainedTokenizerFast
 
-from copes_lib.protocols.substrate_setup import substrate_config, substrate_params, use_profile_data
+from copes_lib.protocols.testbed.substrate_setup import substrate_config, substrate_params, use_profile_data
 from copes_lib.rollout import AgentEnv, RolloutConfig, rollout
 from copes_lib.substrate import get_tokenizer, warm_rollout_config
 from copes_lib.tasks import Task, format_prompt, tool_settings

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from copes_lib import runs
-from copes_lib.protocols import base_digest
-from copes_lib.protocols.substrate_setup import substrate_config
+from copes_lib.protocols.testbed import base_digest
+from copes_lib.protocols.testbed.substrate_setup import substrate_config
 
 # a smoke-size math base trained for a handful of steps: the rebuild path, not the recipe, is under test
-REBUILD = ("import dataclasses; from copes_lib.protocols import base_digest; "
-           "from copes_lib.protocols.substrate_setup import substrate_config; "
+REBUILD = ("import dataclasses; from copes_lib.protocols.testbed import base_digest; "
+           "from copes_lib.protocols.testbed.substrate_setup import substrate_config; "
            "cfg = dataclasses.replace(substrate_config('smoke'), math_steps=12, math_target=0.0, eval_every=6, "
            "eval_problems=4); print(base_digest.rebuild_digest('smoke', 'math', 0, config=cfg, log=lambda *a, **k: None))")
 

@@ -6,9 +6,9 @@ import dataclasses
 import pytest
 
 from copes_lib import claims, config, runs
-from copes_lib.protocols import base_gate
 from copes_lib.protocols import notebooks as registry
 from copes_lib.protocols.params import SubstrateNotebookParams
+from copes_lib.protocols.testbed import base_gate
 
 
 def _params(profile="cpu", **values):

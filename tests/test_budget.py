@@ -203,7 +203,7 @@ def test_local_lora_matches_peft_count_and_keeps_outputs():
 
 def test_agent_step_costs_split_into_phases():
     from copes_lib import substrate
-    from copes_lib.protocols.substrate_setup import substrate_config
+    from copes_lib.protocols.testbed.substrate_setup import substrate_config
     from copes_lib.rollout import RolloutConfig, make_env
     from copes_lib.tasks import load_tasks
 

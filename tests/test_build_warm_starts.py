@@ -11,9 +11,9 @@ import pytest
 
 from copes_lib import config, runs, substrate
 from copes_lib.config import ConfigError
-from copes_lib.protocols import preflight, preflight_cli
-from copes_lib.protocols.base_digest import state_digest
-from copes_lib.protocols.substrate_setup import substrate_config, substrate_params
+from copes_lib.protocols.testbed import preflight, preflight_cli
+from copes_lib.protocols.testbed.base_digest import state_digest
+from copes_lib.protocols.testbed.substrate_setup import substrate_config, substrate_params
 
 # a smoke-size latent (graded) base, a handful of steps: the worker path, not the recipe, is under test
 TINY = dict(protocol="latent", latent_prior="graded", latent_math_steps=6, latent_qa_steps=6, batch=4, eval_every=3,
@@ -94,7 +94,7 @@ def test_a_preflight_worker_measures_under_the_key_of_01s_own_call(tmp_path, mon
                   or subprocess.CompletedProcess(command, 0))
         preflight_cli.measure_in_parallel("smoke", [("math", P.SEED)], 2, seeded=False)
     (command, kw), = started
-    assert command[:3] == [sys.executable, "-m", "copes_lib.protocols.preflight"] and "--seeds" not in command
+    assert command[:3] == [sys.executable, "-m", "copes_lib.protocols.testbed.preflight"] and "--seeds" not in command
     assert "env" not in kw  # the worker inherits this environment, COPES_EXPLICIT_PARAMS with it
     assert preflight.main(command[3:]) == 0  # the worker's work, here (a subprocess would write the real cache)
     warm = P.warm_start_config()

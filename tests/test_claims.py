@@ -622,7 +622,7 @@ def test_a_gate_naming_an_unknown_task_is_a_clear_error():
 
 def test_the_notebooks_regime_context_reads_its_own_task(tmp_path, monkeypatch):
     from copes_lib import runs
-    from copes_lib.protocols import fixed_budget
+    from copes_lib.protocols.paper_a import fixed_budget
 
     monkeypatch.setattr(runs, "RESULTS_ROOT", tmp_path)
     folder = tmp_path / "smoke" / "01_substrate_and_agent"
@@ -1015,7 +1015,7 @@ def test_l4_is_not_gated_by_01s_regime_and_the_committed_cpu_summary_reads_missi
 
 
 def test_l4_rule_and_margin_are_09s():
-    from copes_lib.protocols import scale_study
+    from copes_lib.protocols import study as scale_study
 
     assert claims.LOWRANK_MARGIN == scale_study.LOWRANK_MARGIN
     assert {a: b for a, b, _ in claims.LOWRANK_PAIRS} == scale_study.MAP_LOWRANK_ARMS

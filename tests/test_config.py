@@ -305,7 +305,7 @@ def test_injected_data_path_reaches_the_task_loader(tmp_path):
     """A data path given with -p is the one the gpu task loaders read, not the (empty) YAML one."""
     from copes_lib import tasks
     from copes_lib.protocols.params import SubstrateNotebookParams
-    from copes_lib.protocols.substrate_setup import substrate_params
+    from copes_lib.protocols.testbed.substrate_setup import substrate_params
 
     train = tmp_path / "math_train.jsonl"
     rows = [{"problem": f"What is {i}+1?", "level": "Level 1", "type": "Algebra" if i % 2 else "Geometry",

@@ -9,8 +9,8 @@ import nbformat
 
 from copes_lib import cli, runs
 from copes_lib.config import REPO_ROOT
-from copes_lib.protocols import es_arm
 from copes_lib.protocols.notebooks import NEEDS
+from copes_lib.protocols.paper_a import es_arm
 from copes_lib.protocols.params import CoPESNotebookParams
 
 NOTEBOOK_03 = REPO_ROOT / "notebooks" / "03_copes.ipynb"

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from copes_lib import cli, runs, threads
-from copes_lib.protocols.substrate_setup import substrate_config
+from copes_lib.protocols.testbed.substrate_setup import substrate_config
 from copes_lib.substrate import warm_start
 
 

@@ -18,7 +18,7 @@ from copes_lib.engines import (
     check_gpu_engine,
     make_engine,
 )
-from copes_lib.protocols.substrate_setup import substrate_config
+from copes_lib.protocols.testbed.substrate_setup import substrate_config
 from copes_lib.rollout import AgentEnv, RolloutConfig, encode, make_env
 from copes_lib.substrate import build_agent_model, get_tokenizer
 from copes_lib.tasks import load_tasks

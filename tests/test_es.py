@@ -395,7 +395,7 @@ def test_ray_backend_gives_the_same_update_as_sequential():
 def test_batched_rollout_gives_the_same_tokens_as_sequential_rollouts():
     """The real agent rollout (rows leave the batch as they finish, tools run between turns)."""
     from copes_lib.population import Population
-    from copes_lib.protocols.substrate_setup import substrate_config
+    from copes_lib.protocols.testbed.substrate_setup import substrate_config
     from copes_lib.rollout import RolloutConfig, make_env, rollout
     from copes_lib.substrate import build_agent_model, get_tokenizer
     from copes_lib.tasks import load_tasks
@@ -445,7 +445,7 @@ def test_a_truncated_best_checkpoint_stops_clearly_and_the_run_heals(tmp_path):
     """Issue 33: a damaged best.pt of a finished ES run raised a bare TypeError on every later run. Now the
     read names the file and the command, resets the run (it is no longer finished) and a rerun retrains."""
     from copes_lib import runs
-    from copes_lib.protocols.es_arm import ESRun
+    from copes_lib.protocols.paper_a.es_arm import ESRun
 
     model, objective = toy_quadratic(4)
     config = cfg(population=4, subspaces=2, sigma=0.1, alpha=0.05, chunk_size=64)

@@ -10,7 +10,8 @@ from test_protocols import _history, _run
 
 from copes_lib import stats
 from copes_lib.config import ConfigError
-from copes_lib.protocols import es_arm, fixed_budget, grpo_arm, params
+from copes_lib.protocols import params
+from copes_lib.protocols.paper_a import es_arm, fixed_budget, grpo_arm
 
 
 def _grpo(points, seed):

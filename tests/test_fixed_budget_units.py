@@ -7,7 +7,8 @@ import types
 import numpy as np
 import pytest
 
-from copes_lib.protocols import fixed_budget, params
+from copes_lib.protocols import params
+from copes_lib.protocols.paper_a import fixed_budget
 from copes_lib.tasks import load_tasks
 
 UNITS, PER_UNIT, SEEDS = 24, 20, 5

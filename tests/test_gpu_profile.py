@@ -255,7 +255,7 @@ def test_sigma_sweep_without_a_grid_reads_no_tuning_split(monkeypatch):
     """02 / 03 on the gpu profile: no sweep asked for, so the (absent) tuning split is never loaded. Before
     the fix sigma_sweep loaded it first and every gpu run of 02 and 03 failed here."""
     from copes_lib import tasks
-    from copes_lib.protocols import es_arm
+    from copes_lib.protocols.paper_a import es_arm
 
     def no_tuning_split(profile, kind, split):
         raise AssertionError(f"load_tasks({profile!r}, {kind!r}, {split!r}) was called")

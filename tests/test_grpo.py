@@ -408,7 +408,7 @@ def test_early_stopping_off_runs_every_step_and_resumes_with_its_count(tmp_path)
 
 # --------------------------------------------------------------------------- 04's reference: past its peak
 def test_reference_stopping_rule_on_known_curves(tmp_path):
-    from copes_lib.protocols import grpo_arm
+    from copes_lib.protocols.paper_a import grpo_arm
 
     # a peak (step 2) then a fall: patience 3 sees three validations without a new best and stops at 5
     peaked = run_patience(tmp_path / "peak", [0.1, 0.3, 0.5, 0.45, 0.4, 0.42, 0.9, 0.9, 0.9], patience=3)
@@ -424,7 +424,7 @@ def test_reference_stopping_rule_on_known_curves(tmp_path):
 
 
 def test_seed_report_spreads_the_reference_over_seeds(tmp_path):
-    from copes_lib.protocols import grpo_arm
+    from copes_lib.protocols.paper_a import grpo_arm
 
     curves = {42: [0.1, 0.3, 0.5, 0.4, 0.4, 0.4], 43: [0.1, 0.2, 0.3, 0.6, 0.5, 0.5, 0.5], 44: [0.1, 0.2, 0.3, 0.4, 0.5]}
     seed_runs = []

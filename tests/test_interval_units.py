@@ -6,7 +6,8 @@ a file without unit ids counts every problem as its own unit and says so."""
 import numpy as np
 import pytest
 
-from copes_lib.protocols import ablations, fixed_budget, norm_curve, tables
+from copes_lib.protocols import tables
+from copes_lib.protocols.paper_a import ablations, fixed_budget, norm_curve
 
 UNITS, PER_UNIT, SEEDS = 24, 20, 5
 UNIT_IDS = tuple(np.repeat([f"U{u:02d}" for u in range(UNITS)], PER_UNIT))
@@ -135,7 +136,7 @@ def _curve_runs(tmp_path, record=True, seeds=SEEDS, seed=3):
     """ES runs validated at steps 0, 4, 8 whose per-problem 0/1 scores have unit-level solve rates (24 units x 20
     problems, rising with the step): what es_training records beside a run, and the accuracy it logs."""
     from copes_lib.es_training import record_val_scores
-    from copes_lib.protocols.es_arm import ESRun
+    from copes_lib.protocols.paper_a.es_arm import ESRun
 
     rng = np.random.default_rng(seed)
     unit_rate = np.repeat(rng.uniform(0.05, 0.8, UNITS), PER_UNIT)

@@ -190,7 +190,7 @@ def test_agent_rollouts_batched_equal_sequential(family):
 
     from copes_lib.engines import build_qwen35
     from copes_lib.es_objective import AgentObjective
-    from copes_lib.protocols.substrate_setup import substrate_config
+    from copes_lib.protocols.testbed.substrate_setup import substrate_config
     from copes_lib.rollout import RolloutConfig, make_env
     from copes_lib.substrate import build_agent_model, get_tokenizer
     from copes_lib.tasks import load_tasks

@@ -16,8 +16,8 @@ from copes_lib.molora.lm import SubstrateConfig, pretrain, train_corpus_tokenize
 from copes_lib.molora.pool import AdapterPool, PoolConfig, export_peft
 from copes_lib.molora.routers import RouterConfig, make_router, router_rows
 from copes_lib.molora.slot_adam import SlotAdamW
-from copes_lib.protocols import factorial
-from copes_lib.protocols.molora_params import MoloraFactorialParams
+from copes_lib.protocols.paper_b import factorial
+from copes_lib.protocols.paper_b.molora_params import MoloraFactorialParams
 
 TINY = SubstrateConfig(corpus_source="sample", max_chars_per_domain=0, vocab_size=400, d_model=32, n_layers=2,
                        n_heads=2, n_kv_heads=1, intermediate=64, seq_len=32, batch_per_domain=2, steps=3,
@@ -306,7 +306,7 @@ def test_paired_test_and_contrast_table():
 
 
 def test_factorial_cells_share_cache_entries_with_notebook_11():
-    from copes_lib.protocols.molora_params import MoloraRouterParams
+    from copes_lib.protocols.paper_b.molora_params import MoloraRouterParams
 
     cells = factorial.cell_configs(MoloraFactorialParams(), [0, 1, 2])
     assert list(cells) == ["B3", "+R", "+R+E", "+R+E+L", "+R+L (E0)", "B3 (collapsing)", "+R (collapsing)"]

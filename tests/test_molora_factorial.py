@@ -1,11 +1,12 @@
-"""Notebook 12's summary, scores and figure, built in the protocol layer (copes_lib.protocols.factorial)."""
+"""Notebook 12's summary, scores and figure, built in the protocol layer (copes_lib.protocols.paper_b.factorial)."""
 
 import matplotlib
 import numpy as np
 import pytest
 
-from copes_lib.protocols import factorial, plots
-from copes_lib.protocols.molora_params import MoloraFactorialParams
+from copes_lib.protocols import plots
+from copes_lib.protocols.paper_b import factorial
+from copes_lib.protocols.paper_b.molora_params import MoloraFactorialParams
 
 matplotlib.use("Agg")
 

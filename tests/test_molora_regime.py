@@ -10,8 +10,8 @@ import torch
 from copes_lib import runs
 from copes_lib.molora import metrics
 from copes_lib.molora.lm import SubstrateConfig, pretrain
-from copes_lib.protocols import factorial, molora_cells
-from copes_lib.protocols.molora_params import MoloraFactorialParams, MoloraRouterParams
+from copes_lib.protocols.paper_b import factorial, molora_cells
+from copes_lib.protocols.paper_b.molora_params import MoloraFactorialParams, MoloraRouterParams
 
 
 # --------------------------------------------------------------------------- the collapse metric

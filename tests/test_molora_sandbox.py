@@ -8,8 +8,8 @@ import torch
 
 from copes_lib.config import ConfigError
 from copes_lib.molora import sandbox as sb
-from copes_lib.protocols.molora_params import SandboxNotebookParams
 from copes_lib.protocols.notebooks import params_class
+from copes_lib.protocols.paper_b.molora_params import SandboxNotebookParams
 
 torch.set_num_threads(1)
 

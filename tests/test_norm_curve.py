@@ -9,7 +9,8 @@ import pytest
 
 from copes_lib import claims, paper
 from copes_lib.config import ConfigError
-from copes_lib.protocols import ablations, norm_curve, params
+from copes_lib.protocols import params
+from copes_lib.protocols.paper_a import ablations, norm_curve
 
 UNITS = [f"u{i // 4}" for i in range(400)]  # 100 latent units of 4 problems
 

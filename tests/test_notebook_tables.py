@@ -10,9 +10,9 @@ import pytest  # noqa: E402
 
 from copes_lib import memory_model, paper  # noqa: E402
 from copes_lib.molora import sandbox as sb  # noqa: E402
-from copes_lib.protocols import memory_accounting as acc  # noqa: E402
-from copes_lib.protocols import sandbox_study as st  # noqa: E402
-from copes_lib.protocols import scale_study as ss  # noqa: E402
+from copes_lib.protocols import study as ss  # noqa: E402
+from copes_lib.protocols.paper_a import memory_accounting as acc  # noqa: E402
+from copes_lib.protocols.paper_b import sandbox_study as st  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def test_phase_diagram_marks_undefined_and_significant_cells():
     tag = ss.map_tag("latent", 0.1, 40)
     keys = {f"map_copes_minus_es_{tag}": 0.05, f"map_copes_minus_es_low_{tag}": 0.01,
             f"map_copes_minus_es_high_{tag}": 0.09}
-    from copes_lib.protocols.scale_study.figures import _phase_grid
+    from copes_lib.protocols.study.figures import _phase_grid
 
     ps, values, marks = _phase_grid(params, keys, "copes_minus_es", 100.0, "latent")
     assert ps == params.map_priors() and values.shape == (2, 2)

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from copes_lib.config import ConfigError
-from copes_lib.protocols import preflight as pf
+from copes_lib.protocols.testbed import preflight as pf
 from copes_lib.substrate import WarmStartConfig, graded_rates, latent_trace_mix
 from copes_lib.tasks.protocol import Task
 from copes_lib.tasks.regime import CRITERIA, criterion_for
@@ -193,7 +193,7 @@ def _fake_report(values):
 @pytest.mark.parametrize("values,exit_code", [(GOOD, 0), ({**GOOD, "G2": 0.0}, 2)])
 def test_make_preflight_writes_its_measurement_and_exits_2_when_not_actionable(tmp_path, monkeypatch, capsys,
                                                                                values, exit_code):
-    """`make preflight` (python -m copes_lib.protocols.preflight): the table, the JSON and the figure, and an
+    """`make preflight` (python -m copes_lib.protocols.testbed.preflight): the table, the JSON and the figure, and an
     exit status a script can act on."""
     from copes_lib import runs
 

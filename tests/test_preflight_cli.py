@@ -11,8 +11,8 @@ import pytest
 
 from copes_lib import runs
 from copes_lib.config import REPO_ROOT, ConfigError
-from copes_lib.protocols import preflight as pf
-from copes_lib.protocols import preflight_cli
+from copes_lib.protocols.testbed import preflight as pf
+from copes_lib.protocols.testbed import preflight_cli
 from tests.test_preflight import _fake_report
 
 GOOD = {"G1": 0.8, "G2": 0.6, "E1": 0.7, "E2": 0.0, "R": 0.3, "R_low": 0.1, "R_high": 0.5, "U": 0.3}
@@ -86,8 +86,8 @@ def test_errors_are_one_line_and_exit_1(roots, monkeypatch, capsys):
 
 
 def test_a_bad_kind_from_the_command_line_is_one_line():
-    """End to end through `python -m copes_lib.protocols.preflight` (what `make preflight` runs)."""
-    done = subprocess.run([sys.executable, "-m", "copes_lib.protocols.preflight", "--profile", "smoke", "--kinds",
+    """End to end through `python -m copes_lib.protocols.testbed.preflight` (what `make preflight` runs)."""
+    done = subprocess.run([sys.executable, "-m", "copes_lib.protocols.testbed.preflight", "--profile", "smoke", "--kinds",
                            "maths"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 1, done.stdout + done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith("preflight: error: "), done.stderr
@@ -109,7 +109,7 @@ def test_jobs_measure_each_pair_in_its_own_process_then_tabulate_them_together(r
     commands, real_run = [], subprocess.run
 
     def fake_run(command, **kw):
-        if "copes_lib.protocols.preflight" not in command:  # git state and the like
+        if "copes_lib.protocols.testbed.preflight" not in command:  # git state and the like
             return real_run(command, **kw)
         commands.append(command)
         stdout = kw["stdout"]
@@ -120,7 +120,7 @@ def test_jobs_measure_each_pair_in_its_own_process_then_tabulate_them_together(r
     assert pf.main(["--profile", "cpu", "--kinds", "math,qa", "--seeds", "0,1", "--jobs", "2"]) == 0
     pairs = sorted((c[c.index("--kinds") + 1], c[c.index("--seeds") + 1]) for c in commands)
     assert pairs == [("math", "0"), ("math", "1"), ("qa", "0"), ("qa", "1")]
-    assert all(c[:3] == [sys.executable, "-m", "copes_lib.protocols.preflight"] and "--measure-only" in c
+    assert all(c[:3] == [sys.executable, "-m", "copes_lib.protocols.testbed.preflight"] and "--measure-only" in c
                for c in commands)
     out = capsys.readouterr().out
     assert "measuring 4 (kind, seed) pairs, 2 at a time" in out and "qa seed 1: measured" in out
@@ -132,7 +132,7 @@ def test_a_failed_worker_is_one_line_naming_its_pair_and_log(roots, monkeypatch,
     _measured(monkeypatch, GOOD)
     real_run = subprocess.run
     monkeypatch.setattr(subprocess, "run", lambda command, **kw: subprocess.CompletedProcess(command, 1)
-                        if "copes_lib.protocols.preflight" in command else real_run(command, **kw))
+                        if "copes_lib.protocols.testbed.preflight" in command else real_run(command, **kw))
     assert preflight_cli.guarded(pf.main, ["--profile", "cpu", "--kinds", "math", "--seeds", "0,1", "--jobs", "2"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "math seed 0 failed (exit 1)" in err[0] and "cpu_math_seed0.log" in err[0]

@@ -1,4 +1,4 @@
-"""Notebook 01's reading of the warm-start seeds checked before the run (copes_lib.protocols.prerun_seed_check):
+"""Notebook 01's reading of the warm-start seeds checked before the run (copes_lib.protocols.testbed.prerun_seed_check):
 a synthetic results/preflight/<profile>.json in a temporary folder, in the format `make preflight SEEDS=...`
 writes."""
 
@@ -7,7 +7,7 @@ import json
 import pytest
 
 from copes_lib import runs
-from copes_lib.protocols import prerun_seed_check as psc
+from copes_lib.protocols.testbed import prerun_seed_check as psc
 from copes_lib.substrate import WarmStartConfig
 
 GOOD = {"G1": 0.9, "G2": 0.8, "E1": 0.6, "E2": 0.0, "R": 0.4, "R_low": 0.2, "R_high": 0.6, "U": 0.3}
@@ -128,7 +128,7 @@ def test_compare(ours, theirs, expected):
 def test_make_preflight_records_each_bases_digest_and_when_it_wrote(tmp_path, monkeypatch):
     """What the reader compares with: `make preflight SEEDS=... RECORD=1` keeps each seed's base digest (the report
     of run_preflight carries it) and the time it wrote the file."""
-    from copes_lib.protocols import preflight as pf
+    from copes_lib.protocols.testbed import preflight as pf
 
     monkeypatch.setattr(runs, "RESULTS_ROOT", tmp_path / "results")
     monkeypatch.setattr(runs, "FIGURES_ROOT", tmp_path / "figures")

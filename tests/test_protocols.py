@@ -10,18 +10,8 @@ import torch
 
 from copes_lib import config, es, es_objective, runs, stats
 from copes_lib.config import ConfigError
-from copes_lib.protocols import (
-    ablations,
-    decoding,
-    es_arm,
-    fixed_budget,
-    grpo_arm,
-    histories,
-    notebooks,
-    params,
-    sweeps,
-    tables,
-)
+from copes_lib.protocols import histories, notebooks, params, tables
+from copes_lib.protocols.paper_a import ablations, decoding, es_arm, fixed_budget, grpo_arm, sweeps
 
 
 def _history(points, step_s=2.0):
@@ -472,7 +462,7 @@ def test_gpu_grpo_keeps_the_dtype_policy():
 def test_gpu_data_paths_come_from_the_profile_through_the_protocol_layer(monkeypatch):
     """The task loaders read no profile: the protocol layer hands them notebook 01's gpu paths."""
     from copes_lib import tasks
-    from copes_lib.protocols import substrate_setup
+    from copes_lib.protocols.testbed import substrate_setup
 
     monkeypatch.setattr(tasks, "_gpu_data", [])
     with pytest.raises(ConfigError, match="no paths are set"):
@@ -495,7 +485,7 @@ def test_shard_processes_makes_every_grpo_update_a_sharded_job(tmp_path, monkeyp
 
     from copes_lib import grpo
     from copes_lib.grpo_sharded import ShardedUpdater
-    from copes_lib.protocols import grpo_arm
+    from copes_lib.protocols.paper_a import grpo_arm
     from copes_lib.rollout import RolloutConfig
 
     monkeypatch.setattr(runs, "CACHE_ROOT", tmp_path)

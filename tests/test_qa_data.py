@@ -101,7 +101,7 @@ def test_the_large_cpu_variant_has_10000_training_problems_and_the_unit_floors()
 
 
 def test_cache_keys_and_the_search_index_differ_between_variants():
-    from copes_lib.protocols.substrate_setup import substrate_config
+    from copes_lib.protocols.testbed.substrate_setup import substrate_config
     from copes_lib.substrate import warm_start_folder
 
     config_ = substrate_config("smoke")  # sets the profile's variant: standard
@@ -159,7 +159,7 @@ def test_the_cpu_default_is_p8_10_plus_the_large_qa_data(monkeypatch):
     """P8.11, the default since its check passed (docs/preflight.md), is P8.10's design with QA on the large data;
     the P8.10 overlay differs from it only there."""
     from copes_lib.protocols.notebooks import load_profile
-    from copes_lib.protocols.substrate_setup import substrate_params, use_profile_data
+    from copes_lib.protocols.testbed.substrate_setup import substrate_params, use_profile_data
 
     monkeypatch.delenv(config.RECIPE_ENV, raising=False)
     default = load_profile("cpu")["01_substrate_and_agent"]
@@ -179,7 +179,7 @@ def test_the_cpu_default_is_p8_10_plus_the_large_qa_data(monkeypatch):
 def test_a_warm_start_worker_uses_the_callers_variant(monkeypatch, tmp_path):
     """build_warm_starts' worker reads the QA data variant from its spec file, so its cache key is the caller's."""
     from copes_lib import substrate
-    from copes_lib.protocols.substrate_setup import substrate_config
+    from copes_lib.protocols.testbed.substrate_setup import substrate_config
 
     seen = []
     monkeypatch.setattr(substrate, "exit_with_parent", lambda: None)
@@ -197,10 +197,10 @@ def test_a_record_names_a_non_standard_data_variant_beside_its_recipe():
     is another recipe than one on the standard data with the same warm-start config; standard keys are as before."""
     import dataclasses
 
-    from copes_lib.protocols.preflight import PreflightCriterion
-    from copes_lib.protocols.preflight_cli import record_key
-    from copes_lib.protocols.prerun_seed_check import _recipe_differences
-    from copes_lib.protocols.substrate_setup import substrate_params
+    from copes_lib.protocols.testbed.preflight import PreflightCriterion
+    from copes_lib.protocols.testbed.preflight_cli import record_key
+    from copes_lib.protocols.testbed.prerun_seed_check import _recipe_differences
+    from copes_lib.protocols.testbed.substrate_setup import substrate_params
     from copes_lib.tasks import recipe_data
 
     params = substrate_params("cpu")

@@ -6,7 +6,7 @@ import torch
 
 from copes_lib import rollout as rollout_module
 from copes_lib.engines import build_probe_qwen35
-from copes_lib.protocols.substrate_setup import substrate_config
+from copes_lib.protocols.testbed.substrate_setup import substrate_config
 from copes_lib.rollout import RolloutConfig, encode, make_env, rollout
 from copes_lib.substrate import get_tokenizer
 from copes_lib.tasks import load_tasks

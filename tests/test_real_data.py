@@ -8,7 +8,7 @@ import pytest
 
 from copes_lib import config, tasks
 from copes_lib.config import ConfigError
-from copes_lib.protocols.substrate_setup import use_profile_data
+from copes_lib.protocols.testbed.substrate_setup import use_profile_data
 from copes_lib.tasks.loaders import (
     BENCHMARKS,
     DataFormatError,

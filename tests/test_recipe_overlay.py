@@ -10,7 +10,7 @@ import pytest
 from copes_lib import config
 from copes_lib.config import REPO_ROOT, ConfigError
 from copes_lib.protocols.notebooks import load_profile
-from copes_lib.protocols.substrate_setup import substrate_params
+from copes_lib.protocols.testbed.substrate_setup import substrate_params
 
 
 def test_without_an_overlay_the_profile_stands(monkeypatch):
@@ -31,9 +31,9 @@ def test_an_overlay_lays_its_values_over_its_profile(monkeypatch):
 def _design(profile):
     """What a base design is: the warm-start recipe with its data and the preflight's settings (P8.7 and P8.11
     share the warm-start config; P8.7's math failed by its sigma calibration, its QA on the standard data)."""
-    from copes_lib.protocols import preflight_cli
-    from copes_lib.protocols.preflight import PreflightCriterion
-    from copes_lib.protocols.substrate_setup import use_profile_data
+    from copes_lib.protocols.testbed import preflight_cli
+    from copes_lib.protocols.testbed.preflight import PreflightCriterion
+    from copes_lib.protocols.testbed.substrate_setup import use_profile_data
     from copes_lib.tasks import recipe_data
 
     params = substrate_params(profile)
@@ -87,7 +87,7 @@ def test_each_committed_check_is_the_check_of_its_recipe_today(monkeypatch, name
     """results/preflight/<profile>[-<recipe>].json stays the check its recipe makes now: the same warm-start recipe
     (data included), preflight settings and criterion (preflight_cli.record_key). Moving the default to another
     design must leave every overlay's record reproducible, and the default's record must be the default's."""
-    from copes_lib.protocols import preflight_cli
+    from copes_lib.protocols.testbed import preflight_cli
 
     profile, _, recipe = name.partition("-")
     if recipe:
@@ -103,7 +103,7 @@ def test_the_cpu_default_passed_its_registered_check():
     """A design is the default only after its check passed (issue 47 decision 3): results/preflight/cpu.json holds
     every seed the default registers, per kind, each met with nothing failed."""
     from copes_lib import runs
-    from copes_lib.protocols import prerun_seed_check
+    from copes_lib.protocols.testbed import prerun_seed_check
 
     record = runs.read_json(REPO_ROOT / "results" / "preflight" / "cpu.json")
     rows = {(r["kind"], r["seed"]): r for r in prerun_seed_check.seed_rows(record)}

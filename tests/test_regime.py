@@ -141,7 +141,7 @@ def test_paper_analogue_is_the_docs_arithmetic():
 
 
 def test_measure_regime_rolls_out_any_base_and_judges_it():
-    from copes_lib.protocols.substrate_setup import substrate_config
+    from copes_lib.protocols.testbed.substrate_setup import substrate_config
     from copes_lib.rollout import make_env
     from copes_lib.substrate import build_agent_model, get_tokenizer, warm_rollout_config
     from copes_lib.tasks import load_tasks

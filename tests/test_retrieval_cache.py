@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from copes_lib import config
-from copes_lib.protocols.substrate_setup import use_profile_data
+from copes_lib.protocols.testbed.substrate_setup import use_profile_data
 from copes_lib.tasks.retrieval import CorpusFile, file_retriever, shared_retriever
 from copes_lib.tools.search import BM25Retriever, Passage
 

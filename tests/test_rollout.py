@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from copes_lib.config import ConfigError
-from copes_lib.protocols.substrate_setup import substrate_config
+from copes_lib.protocols.testbed.substrate_setup import substrate_config
 from copes_lib.rollout import AgentEnv, RolloutConfig, decode, encode, evaluate, make_env, rollout
 from copes_lib.substrate import build_agent_model, get_tokenizer
 from copes_lib.tasks import Task, load_tasks

@@ -262,7 +262,7 @@ def test_corrupted_warm_start_is_reported_and_rebuilt(tmp_path, monkeypatch):
     """The failure of issue 17: a truncated model.safetensors in the warm-start cache. The next notebook
     that asks for the warm start (02, 03, ...) reports the path and the command, then retrains it."""
     from copes_lib import bases, substrate
-    from copes_lib.protocols.substrate_setup import substrate_config
+    from copes_lib.protocols.testbed.substrate_setup import substrate_config
 
     monkeypatch.setattr(runs, "CACHE_ROOT", tmp_path)
     monkeypatch.setattr(bases, "BASES_ROOT", tmp_path / "no-bases")  # a trained base, not the shipped smoke one
@@ -408,7 +408,7 @@ def test_a_damaged_best_checkpoint_heals_on_the_first_rerun(tmp_path, loop, dama
         from test_es import cfg, toy_quadratic
 
         from copes_lib.es_training import train_es
-        from copes_lib.protocols.es_arm import ESRun
+        from copes_lib.protocols.paper_a.es_arm import ESRun
 
         config = cfg(population=4, subspaces=2, sigma=0.1, alpha=0.05, chunk_size=64)
 

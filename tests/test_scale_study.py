@@ -11,7 +11,7 @@ import torch
 
 from copes_lib import runs, stats
 from copes_lib.config import ConfigError, build
-from copes_lib.protocols import scale_study as ss
+from copes_lib.protocols import study as ss
 
 
 def params(**kw):
@@ -206,7 +206,7 @@ def test_rewarded_nll_is_the_likelihood_of_rewarded_trajectories_and_has_an_effe
 def test_the_scale_study_stays_in_the_skill_gap_regime(monkeypatch):
     """01's cpu base is the latent-protocol one (docs/regime.md); 09's scale axis keeps the paper-protocol
     recipe (its cache entries and cost); the map adds the latent regime."""
-    from copes_lib.protocols.substrate_setup import substrate_config
+    from copes_lib.protocols.testbed.substrate_setup import substrate_config
 
     seen = recorded_warm_starts(monkeypatch)
     with pytest.raises(Recorded):
@@ -409,7 +409,7 @@ def test_map_bases_use_the_latent_recipe_with_their_prior_and_the_skill_gap_base
     p with the cued bases' constant rate."""
     import dataclasses
 
-    from copes_lib.protocols.substrate_setup import substrate_config, substrate_params
+    from copes_lib.protocols.testbed.substrate_setup import substrate_config, substrate_params
 
     seen = recorded_warm_starts(monkeypatch)
     p = map_params(PROFILE="cpu", SIZES="tiny,cpu", WARM_AXIS_SIZE="")
@@ -660,7 +660,7 @@ def test_effective_rank_names_why_it_is_undefined():
 # ----------------------------------------------------------------------------- the preflight per map base
 def fake_preflight(g1=0.9, g2=0.1, e1=0.6, sigma=0.01):
     """What map_preflight returns (docs/preflight.md P1's G1, G2, E1; sigma None: no rung of the ladder worked)."""
-    from copes_lib.protocols.preflight import PreflightCriterion
+    from copes_lib.protocols.testbed.preflight import PreflightCriterion
 
     return {"values": {"G1": g1, "G2": g2, "E1": e1 if sigma is not None else None}, "sigma": sigma,
             "e1_map_sigma": 0.2, "protocol_rate": [0.5], "protocol_rate_mean": 0.5,
@@ -705,8 +705,8 @@ def test_map_preflight_measures_g1_g2_e1_on_the_tuning_split_with_01s_settings(m
     the map's SIGMA), caches per base, and leaves the base's objective as it was."""
     import types
 
-    from copes_lib.protocols import preflight
-    from copes_lib.protocols.substrate_setup import substrate_params
+    from copes_lib.protocols.testbed import preflight
+    from copes_lib.protocols.testbed.substrate_setup import substrate_params
     from copes_lib.tasks import TUNING_SPLIT, load_tasks
 
     calls = {}

@@ -10,7 +10,7 @@ import pytest
 from test_scale_study import map_params, params
 
 from copes_lib import stats
-from copes_lib.protocols import scale_study as ss
+from copes_lib.protocols import study as ss
 from copes_lib.tasks import load_tasks
 
 UNITS, PER_UNIT, SEEDS = 24, 10, 5

@@ -9,8 +9,8 @@ import shutil
 import pytest
 
 from copes_lib import bases, runs, substrate, threads
-from copes_lib.protocols import shipped_bases
-from copes_lib.protocols.substrate_setup import substrate_config
+from copes_lib.protocols.testbed import shipped_bases
+from copes_lib.protocols.testbed.substrate_setup import substrate_config
 
 # a smoke-size math base trained for a handful of steps: the shipping path, not the recipe, is under test
 SMALL = dict(math_steps=12, math_target=0.0, eval_every=6, eval_problems=4)
@@ -218,7 +218,7 @@ def test_the_committed_bases_are_the_profiles_and_intact(profile):
     weights matching their digest: so a run loads them instead of training. After a change of the recipe, the
     data or the library version: `make bases PROFILE=<profile>` (and commit bases/<profile>/). The cpu bases are
     the very weights the default's pre-run seed check measured (their state digest is the record's)."""
-    from copes_lib.protocols.substrate_setup import use_profile_data
+    from copes_lib.protocols.testbed.substrate_setup import use_profile_data
 
     config = substrate_config(profile)
     use_profile_data(profile)

@@ -7,7 +7,7 @@ import torch
 
 from copes_lib.config import ConfigError
 from copes_lib.protocols.params import SubstrateNotebookParams
-from copes_lib.protocols.substrate_setup import substrate_config, substrate_params
+from copes_lib.protocols.testbed.substrate_setup import substrate_config, substrate_params
 from copes_lib.substrate import (
     MODEL_SIZES,
     build_agent_model,

@@ -139,7 +139,7 @@ def test_bad_arguments_name_the_valid_values():
 
 
 def test_gpu_profile_without_paths_fails_clearly():
-    from copes_lib.protocols.substrate_setup import use_profile_data
+    from copes_lib.protocols.testbed.substrate_setup import use_profile_data
 
     use_profile_data("gpu")  # the committed gpu profile names no files
     with pytest.raises(ConfigError, match="MATH_TRAIN_JSONL"):

@@ -151,7 +151,7 @@ def curve_margin(ctx: Context) -> float | None:
 def curve_verdict(ci95: tuple[float, float] | None, ci90: tuple[float, float] | None, margin: float | None, *,
                   bracketed: bool, seeds: int) -> tuple[str, str]:
     """(verdict, why) of A7-curve from its intervals, the rule of :func:`_judge_norm_curve`; the notebook
-    (``protocols.norm_curve``) and the claims table both call it, so they read the same rule."""
+    (``protocols.paper_a.norm_curve``) and the claims table both call it, so they read the same rule."""
     if not bracketed or ci95 is None or ci90 is None:
         return INCONCLUSIVE, "CoPES's headline norm lies outside ES's measured range: no extrapolation"
     (low, high), (low90, high90) = ci95, ci90

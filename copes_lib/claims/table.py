@@ -167,7 +167,7 @@ def _preflight_gate(summaries: dict[str, dict[str, Any]], task: str) -> str | No
     return None
 
 
-# 01's summary: per kind whether its base was built on a passing 5-seed check (copes_lib/protocols/base_gate.py,
+# 01's summary: per kind whether its base was built on a passing 5-seed check (copes_lib/protocols/testbed/base_gate.py,
 # which this module does not import: claims read summaries only); these states mean it was not
 BASE_CHECK_KEY, UNCHECKED_STATES = "base_check_{task}", ("unchecked", "not checked", "failed")
 
@@ -311,7 +311,7 @@ def rules_markdown() -> str:
              "task's base was built without a passing 5-seed check (`unchecked`, the `UNCHECKED_BASES` escape hatch) or "
              "was not built at all (`not checked`, `failed`: its notebooks were skipped; results on disk are an earlier "
              "run's). This gate comes first and is never turned into `stale`; the reason keeps what the data alone would "
-             "read (copes_lib/protocols/base_gate.py).",
+             "read (copes_lib/protocols/testbed/base_gate.py).",
              "- **one data set, one test**: a contrast whose two score arrays are byte-identical to an earlier "
              "notebook's contrast carries that test (its margin, its Holm family) and is left out of its own "
              "family; the reason names the first test.",

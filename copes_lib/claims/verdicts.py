@@ -24,7 +24,7 @@ AGREES, PARTLY, DISAGREES, INCONCLUSIVE, MISSING = "agrees", "partly", "does not
 STALE = "stale"  # the notebook's results predate those of a notebook it builds on
 OPPOSITE, NOT_IN_REGIME, NOT_ACTIONABLE = "opposite", "not in regime", "not actionable"
 # the claim's task's base was built without a passing 5-seed check (UNCHECKED_BASES), or not built at all
-# (copes_lib/protocols/base_gate.py, issue 47 decision 3)
+# (copes_lib/protocols/testbed/base_gate.py, issue 47 decision 3)
 NOT_CHECKED = "not checked"
 VERDICTS = (AGREES, PARTLY, DISAGREES, OPPOSITE, INCONCLUSIVE, NOT_IN_REGIME, NOT_ACTIONABLE, NOT_CHECKED, STALE,
             MISSING)

@@ -358,7 +358,7 @@ class Adam:
 
 def _cma(cfg: RoutingSandboxConfig, seed: int) -> cma.CMAEvolutionStrategy:  # noqa: F821 (imported here)
     # imported here: cma pulls in scipy.stats and matplotlib (~2 s), paid by every notebook kernel that imports
-    # the suite's parameters (copes_lib.protocols.molora_params imports this module), though only 13 runs CMA-ES
+    # the suite's parameters (copes_lib.protocols.paper_b.molora_params imports this module), though only 13 runs CMA-ES
     import cma
 
     opts = {"seed": 1 + seed, "verbose": -9, "verb_log": 0, "verb_disp": 0, "tolfun": 0, "tolx": 0,

@@ -10,8 +10,10 @@ from typing import Any
 
 from copes_lib import config, runs
 from copes_lib.config import ConfigError, NotebookParams, build
-from copes_lib.protocols import molora_params, params, scale_study
-from copes_lib.protocols.substrate_setup import use_profile_data
+from copes_lib.protocols import params
+from copes_lib.protocols import study as scale_study
+from copes_lib.protocols.paper_b import molora_params
+from copes_lib.protocols.testbed.substrate_setup import use_profile_data
 
 _CLASSES: tuple[type[NotebookParams], ...] = (
     params.OverviewParams, params.SubstrateNotebookParams, params.StandardESNotebookParams,
@@ -61,7 +63,7 @@ SLOTS: dict[str, str] = {
 
 # Notebooks that train on notebook 01's base of their TASK_KIND (02's parameter; the class value of 03-07, 04's is
 # math): the runner skips them when 01 did not build that base or its preflight of it failed
-# (copes_lib/protocols/base_gate.py, issue 47 decision 3). 00 and paper B (10-13) use no base of 01; 08 times steps
+# (copes_lib/protocols/testbed/base_gate.py, issue 47 decision 3). 00 and paper B (10-13) use no base of 01; 08 times steps
 # (no claim rests on its base being checked); 09 builds its own bases at other sizes: none of these is skipped.
 USES_BASE: tuple[str, ...] = ("02_standard_es", "03_copes", "04_grpo", "05_fixed_budget_math", "06_copes_ablations",
                               "07_multihop_qa")

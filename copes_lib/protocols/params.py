@@ -79,7 +79,7 @@ class PreflightSettings(Config):
 @dataclass(frozen=True)
 class SubstrateNotebookParams(NotebookParams):
     """Parameters of notebook 01_substrate_and_agent (defaults = the cpu profile). Every notebook reads
-    the same values from ``profiles/<profile>.yaml`` (``protocols.substrate_setup``), so all use one
+    the same values from ``profiles/<profile>.yaml`` (``protocols.testbed.substrate_setup``), so all use one
     substrate."""
 
     NOTEBOOK = "01_substrate_and_agent"
@@ -138,7 +138,7 @@ class SubstrateNotebookParams(NotebookParams):
                             "profile has no tuning split: off there)")
     PREFLIGHT_ENFORCE: bool = param(True, "gate each base on the preflight: a kind whose recorded 5-seed check did not "
                                     "pass is not built, and a kind whose preflight fails here skips the notebooks on "
-                                    "its base (copes_lib/protocols/base_gate.py; off in smoke, whose bases are too "
+                                    "its base (copes_lib/protocols/testbed/base_gate.py; off in smoke, whose bases are too "
                                     "small to act)")
     UNCHECKED_BASES: bool = param(False, "exploration: build a base whose 5-seed check did not pass anyway; the claims "
                                   "on that kind then read 'not checked' (make reproduce UNCHECKED_BASES=1)")
@@ -229,8 +229,8 @@ class SubstrateNotebookParams(NotebookParams):
 
     def check_seeds(self) -> dict[str, tuple[int, ...]]:
         """Per kind, the warm-start seeds of its registered check (``BASE_CHECK_SEEDS_<KIND>``), which the base
-        gate requires recorded and passing (:mod:`copes_lib.protocols.base_gate`)."""
-        from copes_lib.protocols.base_gate import MIN_SEEDS
+        gate requires recorded and passing (:mod:`copes_lib.protocols.testbed.base_gate`)."""
+        from copes_lib.protocols.testbed.base_gate import MIN_SEEDS
 
         out = {}
         for kind in ("math", "qa"):
@@ -398,7 +398,7 @@ class StandardESNotebookParams(ESSettings):
     def sweep_grid(self, default: float) -> list[float]:
         """The sweep's grid around the registered default ``default`` (empty: no sweep)."""
         if self.SWEEP_SIGMAS.strip() == "centred":
-            from copes_lib.protocols.sweeps import centred_grid
+            from copes_lib.protocols.paper_a.sweeps import centred_grid
 
             return centred_grid(default, sweep_grid(self.SWEEP_FACTORS, "SWEEP_FACTORS"))
         return sweep_grid(self.SWEEP_SIGMAS, "SWEEP_SIGMAS")
@@ -553,7 +553,7 @@ class _ExperimentParams(ESSettings):
 class _GRPOParams(_ExperimentParams):
     """Notebooks with GRPO arms. The GRPO configuration itself (batches, group, LoRA shape, KL,
     temperature, dtype policy, fallback learning rates) is notebook 04's, read from the profile by
-    ``protocols.grpo_arm``: one configuration, so 05 reuses the runs 04 cached."""
+    ``protocols.paper_a.grpo_arm``: one configuration, so 05 reuses the runs 04 cached."""
 
     BUDGET_MAX: int = param(8, "cap on the budget when it is s* (BUDGET_STEPS 0), stated in the notebook: the "
                             "cpu profile's 2-hour bound (README, Cost; paper: s* = 16); 0 = no cap", ge=0)

@@ -179,7 +179,7 @@ def plot_factorial(contrasts: list[dict[str, Any]], log_ppl: dict[str, list[floa
 
     import matplotlib.pyplot as plt
 
-    from copes_lib.protocols import factorial
+    from copes_lib.protocols.paper_b import factorial
 
     by_name = {row["contrast"]: row for row in contrasts}
     order = [c for c in factorial.CONTRASTS if c in by_name]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from copes_lib import paper
-from copes_lib.protocols.ablations import ABLATION_KEYS
+from copes_lib.protocols.paper_a.ablations import ABLATION_KEYS
 
 
 def table1_frame(ours: dict[str, dict[str, Any]]):

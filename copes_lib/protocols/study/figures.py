@@ -12,15 +12,15 @@ from typing import Any
 
 import numpy as np
 
-from copes_lib.protocols.scale_study.base import (
+from copes_lib.protocols.study.base import (
     QWEN35_4B_PARAMS,
     ScaleStudyParams,
     es_family_arms,
     gain_recovery,
     gap,
 )
-from copes_lib.protocols.scale_study.map_study import MAP_LOWRANK_ARMS, MAP_PRECONDITIONS, map_bases, map_tag
-from copes_lib.protocols.scale_study.size_axis import slope_test
+from copes_lib.protocols.study.map_study import MAP_LOWRANK_ARMS, MAP_PRECONDITIONS, map_bases, map_tag
+from copes_lib.protocols.study.size_axis import slope_test
 
 ARM_COLORS = {"es": "tab:blue", "copes_paper": "tab:orange", "copes_step_matched": "tab:green", "grpo": "tab:red"}
 # the phase diagram's rows: (map key, title, scale)

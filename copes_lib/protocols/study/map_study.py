@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from copes_lib.config import ConfigError
-from copes_lib.protocols.scale_study.base import (
+from copes_lib.protocols.study.base import (
     _Z95,
     MAP_REGIMES,
     NOTEBOOK,
@@ -30,7 +30,7 @@ from copes_lib.protocols.scale_study.base import (
     substrate_units,
     unit_count,
 )
-from copes_lib.protocols.scale_study.mechanism_study import mechanism
+from copes_lib.protocols.study.mechanism_study import mechanism
 from copes_lib.regime import LOWRANK_MARGIN
 from copes_lib.regime import lowrank_reading as lowrank_prediction
 
@@ -220,8 +220,8 @@ MAP_PRECONDITIONS = ("G1", "G2", "E1")
 def map_preflight_settings(params: ScaleStudyParams):
     """(PreflightSettings, PreflightCriterion) of the map's preflight: notebook 01's ``PREFLIGHT_*`` parameters of the
     profile whose data the map uses (:func:`data_profile`), and the registered floors."""
-    from copes_lib.protocols.preflight import PreflightCriterion
-    from copes_lib.protocols.substrate_setup import substrate_params
+    from copes_lib.protocols.testbed.preflight import PreflightCriterion
+    from copes_lib.protocols.testbed.substrate_setup import substrate_params
 
     return substrate_params(data_profile(params)).preflight_settings(), PreflightCriterion()
 
@@ -231,7 +231,7 @@ def map_preflight(params: ScaleStudyParams, sub: Substrate) -> dict[str, Any]:
     (:func:`preflight.member_spread`) on one map base, on the tuning split, as notebook 01 measures them on its own
     base; E1 also at the map's own ``SIGMA`` (descriptive: the sigma the map's arms run at). Cached per base and
     settings."""
-    from copes_lib.protocols import preflight
+    from copes_lib.protocols.testbed import preflight
     from copes_lib.tasks import TUNING_SPLIT, load_tasks
 
     settings, criterion = map_preflight_settings(params)
@@ -273,7 +273,7 @@ def map_preflight_summary(params: ScaleStudyParams, base_run: dict[str, Any]) ->
     and R's analogue ``preflight_r_analogue`` (+ ``_low``, ``_high``, ``_verdict``): full GRPO's strict gain at
     ``MAP_GRPO_STEPS`` over the base on validation (seeds x latent units x problems within units), judged by R's
     floor. Empty without a preflight."""
-    from copes_lib.protocols.preflight import PreflightCriterion, judge
+    from copes_lib.protocols.testbed.preflight import PreflightCriterion, judge
 
     pre = base_run.get("preflight")
     if not pre:

@@ -47,7 +47,7 @@ def ablation_budget(params: AblationParams) -> tuple[int, str]:
     ES and CoPES runs and 06 need not wait for 05 (it reads 04's summary, which its NEEDS guarantee)."""
     from copes_lib import runs
     from copes_lib.config import ConfigError
-    from copes_lib.protocols.fixed_budget import budget_from, budget_text
+    from copes_lib.protocols.paper_a.fixed_budget import budget_from, budget_text
 
     if params.BUDGET_STEPS:
         return params.BUDGET_STEPS, f"budget fixed at {params.BUDGET_STEPS} steps by BUDGET_STEPS (paper: 16)"
@@ -88,7 +88,7 @@ def arm_intervals(per_seed: dict[str, list[float]], scores: dict[str, np.ndarray
     the seeds, ``units`` / ``units_effective`` the units it rests on (without ``units`` every problem is its own
     unit: ``unit_ids`` False), ``method`` how it resamples and ``over`` the phrase naming the units (``seeds x 128
     latent units``)."""
-    from copes_lib.protocols.fixed_budget import mean_interval, unit_counts, units_phrase
+    from copes_lib.protocols.paper_a.fixed_budget import mean_interval, unit_counts, units_phrase
 
     out: dict[str, dict[str, Any]] = {}
     for arm, values in per_seed.items():

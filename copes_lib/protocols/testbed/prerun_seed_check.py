@@ -3,7 +3,7 @@
 docs/preflight.md#p85-the-bases-targets-gate-on-every-seed-the-run-uses asks that the base design hold the
 preconditions (P1, U) and P2's targets on 5 warm-start seeds per kind *before* the run, measured by
 ``make preflight PROFILE=cpu SEEDS=0,1,2,3,4 RECORD=1`` and committed as ``results/preflight/<profile>.json``
-(:func:`copes_lib.protocols.preflight.main` writes it: per ``"<kind> seed <s>"`` the values, verdicts, the
+(:func:`copes_lib.protocols.testbed.preflight.main` writes it: per ``"<kind> seed <s>"`` the values, verdicts, the
 base's shape and, where recorded, the base's digest). With ``WARM_SPREAD_SEEDS: 0`` (docs/cost.md, trim 1) the
 run trains no spread seed, so notebook 01 reads the seed spread from that file instead of measuring it:
 
@@ -153,7 +153,7 @@ def check(profile: str, run_seed: int, run_bases: Mapping[str, Mapping[str, Any]
           trained: bool = True, root: str | Path | None = None, seeds=DEFAULT_SEEDS) -> dict[str, Any]:
     """Read ``results/preflight/<profile>.json`` and judge it against this run.
 
-    ``run_bases``: per kind the run builds, its base's ``digest`` (:func:`copes_lib.protocols.base_digest.
+    ``run_bases``: per kind the run builds, its base's ``digest`` (:func:`copes_lib.protocols.testbed.base_digest.
     state_digest`), ``strict_tail`` and ``lenient_tail`` (:func:`copes_lib.substrate.tail_mean` of its curve).
     ``recipe``: the run's warm-start config; when given, a record measured on another recipe is said not to
     cover this run's base. ``seeds``: the registered check seeds (the union over kinds), for the command it names.

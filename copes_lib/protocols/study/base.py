@@ -273,7 +273,7 @@ def val_units(tasks: list, *, cued: bool = False) -> tuple[str, ...]:
     without one is its own unit: ``fixed_budget.problem_units``), or on a cued-prior base the cue the prior
     keys on (``substrate.prior_cue``, the unit's first letter): there a letter's names behave alike, so the
     letter is the unit to resample (docs/regime.md#r11-the-latent-unit-registered-2026-12-03)."""
-    from copes_lib.protocols.fixed_budget import problem_units
+    from copes_lib.protocols.paper_a.fixed_budget import problem_units
     from copes_lib.substrate import prior_cue
 
     names = problem_units(tasks)
@@ -381,7 +381,7 @@ def load_substrate(params: ScaleStudyParams, size: str, warm_steps: int | None =
 
     from copes_lib import substrate
     from copes_lib.es import checksum
-    from copes_lib.protocols.substrate_setup import substrate_config, substrate_params
+    from copes_lib.protocols.testbed.substrate_setup import substrate_config, substrate_params
     from copes_lib.rollout import make_env
     from copes_lib.tasks import load_tasks
 

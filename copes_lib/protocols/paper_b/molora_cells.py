@@ -9,7 +9,7 @@ import torch
 from copes_lib.config import build, profile_params
 from copes_lib.molora import adapt, metrics
 from copes_lib.molora.lm import Substrate, get_substrate
-from copes_lib.protocols.molora_params import MoloraSubstrateParams
+from copes_lib.protocols.paper_b.molora_params import MoloraSubstrateParams
 
 
 def substrate_for_profile(profile: str, device="cpu", dtype=torch.float32) -> Substrate:

@@ -46,10 +46,10 @@ The package, by concept: ``base`` (the parameters, the bases, the arms and how a
 ``size_axis`` (every arm per size, the trend over sizes, a cell's summary), ``mechanism_study`` (the
 mechanism measurement and its summary), ``map_study`` (the map), ``tables`` (the notebook's tables and its
 flat summary) and ``figures`` (its figures: the scale axis, the phase diagram, low rank on the map). Every
-public name is importable from ``copes_lib.protocols.scale_study``.
+public name is importable from ``copes_lib.protocols.study``.
 """
 
-from copes_lib.protocols.scale_study.base import (
+from copes_lib.protocols.study.base import (
     MAP_PRIORS_OF_REGIME,
     MAP_REGIMES,
     MIN_MEMBERS_PER_SUBSPACE,
@@ -77,14 +77,14 @@ from copes_lib.protocols.scale_study.base import (
     unit_count,
     val_units,
 )
-from copes_lib.protocols.scale_study.figures import (
+from copes_lib.protocols.study.figures import (
     plot_lowrank_map,
     plot_map_preflight,
     plot_phase_diagram,
     plot_scale_axis,
     size_fits,
 )
-from copes_lib.protocols.scale_study.map_study import (
+from copes_lib.protocols.study.map_study import (
     LOWRANK_MARGIN,
     MAP_ARMS,
     MAP_LOWRANK_ARMS,
@@ -115,7 +115,7 @@ from copes_lib.protocols.scale_study.map_study import (
     run_map_base,
     save_map_scores,
 )
-from copes_lib.protocols.scale_study.mechanism_study import (
+from copes_lib.protocols.study.mechanism_study import (
     LADDER,
     heldout_fitness,
     mechanism,
@@ -123,14 +123,14 @@ from copes_lib.protocols.scale_study.mechanism_study import (
     mechanism_verdicts,
     rewarded_nll,
 )
-from copes_lib.protocols.scale_study.size_axis import (
+from copes_lib.protocols.study.size_axis import (
     cell_summary,
     run_cell,
     save_cell_scores,
     scores_digest,
     slope_test,
 )
-from copes_lib.protocols.scale_study.tables import (
+from copes_lib.protocols.study.tables import (
     MECHANISM_COLUMNS,
     map_preflight_table,
     map_table,

@@ -1,12 +1,12 @@
 """Ship the bases a run uses with the repository, and rebuild them to compare (docs/reproducibility.md#shipped-bases).
 
 ``make bases PROFILE=cpu [RECIPE=name] [KINDS=math,qa] [SEEDS=0] [JOBS=2] [REPLACE=1]``
-(``python -m copes_lib.protocols.shipped_bases --profile cpu ...``) writes ``bases/<profile>/`` from the cache
+(``python -m copes_lib.protocols.testbed.shipped_bases --profile cpu ...``) writes ``bases/<profile>/`` from the cache
 (training what is missing, ``JOBS`` bases at once): each (kind, seed) base of the profile's recipe (under
 ``RECIPE``, the overlay's) as its weights file and sidecar (:mod:`copes_lib.bases`), with its entry of the
 committed pre-run seed check (``results/preflight/<profile>[-<recipe>].json``) when it has one. The default
 pairs are the bases a run uses: math and QA at notebook 01's ``SEED`` and math at its spread seeds
-(:func:`copes_lib.protocols.substrate_setup.run_seeds`). A shipped base is never overwritten by a different one
+(:func:`copes_lib.protocols.testbed.substrate_setup.run_seeds`). A shipped base is never overwritten by a different one
 without ``REPLACE=1``.
 
 ``make bases ... REBUILD_BASES=1`` (``--rebuild``) retrains each shipped base from scratch in a temporary cache
@@ -45,7 +45,7 @@ def default_pairs(profile: str, kinds: Sequence[str] | None = None,
                   seeds: Sequence[int] | None = None) -> list[tuple[str, int]]:
     """The (kind, seed) bases to ship: ``kinds`` (default math and QA) x ``seeds`` (default: the seeds a run of
     ``profile`` builds for that kind)."""
-    from copes_lib.protocols.substrate_setup import run_seeds
+    from copes_lib.protocols.testbed.substrate_setup import run_seeds
     from copes_lib.tasks import TASK_KINDS
 
     kinds = list(kinds or ("math", "qa"))
@@ -76,7 +76,7 @@ def verdict(rebuilt_digest: str, sidecar: Mapping[str, Any]) -> str:
 def preflight_entry(profile: str, kind: str, seed: int, digest: str) -> dict[str, Any] | None:
     """The base's entry in the committed pre-run seed check of this recipe (file, entry label, met, whether the
     check measured these very weights), or None when no record is committed."""
-    from copes_lib.protocols import prerun_seed_check
+    from copes_lib.protocols.testbed import prerun_seed_check
 
     path = prerun_seed_check.record_path(profile)
     if not path.exists():
@@ -96,7 +96,7 @@ def ship(profile: str, pairs: Sequence[tuple[str, int]], config=None, *, jobs: i
          root: str | Path | None = None, log=print) -> list[dict[str, Any]]:
     """Write the shipped base of each pair from the cache (training the missing ones, ``jobs`` at a time); one
     row per pair: kind, seed, file, bytes, state digest, ``written`` / ``unchanged`` / ``replaced``."""
-    from copes_lib.protocols.substrate_setup import substrate_config
+    from copes_lib.protocols.testbed.substrate_setup import substrate_config
     from copes_lib.substrate import (
         build_warm_starts,
         get_tokenizer,
@@ -146,7 +146,7 @@ def rebuild(profile: str, pairs: Sequence[tuple[str, int]], config=None, *, jobs
             log=print) -> dict[tuple[str, int], str]:
     """Train each pair's base from scratch in a temporary cache (the real cache is neither read nor written;
     ``jobs`` at a time, worker logs in ``reports/<profile>/logs/rebuild/``); ``{(kind, seed): state digest}``."""
-    from copes_lib.protocols.substrate_setup import substrate_config
+    from copes_lib.protocols.testbed.substrate_setup import substrate_config
     from copes_lib.substrate import build_log_dir, build_warm_starts, warm_start
 
     config = config or substrate_config(profile)
@@ -168,7 +168,7 @@ def compare(profile: str, pairs: Sequence[tuple[str, int]], config=None, *, jobs
             log=print) -> dict[tuple[str, int], str]:
     """Rebuild each shipped pair and compare: ``{(kind, seed): verdict}`` (:func:`verdict`; ``not shipped`` for a
     pair with no shipped base of this recipe, which is not rebuilt)."""
-    from copes_lib.protocols.substrate_setup import substrate_config
+    from copes_lib.protocols.testbed.substrate_setup import substrate_config
     from copes_lib.substrate import warm_start_recipe
 
     config = config or substrate_config(profile)
@@ -240,7 +240,7 @@ def _csv(text: str, what: str, cast=str) -> list:
 def main(argv: Sequence[str] | None = None) -> int:
     from copes_lib.substrate import WarmStartBuildError
 
-    parser = argparse.ArgumentParser(prog="python -m copes_lib.protocols.shipped_bases",
+    parser = argparse.ArgumentParser(prog="python -m copes_lib.protocols.testbed.shipped_bases",
                                      description="Ship the bases a run uses into bases/<profile>/ (make bases), or "
                                                  "rebuild the shipped ones and compare bitwise (REBUILD_BASES=1).")
     parser.add_argument("--profile", required=True, choices=("smoke", "cpu"))

@@ -4,7 +4,7 @@ Notebook 01 records the sha256 of each base it builds (``base_digest_<kind>_seed
 math and QA bases of ``SEED`` and the math spread seeds), so a user can check a reproduction bitwise on their
 own machine::
 
-    python -m copes_lib.protocols.base_digest --profile cpu --kind math --seed 0
+    python -m copes_lib.protocols.testbed.base_digest --profile cpu --kind math --seed 0
 
 trains that base from scratch in a temporary cache (the real cache is not touched), digests it and compares
 with the digest the committed ``results/<profile>/01_substrate_and_agent/summary.json`` records; exit status
@@ -49,7 +49,7 @@ def rebuild_digest(profile: str, kind: str, seed: int, *, config=None, log=print
     """Train the base ``kind`` / ``seed`` of ``profile`` from scratch in a temporary cache (the real cache is
     neither read nor written) and return its digest. ``config``: the warm-start config (default: the
     profile's, ``substrate_setup.substrate_config``)."""
-    from copes_lib.protocols.substrate_setup import substrate_config
+    from copes_lib.protocols.testbed.substrate_setup import substrate_config
     from copes_lib.substrate import warm_start
 
     config = config or substrate_config(profile)
@@ -68,9 +68,9 @@ def rebuild_digest(profile: str, kind: str, seed: int, *, config=None, log=print
 
 def recorded_digest(profile: str, kind: str, seed: int, root: str | Path | None = None) -> str | None:
     """The digest 01's summary of ``profile`` records for that base, else the one the pre-run seed check
-    (``results/preflight/<profile>.json``, :mod:`copes_lib.protocols.prerun_seed_check`) records, or None. The
+    (``results/preflight/<profile>.json``, :mod:`copes_lib.protocols.testbed.prerun_seed_check`) records, or None. The
     check holds the seeds a run no longer trains (``WARM_SPREAD_SEEDS: 0``)."""
-    from copes_lib.protocols import prerun_seed_check
+    from copes_lib.protocols.testbed import prerun_seed_check
 
     summary = runs.load_summary(profile, SUBSTRATE_NOTEBOOK, root=root) or {}
     if summary.get(digest_key(kind, seed)):
@@ -87,7 +87,7 @@ def recorded_digest(profile: str, kind: str, seed: int, root: str | Path | None 
 def main(argv: list[str] | None = None) -> int:
     from copes_lib.tasks import TASK_KINDS
 
-    parser = argparse.ArgumentParser(prog="python -m copes_lib.protocols.base_digest",
+    parser = argparse.ArgumentParser(prog="python -m copes_lib.protocols.testbed.base_digest",
                                      description="Rebuild one base model from scratch (temporary cache) and compare "
                                                  "its sha256 with the digest notebook 01 recorded.")
     parser.add_argument("--profile", required=True, help="suite profile: smoke | cpu")

@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 from copes_lib import stats
-from copes_lib.protocols.scale_study.base import (
+from copes_lib.protocols.study.base import (
     ScaleStudyParams,
     cell_units,
     es_family_arms,
@@ -19,14 +19,14 @@ from copes_lib.protocols.scale_study.base import (
     slug,
     unit_count,
 )
-from copes_lib.protocols.scale_study.map_study import (
+from copes_lib.protocols.study.map_study import (
     MAP_ARMS,
     MAP_LOWRANK_ARMS,
     MAP_PRECONDITIONS,
     map_bases,
     map_tag,
 )
-from copes_lib.protocols.scale_study.size_axis import cell_summary
+from copes_lib.protocols.study.size_axis import cell_summary
 
 # the mechanism's values worth reading side by side (the verdicts are shown in a table of their own)
 MECHANISM_COLUMNS = ("size", "params", "mech_es_z", "mech_copes_paper_z", "mech_grpo_z", "mech_es_p_tail",

@@ -28,8 +28,8 @@ from copes_lib import grpo, runs
 from copes_lib.config import build, profile_params
 from copes_lib.grpo import GRPOConfig
 from copes_lib.grpo_sharded import ShardingConfig
+from copes_lib.protocols.paper_a.sweeps import GridSweep, widen_to_bracket
 from copes_lib.protocols.params import GRPONotebookParams
-from copes_lib.protocols.sweeps import GridSweep, widen_to_bracket
 from copes_lib.training_run import BEST, LAST, SCORE, read_checkpoint
 
 
@@ -204,7 +204,7 @@ def arm_summary(runs_by_arm: dict[str, list[GRPORun]], lrs: dict[str, float], ti
 
 def _lr_key(row: dict[str, Any]) -> tuple:
     """The sweep rule's first two criteria: the highest score after the sweep steps, then the higher mean
-    training reward; rates still tied go to the registered default (``protocols.sweeps.break_tie``)."""
+    training reward; rates still tied go to the registered default (``protocols.paper_a.sweeps.break_tie``)."""
     return (row["val_at_sweep_end"], row["mean_train_reward"])
 
 
@@ -212,11 +212,11 @@ def lr_sweep(profile: str, agent: Any, use_lora: bool, candidates: list[float], 
              forced: set[Path] | None = None, default: float | None = None) -> GridSweep:
     """Notebook 04's learning-rate sweep of one arm: SWEEP_STEPS-step runs scored on the first
     SWEEP_VAL_PROBLEMS problems of the tuning split (never validation), the grid widened while its best
-    rate is at an edge (``protocols.sweeps``, at most SWEEP_MAX_EXTEND added rates), as 02 / 03's sigma
+    rate is at an edge (``protocols.paper_a.sweeps``, at most SWEEP_MAX_EXTEND added rates), as 02 / 03's sigma
     sweeps. Ties go to ``default`` (None: the arm's FULL_LR / LORA_LR, the registered default); every rate
     tied: ``uninformative``, the default is kept. The sweep runs are their own cache entries (another
     validation set), not the reference runs."""
-    from copes_lib.protocols.es_arm import tuning_agent
+    from copes_lib.protocols.paper_a.es_arm import tuning_agent
 
     p = grpo_params(profile)
     tuning = tuning_agent(agent, p.SWEEP_VAL_PROBLEMS)

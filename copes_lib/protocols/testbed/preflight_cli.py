@@ -1,5 +1,5 @@
-"""What ``make preflight`` (``python -m copes_lib.protocols.preflight``) shows and returns, apart from the
-measurement itself (:func:`copes_lib.protocols.preflight.main`): the table with its header and legend, where
+"""What ``make preflight`` (``python -m copes_lib.protocols.testbed.preflight``) shows and returns, apart from the
+measurement itself (:func:`copes_lib.protocols.testbed.preflight.main`): the table with its header and legend, where
 the files go, the exit status and the one-line errors.
 
 Exit status: 0 every precondition holds (or the profile does not enforce them: smoke, whose bases are too
@@ -52,7 +52,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
 
 def output_paths(profile: str, record: bool) -> tuple[Path, Path]:
     """The JSON and the figure of this preflight (see the module docstring)."""
-    from copes_lib.protocols.prerun_seed_check import record_name
+    from copes_lib.protocols.testbed.prerun_seed_check import record_name
 
     name = record_name(profile)  # <profile>-<recipe> under a recipe overlay
     if record:
@@ -147,7 +147,7 @@ def measure_in_parallel(profile: str, pairs: Sequence[tuple[str, int]], jobs: in
     logs = REPORTS_ROOT / "preflight" / "logs"
 
     def command(kind: str, seed: int) -> list[str]:
-        return [sys.executable, "-m", "copes_lib.protocols.preflight", "--profile", profile, "--kinds", kind,
+        return [sys.executable, "-m", "copes_lib.protocols.testbed.preflight", "--profile", profile, "--kinds", kind,
                 "--measure-only", *(["--seeds", str(seed)] if seeded else []), *(["--force"] if force else [])]
 
     print(f"measuring {len(pairs)} (kind, seed) pairs, {jobs} at a time; logs in "

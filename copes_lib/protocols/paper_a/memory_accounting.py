@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from copes_lib import budget, grpo_memory, memory_model, paper, runs
-from copes_lib.protocols import grpo_arm
+from copes_lib.protocols.paper_a import grpo_arm
 
 NOTEBOOK = "08_memory_and_gpu_hours"
 METHOD_LABELS = {"es": "ES / CoPES", "full_grpo": "full GRPO", "lora_grpo": "LoRA-GRPO"}
@@ -218,7 +218,7 @@ def measure_step_costs(params, force: bool = False):
         acc_ids = None
     else:
         from copes_lib import substrate
-        from copes_lib.protocols.substrate_setup import substrate_config
+        from copes_lib.protocols.testbed.substrate_setup import substrate_config
         from copes_lib.rollout import make_env
         from copes_lib.tasks import load_tasks
 

@@ -3,7 +3,7 @@
 Notebooks 11 and 12 share :class:`MoloraCellParams`, so a cell with equal settings (e.g. notebook
 11's R0 run and notebook 12's B3 cell at seed SEED) is the same cache entry and runs once.
 Both use the substrate notebook 10 builds under the same profile
-(:func:`copes_lib.protocols.molora_cells.substrate_for_profile`).
+(:func:`copes_lib.protocols.paper_b.molora_cells.substrate_for_profile`).
 """
 
 from __future__ import annotations

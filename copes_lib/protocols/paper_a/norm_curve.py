@@ -278,7 +278,8 @@ def run_curve(params: AblationParams, agent: Any, sigma: float, alpha: float, bu
     that run and its scores; any other is trained with ``es_arm.es_run`` (cached like every 06 run) and scored
     with ``decoding.greedy_scores``, checked against the logged validation accuracy as 06's arms are.
     Returns the judged curve and point name -> (seeds, problems) scores, for ``stats.save_scores``."""
-    from copes_lib.protocols import decoding, es_arm, histories
+    from copes_lib.protocols import histories
+    from copes_lib.protocols.paper_a import decoding, es_arm
 
     n_val = len(agent.objective.val_tasks)
     scores: dict[str, list[np.ndarray]] = {}

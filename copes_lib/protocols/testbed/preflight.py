@@ -180,7 +180,7 @@ def grpo_pilot(profile: str, agent, tuning: Sequence, settings: PreflightSetting
                *, force: bool = False) -> dict[str, Any]:
     """R: full GRPO for ``pilot_steps`` steps at the registered default rate (cached like 04's runs), then its
     strict tuning score per problem against the base's, paired (mean and 95% interval over problems)."""
-    from copes_lib.protocols.grpo_arm import grpo_config, grpo_params, grpo_policy, grpo_run
+    from copes_lib.protocols.paper_a.grpo_arm import grpo_config, grpo_params, grpo_policy, grpo_run
 
     lr = settings.grpo_lr or grpo_params(profile).FULL_LR
     config = grpo_config(profile, use_lora=False, lr=lr, steps=settings.pilot_steps, patience=0)
@@ -290,7 +290,7 @@ def seed_shape(profile: str, kind: str, seed: int, settings: PreflightSettings, 
     """P2's targets 1-4 on warm-start ``seed``'s base of ``kind`` (trained first when not cached): targets 1-2
     from its curve's tail means (:func:`copes_lib.substrate.tail_mean`), 3-4 from ``settings.prompts`` tuning
     prompts (G1's sampling, teacher-forced margins)."""
-    from copes_lib.protocols.substrate_setup import substrate_config
+    from copes_lib.protocols.testbed.substrate_setup import substrate_config
     from copes_lib.rollout import make_env
     from copes_lib.substrate import tail_mean, unit_rates, warm_rollout_config, warm_start
     from copes_lib.tasks import TUNING_SPLIT, load_tasks
@@ -358,15 +358,15 @@ def run_preflight(profile: str, kind: str, settings: PreflightSettings, criterio
     """Every measurement of docs/preflight.md for ``kind`` on warm-start ``warm_seed``'s base, cached under
     ``cache/<profile>/preflight-<kind>/`` (key: settings, criterion, the base's checksum, the tuning ids).
     Returns the values, the per-precondition verdicts, the calibrated sigma, the curves, the base's shape and its
-    digest (``base_digest``, :func:`copes_lib.protocols.base_digest.state_digest`; what notebook 01 compares with).
+    digest (``base_digest``, :func:`copes_lib.protocols.testbed.base_digest.state_digest`; what notebook 01 compares with).
     P2's targets gate (docs/preflight.md#p85-the-bases-targets-gate-on-every-seed-the-run-uses) on ``warm_seed``
     and on every seed of ``shape_seeds`` (None: the seeds notebook 01 also trains for ``kind``, math's spread
     seeds); a missed target adds ``shape seed <s>: targets <ids>`` to ``failed``. ``graded`` is kept for
     callers; the rates come from the profile's recipe per kind (:func:`copes_lib.substrate.graded_range`)."""
     from copes_lib.es import checksum
-    from copes_lib.protocols.base_digest import state_digest
-    from copes_lib.protocols.es_arm import load_agent, tuning_agent
-    from copes_lib.protocols.substrate_setup import run_seeds, substrate_config
+    from copes_lib.protocols.paper_a.es_arm import load_agent, tuning_agent
+    from copes_lib.protocols.testbed.base_digest import state_digest
+    from copes_lib.protocols.testbed.substrate_setup import run_seeds, substrate_config
     from copes_lib.substrate import tail_mean, unit_rates, warm_rollout_config, warm_start_folder
     from copes_lib.tasks import TUNING_SPLIT, load_tasks
 
@@ -542,25 +542,25 @@ RECORDED = ("values", "verdicts", "met", "failed", "sigma", "alpha", "shape", "s
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m copes_lib.protocols.preflight --profile cpu [--kinds math,qa]`` (``make preflight``): the
+    """``python -m copes_lib.protocols.testbed.preflight --profile cpu [--kinds math,qa]`` (``make preflight``): the
     preflight of notebook 01 on the profile's cached base (trained first if missing), with 01's PREFLIGHT_*
     parameters, before any experiment: prints the table, writes ``reports/preflight/<profile>.json`` and
     ``.png`` (``--record``: the committed ``results/preflight/<profile>[-<recipe>].json`` and its figure, to which
     the measured seeds are added: a (kind, seed) the record already holds for the same recipe is not measured
     again, and a record of another recipe is an error, never overwritten). Exit 0 when every
     precondition holds (or the profile does not enforce them), 2 when not actionable, 1 on an error
-    (:mod:`copes_lib.protocols.preflight_cli`)."""
+    (:mod:`copes_lib.protocols.testbed.preflight_cli`)."""
     import argparse
     import datetime
     import json
 
     from copes_lib import threads
     from copes_lib.config import active_recipe
-    from copes_lib.protocols import preflight_cli
-    from copes_lib.protocols.substrate_setup import substrate_params, use_profile_data
+    from copes_lib.protocols.testbed import preflight_cli
+    from copes_lib.protocols.testbed.substrate_setup import substrate_params, use_profile_data
     from copes_lib.tasks import recipe_data
 
-    parser = preflight_cli.ArgumentParser(prog="python -m copes_lib.protocols.preflight", description=main.__doc__)
+    parser = preflight_cli.ArgumentParser(prog="python -m copes_lib.protocols.testbed.preflight", description=main.__doc__)
     preflight_cli.add_options(parser)
     parser.add_argument("--profile", default="cpu", choices=("smoke", "cpu"))
     parser.add_argument("--kinds", default="", help="comma-separated task kinds; default: 01's PREFLIGHT_KINDS")
@@ -640,6 +640,6 @@ __all__ = ["main", "table", "plot", "PRECONDITIONS", "MEANING", "PreflightCriter
 
 
 if __name__ == "__main__":
-    from copes_lib.protocols.preflight_cli import guarded
+    from copes_lib.protocols.testbed.preflight_cli import guarded
 
     raise SystemExit(guarded(main))

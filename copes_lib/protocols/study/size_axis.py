@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from copes_lib.protocols.scale_study.base import (
+from copes_lib.protocols.study.base import (
     NOTEBOOK,
     QWEN35_4B_PARAMS,
     ScaleStudyParams,
@@ -28,7 +28,7 @@ from copes_lib.protocols.scale_study.base import (
     substrate_units,
     unit_count,
 )
-from copes_lib.protocols.scale_study.mechanism_study import mechanism, mechanism_summary
+from copes_lib.protocols.study.mechanism_study import mechanism, mechanism_summary
 
 
 def run_cell(params: ScaleStudyParams, sub: Substrate, *, with_mechanism: bool = True, log=print) -> dict[str, Any]:

@@ -4,7 +4,7 @@ find its best checkpoint, and histories become the paper's quantities (gain reco
 differences, steps to match).
 
 The runs themselves are cached runs of ``copes_lib.es`` and ``copes_lib.grpo``
-(``protocols.es_arm``, ``protocols.grpo_arm``); test decoding is ``protocols.decoding``.
+(``protocols.paper_a.es_arm``, ``protocols.paper_a.grpo_arm``); test decoding is ``protocols.paper_a.decoding``.
 
 The protocol, next to the paper (docs/paper_a_copes.md):
 
@@ -53,15 +53,22 @@ import numpy as np
 from copes_lib import runs, stats
 from copes_lib.config import ConfigError
 from copes_lib.grpo import GRPOConfig
-from copes_lib.protocols import decoding
-from copes_lib.protocols.es_arm import AgentSetup, ESRun, continue_runs, es_model, seed_runs
-from copes_lib.protocols.grpo_arm import GRPORun, grpo_config, grpo_params, grpo_policy, grpo_run, peak_report
 from copes_lib.protocols.histories import (
     SCORE,
     best_validated,
     mean_curve,
     steps_to_match,
     val_at,
+)
+from copes_lib.protocols.paper_a import decoding
+from copes_lib.protocols.paper_a.es_arm import AgentSetup, ESRun, continue_runs, es_model, seed_runs
+from copes_lib.protocols.paper_a.grpo_arm import (
+    GRPORun,
+    grpo_config,
+    grpo_params,
+    grpo_policy,
+    grpo_run,
+    peak_report,
 )
 
 
@@ -217,7 +224,7 @@ def reference_reuse(params: Any, agent: AgentSetup) -> dict[str, Any]:
     are reused), and warns (``ReferenceRetrainedWarning``, printed too) when they are not."""
     import warnings
 
-    from copes_lib.protocols.substrate_setup import substrate_params
+    from copes_lib.protocols.testbed.substrate_setup import substrate_params
     from copes_lib.tasks import load_tasks
 
     g = grpo_params(params.PROFILE)
@@ -677,8 +684,8 @@ def skill_gap_control(params: Any, settings: dict[str, Any], budget: int) -> dic
     ``control_*`` summary keys: strict / lenient accuracy and gains of ES and CoPES over that base
     (:func:`split_keys`), CoPES - ES strict accuracy with its 95% interval, and whether the control base is
     the headline's own (a profile whose base already is the skill-gap one, e.g. smoke)."""
-    from copes_lib.protocols.es_arm import load_agent
-    from copes_lib.protocols.substrate_setup import control_config, substrate_config
+    from copes_lib.protocols.paper_a.es_arm import load_agent
+    from copes_lib.protocols.testbed.substrate_setup import control_config, substrate_config
 
     config = control_config(params.PROFILE)
     agent = load_agent(params, substrate=config)

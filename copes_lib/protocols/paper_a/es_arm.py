@@ -3,7 +3,7 @@
 06, 07).
 
 Sweeps score on the tuning split (``tuning_agent``), never on validation, and widen their grid until the
-choice is bracketed (``protocols.sweeps``).
+choice is bracketed (``protocols.paper_a.sweeps``).
 
 A run is ``copes_lib.es_training.cached_es_run`` on a copy of the warm-started model, cached under
 ``cache/<profile>/es_runs-<key>/`` with key ``es_training.run_key`` (config, steps, validation cadence, the
@@ -32,9 +32,9 @@ from copes_lib.es_backends import ensure_ray
 from copes_lib.es_objective import AgentObjective
 from copes_lib.es_training import VAL_SCORES, cached_es_run, read_val_scores, run_key
 from copes_lib.protocols.histories import val_points
+from copes_lib.protocols.paper_a.sweeps import GridSweep, break_tie, widen_to_bracket
 from copes_lib.protocols.params import ESSettings, StandardESNotebookParams
-from copes_lib.protocols.substrate_setup import substrate_config
-from copes_lib.protocols.sweeps import GridSweep, break_tie, widen_to_bracket
+from copes_lib.protocols.testbed.substrate_setup import substrate_config
 from copes_lib.substrate import WarmStartConfig
 from copes_lib.training_run import BEST, LAST, SCORE, read_checkpoint
 
@@ -180,7 +180,7 @@ def registered_setting(params: StandardESNotebookParams) -> tuple[float, float, 
 
 def sigma_sweep(params: StandardESNotebookParams, agent: AgentSetup, subspaces: int) -> GridSweep:
     """The sigma sweep (alpha = SWEEP_ALPHA_RATIO * sigma) for one K on the tuning split, widened until
-    its best sigma is inside the grid (``protocols.sweeps``, at most SWEEP_MAX_EXTEND added sigmas).
+    its best sigma is inside the grid (``protocols.paper_a.sweeps``, at most SWEEP_MAX_EXTEND added sigmas).
     ``final_val_accuracy`` of a row is its accuracy on the tuning split after SWEEP_STEPS steps. An empty
     grid (no sweep: SWEEP_SIGMAS empty, as on the gpu profile, which has no tuning split) returns an empty
     sweep without reading the tuning split."""

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from copes_lib.es_objective import AgentObjective
-from copes_lib.protocols.scale_study.base import (
+from copes_lib.protocols.study.base import (
     _Z95,
     ScaleStudyParams,
     Substrate,

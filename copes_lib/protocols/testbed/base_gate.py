@@ -3,7 +3,7 @@
 The team's rule (issue 47, decision 3; docs/preflight.md P8.5): the default never runs a rejected design. On a
 profile that enforces the preflight (``PREFLIGHT_ENFORCE``: cpu, gpu; not smoke, whose bases are too small to act)
 notebook 01 builds a kind's base only when the recorded check of the run's recipe
-(``results/preflight/<profile>[-<recipe>].json``, :func:`copes_lib.protocols.prerun_seed_check.record_path`)
+(``results/preflight/<profile>[-<recipe>].json``, :func:`copes_lib.protocols.testbed.prerun_seed_check.record_path`)
 passed for that kind:
 
 - the record's warm-start recipe equals the run's (every field of ``WarmStartConfig``; an entry that carries its
@@ -31,7 +31,7 @@ from typing import Any
 
 from copes_lib import runs
 from copes_lib.config import REPO_ROOT, active_recipe
-from copes_lib.protocols import prerun_seed_check
+from copes_lib.protocols.testbed import prerun_seed_check
 
 KINDS = ("math", "qa")
 MIN_SEEDS = 5  # docs/preflight.md P8.5: at least 5 warm-start seeds per kind
@@ -49,7 +49,7 @@ UNCHECKED_KEY = "unchecked_bases"
 def command(profile: str, kind: str, recipe: str | None = None,
             seeds: Sequence[int] = prerun_seed_check.DEFAULT_SEEDS) -> str:
     """The command that records the check of ``kind`` on its registered ``seeds`` for the run's recipe
-    (:func:`copes_lib.protocols.prerun_seed_check.record_command`)."""
+    (:func:`copes_lib.protocols.testbed.prerun_seed_check.record_command`)."""
     return prerun_seed_check.record_command(profile, kind, seeds, recipe if recipe is not None else active_recipe())
 
 
@@ -95,7 +95,7 @@ def decide(profile: str, seed: int, recipe: Any, *, enforce: bool, trains: bool 
     ``UNCHECKED_BASES``; ``root``: another results folder (tests); ``data``: the run's non-standard data variant
     as a record names it (:func:`copes_lib.tasks.recipe_data`; default: the one in effect in this process);
     ``check_seeds``: per kind the seeds of its registered check (01's ``BASE_CHECK_SEEDS_<KIND>``; default
-    :data:`copes_lib.protocols.prerun_seed_check.DEFAULT_SEEDS`), every one of which must be recorded and pass."""
+    :data:`copes_lib.protocols.testbed.prerun_seed_check.DEFAULT_SEEDS`), every one of which must be recorded and pass."""
     if data is None:
         from copes_lib.tasks import recipe_data
 
