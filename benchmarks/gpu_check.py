@@ -298,7 +298,7 @@ class CacheProbe:
 
     @staticmethod
     def _kv(layer) -> list[torch.Tensor]:
-        """A layer's K and V tensors: one each, or one per KV head (``rollout.HeadPieces``)."""
+        """A layer's K and V tensors: one each, or one per KV head (``kv_cache.HeadPieces``)."""
         out = []
         for name in ("keys", "values"):
             t = getattr(layer, name, None)

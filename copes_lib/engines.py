@@ -41,6 +41,7 @@ import torch
 from torch import nn
 
 from copes_lib.config import ConfigError
+from copes_lib.kv_cache import static_cache
 from copes_lib.rollout import (
     PACK_SLACK,
     AgentEnv,
@@ -49,7 +50,6 @@ from copes_lib.rollout import (
     Trajectories,
     rollout,
     run_loop,
-    static_cache,
 )
 from copes_lib.tasks import Task
 
@@ -221,7 +221,7 @@ class SlotEngine:
 class StaticEngine:
     """The plain loop's scheduler (:func:`copes_lib.rollout.run_loop`: the same tokens as ``loop``,
     greedy and sampled, for the same seed) on a fast decode path: a preallocated fixed-width cache
-    (:func:`copes_lib.rollout.static_cache`: transformers' StaticLayer, written at a device-side
+    (:func:`copes_lib.kv_cache.static_cache`: transformers' StaticLayer, written at a device-side
     column, re-packed in place when a chunk would not fit), decode steps whose inputs are built on
     the device (the last tokens, positions, one mask column), run by ``torch.compile`` (on a GPU
     ``mode="reduce-overhead"``: CUDA graphs), sampling on the device with a seeded device generator.

@@ -6,6 +6,7 @@ engine runs the hybrid-cache guard; clear errors."""
 import pytest
 import torch
 
+from copes_lib import kv_cache
 from copes_lib import rollout as rollout_module
 from copes_lib.config import ConfigError
 from copes_lib.engines import (
@@ -166,7 +167,9 @@ def test_slot_cache_width_stays_near_the_longest_live_row(tokenizer):
 def test_every_engine_runs_the_hybrid_cache_guard(tokenizer, env, monkeypatch, name):
     """A hybrid model whose cache shows no linear-attention layer (older transformers) is refused."""
     model = build_qwen35("tiny", len(tokenizer), seed=0, tokenizer=tokenizer)
-    monkeypatch.setattr(rollout_module, "linear_attention_layers", lambda cache: [])
+    # every lookup sees no such layer: the guard's own (kv_cache) and the trajectory state's (rollout)
+    for module in (kv_cache, rollout_module):
+        monkeypatch.setattr(module, "linear_attention_layers", lambda cache: [])
     with pytest.raises(ConfigError, match="LinearAttentionLayer"):
         make_engine(name, model, tokenizer).generate(load_tasks("smoke", "math", "val")[:2], env,
                                                      RolloutConfig(max_new_tokens=4))
@@ -286,16 +289,17 @@ def test_feeding_in_pieces_changes_no_token(tokenizer):
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
 @pytest.mark.parametrize("engine", ["loop", "static"])
 def test_kv_held_by_head_gives_the_logits_of_one_buffer(tokenizer, env, family, engine, monkeypatch):
-    """K and V held as one buffer per KV head (rollout.HeadPieces, attention run per head) give bit for
+    """K and V held as one buffer per KV head (kv_cache.HeadPieces, attention run per head) give bit for
     bit the logits of one (rows, heads, columns, dim) buffer per K and V: committed results stay
     reproducible. Forced tool calls, so the cache grows, re-packs and loses rows."""
     model = _model(tokenizer, family)
-    assert model.config.num_key_value_heads > 1 and rollout_module.heads_apart(model)
+    assert model.config.num_key_value_heads > 1 and kv_cache.heads_apart(model)
     tasks = load_tasks("smoke", "math", "val")[:5]
     config = RolloutConfig(max_new_tokens=24)
     runs = {}
     for apart in (True, False):
-        monkeypatch.setattr(rollout_module, "heads_apart", lambda m, _apart=apart: _apart)
+        # looked up by growing_cache / static_cache in kv_cache
+        monkeypatch.setattr(kv_cache, "heads_apart", lambda m, _apart=apart: _apart)
         logits, hook = [], _forcing(tokenizer)
 
         def record(rows, generating, values, _hook=hook, _logits=logits):
@@ -316,7 +320,7 @@ def test_a_reallocation_holds_one_head_buffer_twice_at_most():
     inside each call exceed the larger of the cache before and after it by at most one head's K or V."""
     from copes_lib.budget import LiveTensorBytes
 
-    layer = rollout_module.GrowingLayer(heads_apart=True)
+    layer = kv_cache.GrowingLayer(heads_apart=True)
     rows, heads, dim = 6, 4, 8
     layer.update(torch.randn(rows, heads, 40, dim), torch.randn(rows, heads, 40, dim))
 
@@ -335,7 +339,7 @@ def test_a_reallocation_holds_one_head_buffer_twice_at_most():
 
     keys, values = torch.randn(rows, heads, 30, dim), torch.randn(rows, heads, 30, dim)
     check(lambda: layer.update(keys, values), (keys, values))  # grows
-    assert layer._n == 70 and len(layer._k) == heads and isinstance(layer.keys, rollout_module.HeadPieces)
+    assert layer._n == 70 and len(layer._k) == heads and isinstance(layer.keys, kv_cache.HeadPieces)
     check(lambda: layer.batch_select_indices(torch.tensor([0, 2, 3, 5])))
     check(lambda: layer.gather_columns(torch.arange(10, 70).repeat(4, 1)))
     check(lambda: layer.add_rows(3))

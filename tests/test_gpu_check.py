@@ -141,6 +141,7 @@ def test_the_row_exactness_probe_has_a_100x_margin(monkeypatch):
     bar = gpu_check.GOALS["row_exact_logit_diff"]
     exact, same = gpu_check.rows_vs_single(model, tokenizer, 8)
     assert exact < bar and same
+    # both looked up by the trajectory state (copes_lib.rollout.Trajectories), which then builds no row-exact path
     monkeypatch.setattr(rollout_module, "linear_attention_layers", lambda cache: [])
     monkeypatch.setattr(rollout_module, "check_hybrid_cache", lambda model, cache: None)
     drift, _ = gpu_check.rows_vs_single(model, tokenizer, 8)

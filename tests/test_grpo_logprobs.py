@@ -197,7 +197,7 @@ def test_training_calls_the_rollout_engine_in_micro_batches(tmp_path):
 
 @pytest.mark.parametrize("use_lora", [False, True])
 def test_rollout_copy_is_bf16_gets_pushed_weights_and_keeps_a_bf16_kv_cache(monkeypatch, use_lora):
-    from copes_lib import rollout as rollout_module
+    from copes_lib import kv_cache
 
     model = tiny_model()
     cfg = GRPOConfig(group_size=4, prompt_batch_size=1, mini_batch_size=1, lr=1e-2, amp_dtype="bfloat16",
@@ -216,16 +216,16 @@ def test_rollout_copy_is_bf16_gets_pushed_weights_and_keeps_a_bf16_kv_cache(monk
         assert torch.equal(copies[name], p.detach().to(torch.bfloat16)), name
 
     seen = []
-    original = rollout_module.GrowingLayer.update
+    original = kv_cache.GrowingLayer.update
 
     def spy(self, key_states, value_states, *args, **kwargs):
         seen.append((key_states.dtype, value_states.dtype))
         return original(self, key_states, value_states, *args, **kwargs)
 
-    monkeypatch.setattr(rollout_module.GrowingLayer, "update", spy)
+    monkeypatch.setattr(kv_cache.GrowingLayer, "update", spy)
     with torch.no_grad():
         sampler.model(input_ids=torch.tensor([[1, 2, 3]]), use_cache=True,
-                      cache=rollout_module._growing_cache(sampler.model))
+                      cache=kv_cache.growing_cache(sampler.model))
     assert seen and all(d == (torch.bfloat16, torch.bfloat16) for d in seen), seen
     assert RolloutWeights(policy, dataclasses.replace(cfg, amp_dtype="none")).model is policy
 

@@ -4,6 +4,7 @@ multi-turn rollout with tool calls equals its single-row run."""
 import pytest
 import torch
 
+from copes_lib import kv_cache
 from copes_lib import rollout as rollout_module
 from copes_lib.engines import build_probe_qwen35
 from copes_lib.protocols.testbed.substrate_setup import substrate_config
@@ -59,7 +60,7 @@ def _max_diff(a: dict, b: dict) -> float:
 def test_hybrid_batch_rows_equal_single_rows_with_tool_calls(setup):
     model, tokenizer, env, tasks = setup
     assert sum(type(layer).__name__ == "LinearAttentionLayer"
-               for layer in rollout_module._growing_cache(model).layers) == 3
+               for layer in kv_cache.growing_cache(model).layers) == 3
     batch, seen = _run(model, tokenizer, env, tasks, [0, 1, 2, 3])
     assert batch.tool_calls[0]["python"] == 1 and batch.tool_calls[2]["python"] == 1  # the forced calls ran
     assert batch.finish_reasons[1] == "answer"
@@ -74,6 +75,7 @@ def test_without_row_exact_linear_attention_rows_drift(setup, monkeypatch):
     """The check above can fail, by a margin: padding that advances the linear-attention state changes the
     logits by >= 100x the bar (on a model with flat logits, build_qwen35's, by only ~6x)."""
     model, tokenizer, env, tasks = setup
+    # both looked up by the trajectory state (copes_lib.rollout.Trajectories), which then builds no row-exact path
     monkeypatch.setattr(rollout_module, "linear_attention_layers", lambda cache: [])
     monkeypatch.setattr(rollout_module, "check_hybrid_cache", lambda model, cache: None)
     _, seen = _run(model, tokenizer, env, tasks, [0, 1, 2, 3])
@@ -83,15 +85,15 @@ def test_without_row_exact_linear_attention_rows_drift(setup, monkeypatch):
 
 def test_select_rows_reorders_every_layer_type(setup):
     model, tokenizer, _, _ = setup
-    cache = rollout_module._growing_cache(model)
+    cache = kv_cache.growing_cache(model)
     ids = torch.tensor([[5, 6, 7], [8, 9, 10], [11, 12, 13]])
     model(input_ids=ids, cache=cache, use_cache=True)
-    def keys(layer):  # held by KV head (rollout.HeadPieces) for an sdpa model
-        return layer.keys.whole() if isinstance(layer.keys, rollout_module.HeadPieces) else layer.keys.clone()
+    def keys(layer):  # held by KV head (kv_cache.HeadPieces) for an sdpa model
+        return layer.keys.whole() if isinstance(layer.keys, kv_cache.HeadPieces) else layer.keys.clone()
 
     before = [(layer.conv_states[0].clone(), layer.recurrent_states[0].clone()) if hasattr(layer, "conv_states")
               else (keys(layer),) for layer in cache.layers]
-    rollout_module.select_rows(cache, torch.tensor([2, 0]))
+    kv_cache.select_rows(cache, torch.tensor([2, 0]))
     for layer, old in zip(cache.layers, before):
         now = (layer.conv_states[0], layer.recurrent_states[0]) if hasattr(layer, "conv_states") else (keys(layer),)
         for a, b in zip(now, old):
