@@ -785,6 +785,12 @@ def _clean_up(child: dict, state: dict) -> None:
     os.close(child["status_r"])
     if os.getpid() == 1:  # _kill_group ended every other process of the namespace
         while True:  # reap them (orphans of the call are reparented to process 1)
+            # kill again before each reap: a fork bomb's process can have been forking during the last kill, and
+            # the child it made then keeps forking (root is not bound by RLIMIT_NPROC) while this loop waits
+            try:
+                os.kill(-1, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
             try:
                 os.waitpid(-1, 0)
             except ChildProcessError:
