@@ -298,6 +298,30 @@ def suite_run_record(profile: str, results_root: str | Path | None = None) -> di
     return record if isinstance(record, dict) and isinstance(record.get("notebooks"), dict) else None
 
 
+def suite_run_provenance(suite_run: dict[str, Any]) -> str:
+    """Which runs a ``suite_run.json`` holds, in words: each part's last run (commit and end, oldest first) and,
+    from a record of the layout before parts, the complete run the other notebooks' rows come from.
+
+    >>> suite_run_provenance({"git_sha": "ba2d9ce32efe91", "ended": "2026-12-02T16:47:25+00:00", "notebooks": {}})
+    'the last complete run, commit ba2d9ce32e, ended 2026-12-02T16:47'
+    >>> suite_run_provenance({"parts": {"paper-a": {"git_sha": "5ede7eed7a0b", "ended": "2026-12-07T17:07:14"}},
+    ...                       "before_parts": {"git_sha": "ba2d9ce32efe91", "ended": "2026-12-02T16:47:25"}})
+    'part paper-a: commit 5ede7eed7a, ended 2026-12-07T17:07; the other notebooks: the complete run of commit ba2d9ce32e, ended 2026-12-02T16:47'
+    """
+    def run(entry: dict[str, Any]) -> str:
+        return f"commit {str(entry.get('git_sha') or 'unknown')[:10]}, ended {str(entry.get('ended') or 'unknown')[:16]}"
+
+    parts = suite_run.get("parts")
+    if not isinstance(parts, dict) or not parts:
+        return f"the last complete run, {run(suite_run)}"
+    pieces = [f"part {name}: {run(entry)}" for name, entry in
+              sorted(parts.items(), key=lambda item: str(item[1].get("ended")))]
+    before = suite_run.get("before_parts")
+    if isinstance(before, dict) and before:
+        pieces.append(f"the other notebooks: the complete run of {run(before)}")
+    return "; ".join(pieces)
+
+
 def status_from_results(profile: str, stem: str, results_root: str | Path | None = None,
                         suite_run: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """A status record for a notebook that ``reports/<profile>/status.json`` does not list (no run in this
@@ -557,10 +581,8 @@ def render_index(
                   "no run of this profile in this checkout's reports/ yet")
     if from_results:
         run_file = results_root / profile / "suite_run.json"
-        last_run = (f"{_link(run_file, reports_dir, f'results/{profile}/suite_run.json')} (the last complete run"
-                    f"{', commit ' + html.escape(str(suite_run.get('git_sha', ''))[:10]) if suite_run else ''}"
-                    f"{', ended ' + html.escape(str(suite_run.get('ended', ''))[:16]) if suite_run else ''})"
-                    if suite_run and run_file.exists() else "")
+        last_run = (f"{_link(run_file, reports_dir, f'results/{profile}/suite_run.json')} "
+                    f"({html.escape(suite_run_provenance(suite_run))})" if suite_run and run_file.exists() else "")
         provenance += (f"; {len(from_results)} notebook(s) take their status from their results"
                        f"{': ' + last_run + ', else their own summary.json' if last_run else ' (summary.json)'}")
     page = f"""<!DOCTYPE html>
