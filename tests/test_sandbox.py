@@ -554,7 +554,7 @@ def test_a_worker_killed_while_cleaning_up_never_fails_the_next_call():
     The next call starts once the kill has taken effect as the host sees it (the set-up process above the
     zygote has exited): os.kill only queues the signal, and under load the zygote could still send its
     "ready" and take the next code before dying; that call then fails with the reason (never a wrong
-    result), which is not the case this test is about (the fresh-clone 3.12 run under load hit it once)."""
+    result), which is not the case this test is about (the fresh-clone 3.12 and 3.13 runs under load hit it once each)."""
     with PythonSandbox(dataclasses.replace(FAST, workers=1, timeout_s=10.0)) as sandbox:
         code, _ = attacks.DEEP_FOLDERS["1,500-deep folder chain"]
         for _ in range(3):
