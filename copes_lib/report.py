@@ -307,6 +307,10 @@ def suite_run_provenance(suite_run: dict[str, Any]) -> str:
     >>> suite_run_provenance({"parts": {"paper-a": {"git_sha": "5ede7eed7a0b", "ended": "2026-12-07T17:07:14"}},
     ...                       "before_parts": {"git_sha": "ba2d9ce32efe91", "ended": "2026-12-02T16:47:25"}})
     'part paper-a: commit 5ede7eed7a, ended 2026-12-07T17:07; the other notebooks: the complete run of commit ba2d9ce32e, ended 2026-12-02T16:47'
+    >>> suite_run_provenance({"parts": {"paper-b": {"git_sha": "7280547220", "ended": "2026-12-07T19:37",
+    ...                                             "notebooks": {"10_molora_substrate": {}}}},
+    ...                       "before_parts": {"git_sha": "ba2d9ce32efe91", "notebooks": {"10_molora_substrate": {}}}})
+    'part paper-b: commit 7280547220, ended 2026-12-07T19:37'
     """
     def run(entry: dict[str, Any]) -> str:
         return f"commit {str(entry.get('git_sha') or 'unknown')[:10]}, ended {str(entry.get('ended') or 'unknown')[:16]}"
@@ -317,7 +321,9 @@ def suite_run_provenance(suite_run: dict[str, Any]) -> str:
     pieces = [f"part {name}: {run(entry)}" for name, entry in
               sorted(parts.items(), key=lambda item: str(item[1].get("ended")))]
     before = suite_run.get("before_parts")
-    if isinstance(before, dict) and before:
+    covered = {stem for entry in parts.values() for stem in (entry.get("notebooks") or {})}
+    # (an older complete run is named only while some notebook's row still comes from it)
+    if isinstance(before, dict) and before and (set(before.get("notebooks") or {}) - covered or not before.get("notebooks")):
         pieces.append(f"the other notebooks: the complete run of {run(before)}")
     return "; ".join(pieces)
 
