@@ -321,10 +321,11 @@ def suite_run_provenance(suite_run: dict[str, Any]) -> str:
     pieces = [f"part {name}: {run(entry)}" for name, entry in
               sorted(parts.items(), key=lambda item: str(item[1].get("ended")))]
     before = suite_run.get("before_parts")
-    covered = {stem for entry in parts.values() for stem in (entry.get("notebooks") or {})}
-    # (an older complete run is named only while some notebook's row still comes from it)
-    if isinstance(before, dict) and before and (set(before.get("notebooks") or {}) - covered or not before.get("notebooks")):
-        pieces.append(f"the other notebooks: the complete run of {run(before)}")
+    if isinstance(before, dict) and before:
+        # named only while some notebook's row still comes from it (a record without rows: assume some do)
+        covered = {stem for entry in parts.values() for stem in (entry.get("notebooks") or {})}
+        if not before.get("notebooks") or set(before["notebooks"]) - covered:
+            pieces.append(f"the other notebooks: the complete run of {run(before)}")
     return "; ".join(pieces)
 
 
