@@ -1,6 +1,8 @@
-"""The committed cpu run's A1 and A8 re-read with cluster-aware intervals (docs/statistics.md S6): the run saved
-no unit ids, so the units are the cue of each problem rebuilt from the run's own commit
-(tests/data/committed_cues_6180831.json). Nothing under results/ is written."""
+"""The cpu run committed in 6180831 (the run of ba2d9ce): its A1 and A8 re-read with cluster-aware intervals
+(docs/statistics.md S6). That run saved no unit ids, so the units are the cue of each problem rebuilt from the
+run's own commit (tests/data/committed_cues_6180831.json). Its score files are kept beside the cues
+(tests/data/run_6180831/: 05's and 07's scores.npz and the two values of 05's summary.json the margin needs, as
+committed in 6180831), so these checks keep asserting after results/cpu holds a later run."""
 
 import json
 from pathlib import Path
@@ -8,27 +10,23 @@ from pathlib import Path
 import pytest
 
 from copes_lib import stats
-from copes_lib.config import REPO_ROOT
 
 CUES = Path(__file__).parent / "data" / "committed_cues_6180831.json"
-RESULTS = REPO_ROOT / "results" / "cpu"
+RUN = Path(__file__).parent / "data" / "run_6180831"
 
 
 def _scores(notebook, metric):
-    loaded = stats.load_scores(RESULTS / notebook)
-    if not loaded or metric not in loaded:
-        pytest.skip(f"results/cpu/{notebook} holds no {metric} scores")
+    loaded = stats.load_scores(RUN / notebook)
+    assert loaded and metric in loaded, f"{RUN / notebook} holds no {metric} scores"
     return loaded[metric]
 
 
-def _committed_run_is_6180831():
-    summary = json.loads((RESULTS / "05_fixed_budget_math" / "summary.json").read_text())
-    return str(summary.get("git_sha", "")).startswith("ba2d9ce")  # 6180831 committed the run of ba2d9ce
+def test_the_kept_files_are_the_run_the_cues_were_rebuilt_for():
+    summary = json.loads((RUN / "05_fixed_budget_math" / "summary.json").read_text())
+    assert summary["git_sha"].startswith("ba2d9ce") and summary["profile"] == "cpu"  # 6180831 committed it
 
 
 def test_a1_on_the_committed_run_widens_when_its_24_cues_are_resampled():
-    if not _committed_run_is_6180831():
-        pytest.skip("results/cpu is no longer the run these cues were rebuilt for")
     cues = json.loads(CUES.read_text())["math_val"]["cues"]
     ss = _scores("05_fixed_budget_math", "val_accuracy_at_budget")
     assert ss.units is None and len(cues) == ss.arms["copes"].shape[1] == 512
@@ -45,8 +43,6 @@ def test_a1_on_the_committed_run_widens_when_its_24_cues_are_resampled():
 
 
 def test_a8_on_the_committed_run_holds_over_its_20_cues():
-    if not _committed_run_is_6180831():
-        pytest.skip("results/cpu is no longer the run these cues were rebuilt for")
     f1 = _scores("07_multihop_qa", "test_f1")
     cues = json.loads(CUES.read_text())["qa_test"]["cues"][: f1.arms["copes"].shape[1]]
     units = f1.compare("copes", "es", units=cues)
@@ -54,13 +50,11 @@ def test_a8_on_the_committed_run_holds_over_its_20_cues():
 
 
 def test_the_committed_run_as_a_pilot_plans_a1s_units():
-    if not _committed_run_is_6180831():
-        pytest.skip("results/cpu is no longer the run these cues were rebuilt for")
     from copes_lib import paper
 
     cues = json.loads(CUES.read_text())["math_val"]["cues"]
     ss = _scores("05_fixed_budget_math", "val_accuracy_at_budget")
-    summary = json.loads((RESULTS / "05_fixed_budget_math" / "summary.json").read_text())
+    summary = json.loads((RUN / "05_fixed_budget_math" / "summary.json").read_text())
     margin = (paper.EQUIVALENCE_FRACTION * paper.EFFECT_SHARE_A["copes_vs_es"]
               * (summary["full_grpo_best_val_accuracy"] - summary["base_val_accuracy"]))
     vc = stats.variance_components(ss.arms["copes"], ss.arms["es"], cues)
