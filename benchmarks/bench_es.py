@@ -9,7 +9,9 @@ Measures (saved to results/bench/es.json):
   process's CPU seconds (one thread), and the median of the per-repeat ratios is kept;
 - population-batched vs sequential evaluation of the same step (and whether their rewards agree);
 - ``--breakdown``: where a batched step's time goes (torch.profiler's op kinds, host time outside the
-  model), docs/engines.md#where-an-es-steps-time-goes-cpu-size;
+  model), docs/engines.md#where-an-es-steps-time-goes-cpu-size, and the ceiling of the compute fraction:
+  the same step's matmuls (every bmm / mm / addmm, at the shapes and counts the profiler recorded) replayed
+  alone, so the fraction the rollouts would reach if nothing but their matmuls took time;
 - noise-generation time per member, CoPES (K = 4) vs ES (K = 1), expected about 1/K.
 
 Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_es.py --profile smoke`` (add
@@ -207,6 +209,67 @@ def breakdown(model, objective, config) -> dict:
                     "not seconds, are the figure"}
 
 
+def _matmul_flops(name: str, shapes: list) -> int | None:
+    """FLOPs of one matmul op from the profiler's input shapes (None: not a matmul this replays)."""
+    if name == "aten::bmm" and len(shapes) >= 2 and len(shapes[0]) == 3 and len(shapes[1]) == 3:
+        (b, m, k), (_, _, n) = shapes[0], shapes[1]
+    elif name == "aten::mm" and len(shapes) >= 2 and len(shapes[0]) == 2 and len(shapes[1]) == 2:
+        (m, k), (_, n) = shapes[0], shapes[1]
+        b = 1
+    elif name == "aten::addmm" and len(shapes) >= 3 and len(shapes[1]) == 2 and len(shapes[2]) == 2:
+        (m, k), (_, n) = shapes[1], shapes[2]
+        b = 1
+    else:
+        return None
+    return 2 * b * m * k * n
+
+
+def matmul_replay(model, objective, config) -> dict:
+    """The matmuls of one population-batched ES step (shapes and counts from torch.profiler), replayed alone on
+    random fp32 tensors of the same shapes: their CPU seconds are what the step's rollouts would take if every
+    other op (attention, norms, rotary, copies, sampling, the host's loop) were free, so the rollout FLOP
+    estimate over those seconds is the ceiling of ``batched_rollout_fraction_of_matmul`` for any implementation
+    that computes the same per-member products."""
+    from torch.profiler import ProfilerActivity, profile
+
+    bench_es = ES(copy.deepcopy(model), ESConfig(**{**config.to_dict(), "backend": "batched"}))
+    backend = make_backend(bench_es)
+    objective.tokens = 0
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        es_step(bench_es, 2, objective, backend)
+    tokens = objective.tokens
+    calls, skipped = [], 0
+    for event in prof.key_averages(group_by_input_shape=True):
+        if event.key not in ("aten::bmm", "aten::mm", "aten::addmm"):
+            continue
+        shapes = [list(s) for s in event.input_shapes]
+        if _matmul_flops(event.key, shapes) is None:
+            skipped += event.count
+            continue
+        calls.append((event.key, shapes, event.count))
+    seconds, flops = 0.0, 0
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, shapes, count in calls:
+            if name == "aten::addmm":
+                args = [torch.randn(*s, generator=generator) for s in shapes[:3]]
+                op = lambda a=args: torch.addmm(*a)  # noqa: E731
+            else:
+                args = [torch.randn(*s, generator=generator) for s in shapes[:2]]
+                op = (lambda a=args: torch.bmm(*a)) if name == "aten::bmm" else (lambda a=args: torch.mm(*a))  # noqa: E731
+            op()
+            t0 = time.process_time()
+            for _ in range(count):
+                op()
+            seconds += time.process_time() - t0
+            flops += count * _matmul_flops(name, shapes)
+    peak = matmul_flops()
+    return {"matmul_calls": sum(c for _, _, c in calls), "matmul_shapes": len(calls), "unreplayed_calls": skipped,
+            "replay_cpu_s": seconds, "replayed_gflop": flops / 1e9, "rollout_gflop_estimate": 2 * matmul_params(model) * tokens / 1e9,
+            "matmul_rate_fraction": flops / seconds / peak,
+            "ceiling_fraction_of_matmul": 2 * matmul_params(model) * tokens / seconds / peak}
+
+
 def matmul_params(model) -> int:
     """Parameters that take part in matmuls per token (every Linear, incl. a tied lm_head)."""
     return sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
@@ -277,6 +340,9 @@ def main() -> None:
     result["batched_rewards"] = np.asarray(rewards["batched"]).tolist()
     if args.breakdown:
         result["batched_step_breakdown"] = breakdown(model, objective, config)
+        replay = matmul_replay(model, objective, config)
+        result["batched_matmul_replay"] = replay
+        result["batched_rollout_fraction_ceiling"] = replay["ceiling_fraction_of_matmul"]
 
     # 4. noise time per member: CoPES K = 4 vs ES K = 1 (perturb + restore of every member)
     per_member = {}
