@@ -118,7 +118,7 @@ KERNEL_ENV_ARGS := $(foreach v,$(KERNEL_PIN_VARS),--env $(v) $($(v)))
 # the registered kernel is rewritten when the pin changes: the stamp's name carries its hash
 KERNEL_STAMP := $(VENV)/.kernel-$(shell echo '$(KERNEL_ENV_ARGS)' | sha256sum | cut -c1-16)
 
-.PHONY: bases preflight help venv venv-gpu gpu-wheels gpu-wheelhouse test reproduce report validate lab clean-reports
+.PHONY: bases preflight help venv venv-gpu gpu-wheels gpu-wheelhouse test reproduce report validate merge-runs lab clean-reports
 
 help:
 	@echo "make reproduce [PROFILE=smoke|cpu|gpu] [PART=paper-a|paper-b|study|norm-curve | ONLY=02,03] [FORCE=1] [RERUN_FAILED=1]"
@@ -137,6 +137,7 @@ help:
 	@echo "               WHEELHOUSE=dir installs offline from a folder made by make gpu-wheelhouse (docs/gpu_install.md)"
 	@echo "make gpu-wheels  wheels for benchmarks/gpu_check.sh on a GPU machine without network"
 	@echo "make validate  check profiles/\$$(PROFILE).yaml against the notebooks' parameters"
+	@echo "make merge-runs [PROFILE=cpu] FROM=\"../clone-b ../clone-c\"  merge parts run in other clones into suite_run.json"
 	@echo "make clean-reports   delete reports/"
 
 venv: $(STAMP) $(KERNEL_STAMP)
@@ -248,6 +249,12 @@ report: venv
 
 validate: venv
 	$(BIN)/python -m copes_lib.cli validate --profile $(PROFILE)
+
+# Parts run in other clones (FROM="../clone-b ../clone-c", folders or suite_run.json files) merged into
+# results/$(PROFILE)/suite_run.json as the runner merges (docs/running.md); then `make reproduce ONLY=99`.
+merge-runs: venv
+	@$(if $(strip $(FROM)),,echo "error: FROM is empty; valid: the other clones' folders or suite_run.json files, e.g. FROM=../clone-b" >&2; exit 2)
+	@$(BIN)/python -m copes_lib.cli merge-runs --profile $(PROFILE) $(FROM)
 
 # The testbed's preconditions on the profile's base, before any experiment (docs/preflight.md). Exit 0: every
 # precondition holds, or the profile does not enforce them (smoke: says that "not actionable" is expected there);

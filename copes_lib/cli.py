@@ -4,6 +4,7 @@
                                 [--verbose] [--wait] [--unchecked-bases]
     python -m copes_lib.cli validate --profile smoke
     python -m copes_lib.cli report --profile cpu      # render reports/<profile>/ from the results there, run nothing
+    python -m copes_lib.cli merge-runs --profile cpu ../clone-b   # parts run in other clones into suite_run.json
 
 ``run`` validates the profile's parameters for every selected notebook before anything runs, then
 executes each ``notebooks/NN_*.ipynb`` with papermill (kernel ``python3``, working directory
@@ -757,12 +758,44 @@ def record_suite_run(path: Path, *, profile: str, part: str, jobs: int, force: b
         "threads_per_kernel": _threads_per_kernel(jobs), "started": started, "ended": _now(),
         "wall_s": round(wall_s, 1), "notebooks": rows,
     }
+    record["profile"] = profile
+    runs.atomic_write_json(path, _with_notebooks(record))
+
+
+def _with_notebooks(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` with ``notebooks`` rebuilt from ``before_parts`` and its parts in order of their end (the latest
+    run of each notebook wins), and ``started`` the earliest part's start."""
     merged = dict((record.get("before_parts") or {}).get("notebooks") or {})
-    for entry in sorted(record["parts"].values(), key=lambda e: str(e.get("ended"))):  # the latest run of each wins
+    for entry in sorted(record["parts"].values(), key=lambda e: str(e.get("ended"))):
         merged.update(entry["notebooks"])
-    record.update(profile=profile, notebooks=dict(sorted(merged.items())),
-                  started=min(str(e.get("started")) for e in record["parts"].values()))
-    runs.atomic_write_json(path, record)
+    return {**record, "notebooks": dict(sorted(merged.items())),
+            "started": min(str(e.get("started")) for e in record["parts"].values())}
+
+
+def merge_suite_runs(ours: dict[str, Any], theirs: dict[str, Any], *, source: str = "theirs") -> dict[str, Any]:
+    """Two ``suite_run.json`` records of one profile (parts run in separate clones) as one, merged as the runner
+    merges its own: the union of their parts (a part in both: the run that ended later), then ``notebooks``
+    rebuilt (:func:`_with_notebooks`). Records of other profiles, of different older complete runs
+    (``before_parts``) or without parts are a ConfigError naming ``source``."""
+    for name, record in (("ours", ours), (source, theirs)):
+        if not isinstance(record, dict) or not isinstance(record.get("parts"), dict) or not record["parts"]:
+            raise config.ConfigError(f"{name}: not a suite_run.json with parts (a run of `make reproduce PART=...` "
+                                     "or of every part writes one)")
+    if ours.get("profile") != theirs.get("profile"):
+        raise config.ConfigError(f"{source} is a run of profile {theirs.get('profile')!r}, ours of "
+                                 f"{ours.get('profile')!r}: only runs of one profile can be merged")
+    older = [r["before_parts"] for r in (ours, theirs) if r.get("before_parts")]
+    if len(older) == 2 and older[0] != older[1]:
+        raise config.ConfigError(f"{source} keeps another older complete run (before_parts) than ours: merge the "
+                                 "clones' histories first, or remove before_parts from one of them")
+    parts = dict(ours["parts"])
+    for name, entry in theirs["parts"].items():
+        if name not in parts or str(entry.get("ended")) > str(parts[name].get("ended")):
+            parts[name] = entry
+    merged = {**ours, "parts": dict(sorted(parts.items()))}
+    if older:
+        merged["before_parts"] = older[0]
+    return _with_notebooks(merged)
 
 
 _CURRENT = threading.local()  # the notebook a runner thread executes, to label its log lines
@@ -850,6 +883,32 @@ def _papermill_logs(verbose: bool):
         logger.setLevel(level)
 
 
+def merge_runs(profile: str, sources: list[str], results_root: Path | None = None) -> int:
+    """``python -m copes_lib.cli merge-runs``: merge each source's record (a clone's folder, or a suite_run.json)
+    into ``results/<profile>/suite_run.json`` (:func:`merge_suite_runs`), written atomically once all merged, with
+    the profile's lock held (a run of the profile in progress here: :class:`SuiteBusyError`, naming it)."""
+    target = Path(results_root or runs.RESULTS_ROOT) / profile / "suite_run.json"
+    if not target.exists():
+        raise config.ConfigError(f"{target} does not exist: run a part of profile {profile} here first, or copy "
+                                 "one clone's suite_run.json there")
+    with profile_lock(profile, results_root):
+        record = runs.read_json(target)
+        for source in sources:
+            path = Path(source)
+            if path.is_dir():
+                path = path / "results" / profile / "suite_run.json"
+            if not path.is_file():
+                raise config.ConfigError(f"sources: {source!r} is neither a suite_run.json nor a clone's folder "
+                                         f"with results/{profile}/suite_run.json")
+            record = merge_suite_runs(record, runs.read_json(path), source=str(path))
+        runs.atomic_write_json(target, record)
+    for name, entry in record["parts"].items():
+        print(f"{name:12s} {str(entry.get('git_sha'))[:7]}  ended {entry.get('ended')}  {len(entry['notebooks'])} "
+              "notebook(s)")
+    print(f"merged into {target}; now run `make reproduce PROFILE={profile} ONLY=99` for the summary over them all")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m copes_lib.cli", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -878,6 +937,10 @@ def main(argv: list[str] | None = None) -> int:
     rerender.add_argument("--profile", default="cpu", choices=config.PROFILES)
     validate = sub.add_parser("validate", help="check profiles/<profile>.yaml against every notebook")
     validate.add_argument("--profile", default="cpu", choices=config.PROFILES)
+    merge = sub.add_parser("merge-runs", help="merge the suite_run.json of parts run in other clones into "
+                           "results/<profile>/suite_run.json (docs/running.md); then run `make reproduce ONLY=99`")
+    merge.add_argument("--profile", default="cpu", choices=config.PROFILES)
+    merge.add_argument("sources", nargs="+", help="another clone's folder, or a suite_run.json file")
     args = parser.parse_args(argv)
 
     # Prefer the venv's kernelspec over a user-level "python3" that may point at another Python.
@@ -896,6 +959,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "report":
             print(f"report: {render_reports(args.profile)}")
             return 0
+        if args.command == "merge-runs":
+            return merge_runs(args.profile, args.sources)
         return run_suite(args.profile, only=args.only, force=args.force, rerun_failed=args.rerun_failed,
                          notebooks_dir=args.notebooks_dir, reports_dir=args.reports_dir, jobs=args.jobs,
                          verbose=args.verbose, wait=args.wait, part=args.part,
