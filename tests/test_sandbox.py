@@ -228,11 +228,15 @@ def test_hostile_code_fails_alone_and_the_pool_keeps_serving(hostile_box, catego
         assert result.elapsed_s < box.config.timeout_s + 0.5
     # (kernel-only as root without the uid drop: RLIMIT_NPROC does not bind root and the worker's seccomp
     # filter must allow clone, so the forks run -- inside the worker's pid namespace -- until the timeout
-    # kills them all; on a loaded machine the zygote may see the deadline late. Nothing survives:)
-    deadline = time.monotonic() + 10.0
-    while len(_settled_children(box.worker_pids())) != len(box.worker_pids()) and time.monotonic() < deadline:
+    # kills them all; on a loaded machine the zygote may see the deadline late. Nothing survives. While the
+    # zygote, process 1 there, kills and reaps thousands of forks after its reply, its children come and go
+    # (orphans are reparented to it, then reaped): one sample of "one spare per zygote" can fall mid-way, as
+    # a run of make test found (2, then 37 at the next read). Settled = that count in 5 reads in a row:)
+    deadline, in_a_row = time.monotonic() + 30.0, 0
+    while in_a_row < 5 and time.monotonic() < deadline:
+        in_a_row = in_a_row + 1 if len(_settled_children(box.worker_pids())) == len(box.worker_pids()) else 0
         time.sleep(0.1)
-    assert len(_settled_children(box.worker_pids())) == len(box.worker_pids())
+    assert in_a_row == 5, _settled_children(box.worker_pids())
     # the host and its files are unharmed, and the same zygotes keep serving
     assert attacks.harm(hostile_box["site"]) == []
     assert box.worker_pids() == zygotes

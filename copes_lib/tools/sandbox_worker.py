@@ -785,14 +785,18 @@ def _clean_up(child: dict, state: dict) -> None:
     os.close(child["status_r"])
     if os.getpid() == 1:  # _kill_group ended every other process of the namespace
         while True:  # reap them (orphans of the call are reparented to process 1)
-            # kill again before each reap: a fork bomb's process can have been forking during the last kill, and
-            # the child it made then keeps forking (root is not bound by RLIMIT_NPROC) while this loop waits
+            # kill again before each wait: a fork bomb's process can have been forking during the last kill, and
+            # the child it made then keeps forking (root is not bound by RLIMIT_NPROC) while this loop waits.
+            # Between two kills, every child that has ended is reaped: one kill(-1), which walks every process,
+            # per reaped child made the clean-up after a fork bomb quadratic in its processes (seconds)
             try:
                 os.kill(-1, signal.SIGKILL)
             except ProcessLookupError:
                 pass
             try:
                 os.waitpid(-1, 0)
+                while os.waitpid(-1, os.WNOHANG)[0]:
+                    pass
             except ChildProcessError:
                 break
     call_dir = state["call_dir"]
