@@ -251,23 +251,18 @@ def matmul_replay(model, objective, config) -> dict:
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, shapes, count in calls:
-            if name == "aten::addmm":
-                args = [torch.randn(*s, generator=generator) for s in shapes[:3]]
-                op = lambda a=args: torch.addmm(*a)  # noqa: E731
-            else:
-                args = [torch.randn(*s, generator=generator) for s in shapes[:2]]
-                op = (lambda a=args: torch.bmm(*a)) if name == "aten::bmm" else (lambda a=args: torch.mm(*a))  # noqa: E731
-            op()
+            op = getattr(torch, name.removeprefix("aten::"))  # torch.bmm, torch.mm, torch.addmm
+            args = [torch.randn(*shape, generator=generator) for shape in shapes[:3 if name == "aten::addmm" else 2]]
+            op(*args)
             t0 = time.process_time()
             for _ in range(count):
-                op()
+                op(*args)
             seconds += time.process_time() - t0
             flops += count * _matmul_flops(name, shapes)
-    peak = matmul_flops()
+    peak, estimate = matmul_flops(), 2 * matmul_params(model) * tokens
     return {"matmul_calls": sum(c for _, _, c in calls), "matmul_shapes": len(calls), "unreplayed_calls": skipped,
-            "replay_cpu_s": seconds, "replayed_gflop": flops / 1e9, "rollout_gflop_estimate": 2 * matmul_params(model) * tokens / 1e9,
-            "matmul_rate_fraction": flops / seconds / peak,
-            "ceiling_fraction_of_matmul": 2 * matmul_params(model) * tokens / seconds / peak}
+            "replay_cpu_s": seconds, "replayed_gflop": flops / 1e9, "rollout_gflop_estimate": estimate / 1e9,
+            "matmul_rate_fraction": flops / seconds / peak, "ceiling_fraction_of_matmul": estimate / seconds / peak}
 
 
 def matmul_params(model) -> int:
