@@ -223,15 +223,18 @@ gpu-wheels:
 
 # No wall-clock limit: a busy machine makes tests slow, not failed (the smoke run prints each notebook's
 # duration). PYTEST_TIMEOUT=seconds turns on pytest-timeout's per-test limit as a safety net.
-# Two workers; tests/conftest.py starts the slow tests (@pytest.mark.slow(cost=...)) at the heads of the two
-# parts worksteal first hands out, so neither worker runs them back to back; --durations lists where the time went.
+# Three workers on two cores: about a tenth of the tests' time is waiting (ray's start, the sharded jobs'
+# rendezvous, kill checks), which the third fills (docs/cost.md: 0.53 vs 0.57 wall s per CPU s); TEST_WORKERS=n
+# changes it. tests/conftest.py starts the slow tests (@pytest.mark.slow(cost=...)) at the heads of the parts
+# worksteal first hands out, so no worker runs them back to back; --durations lists where the time went.
 # The tests run in a random order (pytest-randomly; the header's "Using --randomly-seed=N"): PYTEST_ARGS="-p randomly
 # --randomly-seed=N" repeats one, PYTEST_ARGS="-p no:randomly" keeps the file order. Every path the tests write is
 # under a per-session temporary folder; a write to the checkout's cache/, results/, figures/ or reports/ fails the
 # session, naming it (tests/conftest.py).
+TEST_WORKERS ?= 3
 test: venv
 	$(BIN)/ruff check .
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -n 2 --dist worksteal --durations=25 $(PYTEST_ARGS)
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=25 $(PYTEST_ARGS)
 
 REPRODUCE_ARGS = --profile $(PROFILE) --jobs $(JOBS) $(if $(ONLY),--only $(ONLY)) $(if $(strip $(PART)),--part $(strip $(PART))) \
 	$(if $(call truthy,$(FORCE)),--force) $(if $(call truthy,$(RERUN_FAILED)),--rerun-failed) \

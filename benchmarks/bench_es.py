@@ -224,12 +224,37 @@ def _matmul_flops(name: str, shapes: list) -> int | None:
     return 2 * b * m * k * n
 
 
+#: the attention op transformers' sdpa path calls (torch.nn.functional.scaled_dot_product_attention)
+SDPA = "aten::scaled_dot_product_attention"
+
+
+def _replay_attention(shapes: list, count: int, generator: torch.Generator) -> float:
+    """CPU seconds of ``count`` scaled-dot-product attentions at the recorded shapes (query, key, value and, when
+    recorded, the mask; a boolean mask, as transformers' sdpa masks are, every column attended)."""
+    import torch.nn.functional as F
+
+    query, key, value = (torch.randn(*shape, generator=generator) for shape in shapes[:3])
+    mask = torch.ones(*shapes[3], dtype=torch.bool) if len(shapes) > 3 and shapes[3] else None
+    gqa = key.shape[-3] != query.shape[-3]
+    F.scaled_dot_product_attention(query, key, value, attn_mask=mask, enable_gqa=gqa)
+    t0 = time.process_time()
+    for _ in range(count):
+        F.scaled_dot_product_attention(query, key, value, attn_mask=mask, enable_gqa=gqa)
+    return time.process_time() - t0
+
+
 def matmul_replay(model, objective, config) -> dict:
     """The matmuls of one population-batched ES step (shapes and counts from torch.profiler), replayed alone on
     random fp32 tensors of the same shapes: their CPU seconds are what the step's rollouts would take if every
     other op (attention, norms, rotary, copies, sampling, the host's loop) were free, so the rollout FLOP
     estimate over those seconds is the ceiling of ``batched_rollout_fraction_of_matmul`` for any implementation
-    that computes the same per-member products."""
+    that computes the same per-member products.
+
+    The step's attention calls are replayed the same way (``attention_*``): the FLOP estimate counts no attention
+    (it is the papers' 2 x parameters x tokens), but a decode step over a cache of W columns does about
+    4 x hidden x W FLOPs of it per layer and row at a matrix-vector's rate, so ``ceiling_with_attention_fraction``
+    (the matmuls and the attention alone, everything else free) bounds any implementation that attends over the
+    same columns."""
     from torch.profiler import ProfilerActivity, profile
 
     bench_es = ES(copy.deepcopy(model), ESConfig(**{**config.to_dict(), "backend": "batched"}))
@@ -238,11 +263,14 @@ def matmul_replay(model, objective, config) -> dict:
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         es_step(bench_es, 2, objective, backend)
     tokens = objective.tokens
-    calls, skipped = [], 0
+    calls, attention, skipped = [], [], 0
     for event in prof.key_averages(group_by_input_shape=True):
+        shapes = [list(s) for s in event.input_shapes]
+        if event.key == SDPA:
+            attention.append((shapes, event.count))
+            continue
         if event.key not in ("aten::bmm", "aten::mm", "aten::addmm"):
             continue
-        shapes = [list(s) for s in event.input_shapes]
         if _matmul_flops(event.key, shapes) is None:
             skipped += event.count
             continue
@@ -259,10 +287,14 @@ def matmul_replay(model, objective, config) -> dict:
                 op(*args)
             seconds += time.process_time() - t0
             flops += count * _matmul_flops(name, shapes)
+        attention_s = sum(_replay_attention(shapes, count, generator) for shapes, count in attention)
     peak, estimate = matmul_flops(), 2 * matmul_params(model) * tokens
     return {"matmul_calls": sum(c for _, _, c in calls), "matmul_shapes": len(calls), "unreplayed_calls": skipped,
             "replay_cpu_s": seconds, "replayed_gflop": flops / 1e9, "rollout_gflop_estimate": estimate / 1e9,
-            "matmul_rate_fraction": flops / seconds / peak, "ceiling_fraction_of_matmul": estimate / seconds / peak}
+            "matmul_rate_fraction": flops / seconds / peak, "ceiling_fraction_of_matmul": estimate / seconds / peak,
+            "attention_calls": sum(c for _, c in attention), "attention_shapes": len(attention),
+            "attention_replay_cpu_s": attention_s,
+            "ceiling_with_attention_fraction": estimate / (seconds + attention_s) / peak}
 
 
 def matmul_params(model) -> int:
@@ -338,6 +370,7 @@ def main() -> None:
         replay = matmul_replay(model, objective, config)
         result["batched_matmul_replay"] = replay
         result["batched_rollout_fraction_ceiling"] = replay["ceiling_fraction_of_matmul"]
+        result["batched_rollout_fraction_ceiling_with_attention"] = replay["ceiling_with_attention_fraction"]
 
     # 4. noise time per member: CoPES K = 4 vs ES K = 1 (perturb + restore of every member)
     per_member = {}

@@ -142,7 +142,7 @@ def _first_split(n_items: int, workers: int) -> list[int]:
 
 
 def pytest_collection_modifyitems(config, items):
-    """The slow tests at the heads of the parts that `make test`'s `-n 2 --dist worksteal` first hands to its
+    """The slow tests at the heads of the parts that `make test`'s `-n 3 --dist worksteal` first hands to its
     workers: those with a cost spread so that each worker's slow work is about the same (longest first, each
     to the part with the least so far); those without one after the costliest (the smoke run of every
     notebook), in its part, in collection order: they read the smoke base its notebook 01 builds (e.g.

@@ -32,3 +32,7 @@ def test_the_replay_finds_the_steps_matmuls_on_the_fallback_model():
     # own matmuls and rows that are computed but not counted
     assert 0.5 < replay["replayed_gflop"] / replay["rollout_gflop_estimate"] < 2.0, replay
     assert replay["ceiling_fraction_of_matmul"] > 0
+    # the step's attention calls are found too (sdpa on the fallback model), and counting their time lowers
+    # the ceiling
+    assert replay["attention_calls"] > 0 and replay["attention_replay_cpu_s"] > 0, replay
+    assert 0 < replay["ceiling_with_attention_fraction"] < replay["ceiling_fraction_of_matmul"]

@@ -299,3 +299,13 @@ def test_make_venv_stops_at_a_cuda_torch(tmp_path):
                               f"PYTHON_CPU={old}"], cwd=REPO_ROOT, capture_output=True, text=True, env=env, timeout=120)
     assert refused.returncode != 0 and "cannot build .venv; valid versions: 3.11, 3.12, 3.13" in refused.stderr
     assert not (tmp_path / "old").exists()
+
+
+def test_importing_nbformat_builds_no_iri_grammar():
+    """jsonschema 4.25+ (through the extra jupyter-events asks for) brings rfc3987-syntax, whose import builds 38
+    Earley parsers: 1.3 s of CPU more in every process that imports nbformat, papermill or ray. The pin in
+    requirements.txt keeps it out; this fails if an unpinned or newer jsonschema brings it back."""
+    probe = ("import sys, nbformat.validator, jsonschema._format; "
+             "print(sorted(m for m in ('rfc3987_syntax', 'lark') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
