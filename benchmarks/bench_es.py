@@ -297,6 +297,65 @@ def matmul_replay(model, objective, config) -> dict:
             "ceiling_with_attention_fraction": estimate / (seconds + attention_s) / peak}
 
 
+def streamed_weights(model, members: int, rows: int, repeats: int = 100) -> dict:
+    """One decode step's matmuls as the population-batched forward runs them (every Linear of ``model``, each
+    member's own copy of its weight, in forward order: the weights stream through the caches) against the same
+    products on one layer's weights over and over (hot in the caches, as the replay above runs each shape). The
+    ratio says how far the replay's ceiling overstates what a step's matmuls can reach when the members' weights
+    do not fit in the caches."""
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    generator = torch.Generator().manual_seed(0)
+    stacks = [torch.randn(members, *m.weight.shape, generator=generator) for m in linears]
+    inputs = {n: torch.randn(members, rows, n, generator=generator) for n in {m.weight.shape[1] for m in linears}}
+    first = {}
+    for stack in stacks:  # the hot pass: the first stack of each shape, reused
+        first.setdefault(tuple(stack.shape), stack)
+
+    def timed(weights) -> float:
+        for w in weights:
+            torch.bmm(inputs[w.shape[2]], w.transpose(1, 2))
+        t0 = time.process_time()
+        for _ in range(repeats):
+            for w in weights:
+                torch.bmm(inputs[w.shape[2]], w.transpose(1, 2))
+        return (time.process_time() - t0) / repeats
+
+    with torch.no_grad():
+        streamed = timed(stacks)
+        hot = timed([first[tuple(w.shape)] for w in stacks])
+    flops = sum(2 * members * rows * w.shape[1] * w.shape[2] for w in stacks)
+    peak = matmul_flops()
+    return {"members": members, "rows_per_member": rows, "weights_mb": sum(w.numel() for w in stacks) * 4 / 1e6,
+            "streamed_ms_per_decode_step": streamed * 1e3, "hot_ms_per_decode_step": hot * 1e3,
+            "streamed_over_hot": streamed / hot, "streamed_fraction_of_matmul": flops / streamed / peak,
+            "hot_fraction_of_matmul": flops / hot / peak}
+
+
+#: what else the batched backend could batch (``--variants``): fewer members per forward (their weights fit in the
+#: caches, more forwards) and low-rank noise (EGGROLL's: the members share the base weights)
+VARIANTS = {"all members": {}, "4 members per forward": {"members_per_batch": 4},
+            "2 members per forward": {"members_per_batch": 2}, "low-rank noise, r = 4": {"noise_rank": 4}}
+
+
+def variants(model, objective, config, clock: CpuClock, repeats: int = 3) -> dict:
+    """The batched step's rollouts' fraction of the matmul limit under each of :data:`VARIANTS` (median of
+    ``repeats``, each beside its own matmul baseline, as the main measurement)."""
+    out = {}
+    for name, change in VARIANTS.items():
+        fractions = []
+        for _ in range(repeats):
+            bench_es = ES(copy.deepcopy(model), ESConfig(**{**config.to_dict(), "backend": "batched", **change}))
+            backend = make_backend(bench_es)
+            objective.tokens, clock.seconds = 0, 0.0
+            before = matmul_flops()
+            es_step(bench_es, 2, objective, backend)
+            peak = (before + matmul_flops()) / 2
+            fractions.append(2 * matmul_params(model) * objective.tokens / clock.seconds / peak)
+        out[name] = {"config": change, "fraction_of_matmul": float(np.median(fractions)),
+                     "fraction_per_repeat": fractions}
+    return out
+
+
 def matmul_params(model) -> int:
     """Parameters that take part in matmuls per token (every Linear, incl. a tied lm_head)."""
     return sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
@@ -312,6 +371,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5,
                         help="repeats of the batched vs sequential step, each beside its own matmul baseline (median)")
     parser.add_argument("--breakdown", action="store_true", help="also profile one batched step (torch.profiler)")
+    parser.add_argument("--variants", action="store_true",
+                        help="also the batched step with fewer members per forward and with low-rank noise (VARIANTS)")
     parser.add_argument("--out", default=str(runs.RESULTS_ROOT / "bench" / "es.json"))
     args = parser.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -371,6 +432,9 @@ def main() -> None:
         result["batched_matmul_replay"] = replay
         result["batched_rollout_fraction_ceiling"] = replay["ceiling_fraction_of_matmul"]
         result["batched_rollout_fraction_ceiling_with_attention"] = replay["ceiling_with_attention_fraction"]
+        result["batched_decode_weights_streamed"] = streamed_weights(model, args.population, args.batch)
+    if args.variants:
+        result["batched_variants"] = variants(model, objective, config, clock)
 
     # 4. noise time per member: CoPES K = 4 vs ES K = 1 (perturb + restore of every member)
     per_member = {}
