@@ -11,7 +11,10 @@ Measures (saved to results/bench/es.json):
 - ``--breakdown``: where a batched step's time goes (torch.profiler's op kinds, host time outside the
   model), docs/engines.md#where-an-es-steps-time-goes-cpu-size, and the ceiling of the compute fraction:
   the same step's matmuls (every bmm / mm / addmm, at the shapes and counts the profiler recorded) replayed
-  alone, so the fraction the rollouts would reach if nothing but their matmuls took time;
+  alone, so the fraction the rollouts would reach if nothing but their matmuls took time (on tensors hot in the
+  caches), the same with the step's attention calls, and one decode step's matmuls on each member's own weights
+  in forward order (``streamed_weights``: what the members' weights cost when they do not fit in the caches);
+- ``--variants``: the batched step with fewer members per forward and with low-rank noise (``VARIANTS``);
 - noise-generation time per member, CoPES (K = 4) vs ES (K = 1), expected about 1/K.
 
 Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_es.py --profile smoke`` (add
@@ -248,7 +251,8 @@ def matmul_replay(model, objective, config) -> dict:
     random fp32 tensors of the same shapes: their CPU seconds are what the step's rollouts would take if every
     other op (attention, norms, rotary, copies, sampling, the host's loop) were free, so the rollout FLOP
     estimate over those seconds is the ceiling of ``batched_rollout_fraction_of_matmul`` for any implementation
-    that computes the same per-member products.
+    that computes the same per-member products, as far as the tensors stay in the caches: each shape is replayed on
+    one set of tensors, so this overstates a step whose members' weights do not fit (``streamed_weights``).
 
     The step's attention calls are replayed the same way (``attention_*``): the FLOP estimate counts no attention
     (it is the papers' 2 x parameters x tokens), but a decode step over a cache of W columns does about
