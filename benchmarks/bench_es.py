@@ -335,6 +335,18 @@ def streamed_weights(model, members: int, rows: int, repeats: int = 100) -> dict
             "hot_fraction_of_matmul": flops / hot / peak}
 
 
+def measured_step(model, objective, config, clock: CpuClock, **change):
+    """One ES step (step 2) on a copy of ``model`` with ``config`` changed by ``change``, between two matmul
+    baselines: (its result, the rollouts' CPU seconds, the baselines' mean FLOP/s, the rollouts' FLOP/s over it)."""
+    bench_es = ES(copy.deepcopy(model), ESConfig(**{**config.to_dict(), **change}))
+    backend = make_backend(bench_es)
+    objective.tokens, clock.seconds = 0, 0.0
+    before = matmul_flops()
+    result = es_step(bench_es, 2, objective, backend)
+    peak = (before + matmul_flops()) / 2
+    return result, clock.seconds, peak, 2 * matmul_params(model) * objective.tokens / clock.seconds / peak
+
+
 #: what else the batched backend could batch (``--variants``): fewer members per forward (their weights fit in the
 #: caches, more forwards) and low-rank noise (EGGROLL's: the members share the base weights)
 VARIANTS = {"all members": {}, "4 members per forward": {"members_per_batch": 4},
@@ -346,15 +358,8 @@ def variants(model, objective, config, clock: CpuClock, repeats: int = 3) -> dic
     ``repeats``, each beside its own matmul baseline, as the main measurement)."""
     out = {}
     for name, change in VARIANTS.items():
-        fractions = []
-        for _ in range(repeats):
-            bench_es = ES(copy.deepcopy(model), ESConfig(**{**config.to_dict(), "backend": "batched", **change}))
-            backend = make_backend(bench_es)
-            objective.tokens, clock.seconds = 0, 0.0
-            before = matmul_flops()
-            es_step(bench_es, 2, objective, backend)
-            peak = (before + matmul_flops()) / 2
-            fractions.append(2 * matmul_params(model) * objective.tokens / clock.seconds / peak)
+        fractions = [measured_step(model, objective, config, clock, backend="batched", **change)[3]
+                     for _ in range(repeats)]
         out[name] = {"config": change, "fraction_of_matmul": float(np.median(fractions)),
                      "fraction_per_repeat": fractions}
     return out
@@ -407,16 +412,10 @@ def main() -> None:
     peaks, rewards = [], {}
     for _ in range(args.repeats):
         for backend_name in ("sequential", "batched"):
-            cfg = ESConfig(**{**config.to_dict(), "backend": backend_name})
-            bench_es = ES(copy.deepcopy(model), cfg)
-            backend = make_backend(bench_es)
-            objective.tokens, clock.seconds = 0, 0.0
-            before = matmul_flops()
-            res = es_step(bench_es, 2, objective, backend)
-            peak = (before + matmul_flops()) / 2
+            res, seconds, peak, fraction = measured_step(model, objective, config, clock, backend=backend_name)
             peaks.append(peak)
-            timings[backend_name].append(clock.seconds)
-            fractions[backend_name].append(2 * matmul_params(model) * objective.tokens / clock.seconds / peak)
+            timings[backend_name].append(seconds)
+            fractions[backend_name].append(fraction)
             if backend_name in rewards and not np.array_equal(rewards[backend_name], res.rewards):
                 raise RuntimeError(f"{backend_name}: rewards differ between repeats of the same step")
             rewards[backend_name] = res.rewards
